@@ -1,0 +1,61 @@
+"""Aggregate functions over Arrow data: the AggFunction enum and one aggregator per function.
+
+`make_aggregator(function, column, arrow_type, params)` validates the type and parameters and
+returns the aggregator a RowMerger folds a column with.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from aggfuncs.array_agg import ArrayAggAggregator
+from aggfuncs.base import Aggregator
+from aggfuncs.bool_agg import BoolAndAggregator, BoolOrAggregator
+from aggfuncs.count import CountAggregator
+from aggfuncs.first_value import FirstValueAggregator, FirstValueIgnoreNullsAggregator
+from aggfuncs.functions import DEFAULT_FUNCTION, AggFunction, supported_names
+from aggfuncs.last_value import LastValueAggregator, LastValueIgnoreNullsAggregator
+from aggfuncs.max import MaxAggregator
+from aggfuncs.min import MinAggregator
+from aggfuncs.product import ProductAggregator
+from aggfuncs.segments import Segments
+from aggfuncs.string_agg import StringAggAggregator
+from aggfuncs.sum import SumAggregator
+
+AGGREGATORS: dict[AggFunction, type[Aggregator]] = {
+    cls.function: cls
+    for cls in (
+        SumAggregator,
+        ProductAggregator,
+        CountAggregator,
+        MaxAggregator,
+        MinAggregator,
+        LastValueAggregator,
+        LastValueIgnoreNullsAggregator,
+        FirstValueAggregator,
+        FirstValueIgnoreNullsAggregator,
+        StringAggAggregator,
+        ArrayAggAggregator,
+        BoolAndAggregator,
+        BoolOrAggregator,
+    )
+}
+
+
+def make_aggregator(
+    function: AggFunction | str, column: str, arrow_type: pa.DataType, params: dict | None = None
+) -> Aggregator:
+    """The aggregator for `column`, its type and parameters checked."""
+    function = AggFunction.parse(function, column)
+    return AGGREGATORS[function](column, arrow_type, params)
+
+
+__all__ = [
+    "AGGREGATORS",
+    "DEFAULT_FUNCTION",
+    "AggFunction",
+    "Aggregator",
+    "Segments",
+    "make_aggregator",
+    "supported_names",
+]

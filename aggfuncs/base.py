@@ -1,0 +1,157 @@
+"""What every aggregator is: a column's function, validated against its type and parameters.
+
+An aggregator works on whole Arrow arrays. Its *state* has the column's own type: the stored
+value is the accumulator. Besides the value, each stored cell carries one bit, *written*: whether
+any write has targeted the column yet. Most functions treat an unwritten cell like a null (the
+null rule: null with x gives x); first_value and last_value tell them apart.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, ClassVar
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from aggfuncs.functions import AggFunction
+from aggfuncs.segments import Segments
+from tally.errors import InvalidAggFunctionError, InvalidInputError
+
+
+def parse_bool(name: str, value: Any) -> bool:
+    """A boolean parameter, given as a Python bool or as an option string."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise InvalidAggFunctionError(f"Parameter '{name}' must be true or false but was {value!r}")
+
+
+class Aggregator:
+    """Base of the per-function aggregators.
+
+    Subclasses set `function`, `type_names` (for messages), override `accepts(type)`, declare
+    `parameters` (name -> parser) and implement `fold`.
+    """
+
+    function: ClassVar[AggFunction]
+    type_names: ClassVar[str] = "any type"
+    parameters: ClassVar[dict[str, Callable[[str, Any], Any]]] = {}
+    defaults: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, column: str, arrow_type: pa.DataType, params: dict | None = None):
+        self.column = column
+        self.type = arrow_type
+        self.params = self._parse_params(params or {})
+        if not self.accepts(arrow_type):
+            raise InvalidAggFunctionError(
+                f"Data type for {self.name} column '{column}' must be one of "
+                f"[{self.type_names}] but was {arrow_type}"
+            )
+
+    @property
+    def name(self) -> str:
+        return self.function.value
+
+    def _parse_params(self, given: dict) -> dict:
+        parsed = dict(self.defaults)
+        for key, value in given.items():
+            parser = self.parameters.get(key)
+            if parser is None:
+                supported = sorted(self.parameters) or "none"
+                raise InvalidAggFunctionError(
+                    f"Parameter '{key}' is not supported for aggregation function '{self.name}' "
+                    f"(column '{self.column}'). Supported parameters: {supported}"
+                )
+            parsed[key] = parser(key, value)
+        return parsed
+
+    def explicit_params(self) -> dict:
+        """Parameters that differ from the defaults, as JSON-friendly values."""
+        return {k: v for k, v in self.params.items() if self.defaults.get(k) != v}
+
+    # --- type rules -------------------------------------------------------------------------
+
+    @staticmethod
+    def accepts(arrow_type: pa.DataType) -> bool:
+        return True
+
+    def input_type(self, given: pa.DataType) -> pa.DataType:
+        """The type an input array is cast to before folding (the column's type by default)."""
+        return self.type
+
+    def cast_input(self, values: pa.Array) -> pa.Array:
+        """Cast a written array to the input type, naming the column when it does not fit."""
+        return cast_column(values, self.input_type(values.type), self)
+
+    # --- folding ----------------------------------------------------------------------------
+
+    def to_state(self, values: pa.Array) -> pa.Array:
+        """Turn AGGREGATE-mode inputs into states (identity for most functions)."""
+        return values
+
+    def from_merge_state(self, values: pa.Array) -> pa.Array:
+        """Turn MERGE_STATE-mode inputs (partial states) into states."""
+        return values
+
+    def overwrite(self, values: pa.Array) -> pa.Array:
+        """Turn OVERWRITE-mode inputs into states (they replace what is stored)."""
+        return values
+
+    def empty(self, n: int) -> pa.Array:
+        """The state of a cell no write has touched."""
+        return pa.nulls(n, type=self.type)
+
+    def is_empty(self, values: pa.Array) -> np.ndarray:
+        """Whether each state is the empty state (a null; count overrides)."""
+        return values.is_null().to_numpy(zero_copy_only=False)
+
+    def fold(self, states: pa.Array, written: np.ndarray, segments: Segments) -> pa.Array:
+        """Fold each group's states in order into one state per group.
+
+        `written[i]` says whether row i targeted this column; unwritten rows are skipped.
+        """
+        raise NotImplementedError
+
+
+def cast_column(values: pa.Array, target: pa.DataType, agg: Aggregator) -> pa.Array:
+    """Cast `values` to `target` without loss, or raise an error naming the column."""
+    if values.type == target:
+        return values
+    try:
+        return values.cast(target, safe=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        raise InvalidInputError(
+            f"Column '{agg.column}' ({agg.name}, type {agg.type}) cannot take values of "
+            f"type {values.type}: {exc}"
+        ) from None
+
+
+def valid_mask(values: pa.Array) -> np.ndarray:
+    """A numpy bool array: which entries are non-null."""
+    if values.null_count == 0:
+        return np.ones(len(values), dtype=bool)
+    return values.is_valid().to_numpy(zero_copy_only=False)
+
+
+def numeric_values(values: pa.Array) -> np.ndarray:
+    """The values as numpy, nulls filled with zero (callers track validity separately)."""
+    if values.null_count:
+        values = pc.fill_null(values, pa.scalar(0, values.type))
+    return values.to_numpy(zero_copy_only=False)
+
+
+def with_nulls(data: np.ndarray, valid: np.ndarray, arrow_type: pa.DataType) -> pa.Array:
+    """An Arrow array of `data` with nulls where `valid` is false."""
+    mask = None if valid.all() else ~valid
+    return pa.array(data, type=arrow_type, mask=mask)
+
+
+def take_or_null(values: pa.Array, index: np.ndarray) -> pa.Array:
+    """values[index] per group, null where index is -1."""
+    found = index >= 0
+    taken = values.take(pa.array(np.where(found, index, 0), type=pa.int64()))
+    if found.all():
+        return taken
+    return pc.if_else(pa.array(found), taken, pa.nulls(len(index), type=values.type))

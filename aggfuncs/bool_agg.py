@@ -1,0 +1,35 @@
+"""bool_and and bool_or over boolean columns, with the null rule (nulls are skipped)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from aggfuncs.base import Aggregator, numeric_values, valid_mask, with_nulls
+from aggfuncs.functions import AggFunction
+from aggfuncs.segments import Segments
+
+
+class _BoolAggregator(Aggregator):
+    type_names = "bool"
+    ufunc: np.ufunc
+
+    @staticmethod
+    def accepts(arrow_type: pa.DataType) -> bool:
+        return pa.types.is_boolean(arrow_type)
+
+    def fold(self, states: pa.Array, written: np.ndarray, segments: Segments) -> pa.Array:
+        keep = written & valid_mask(states)
+        data = numeric_values(states.filter(pa.array(keep))).astype(bool)
+        result, has = segments.filtered(keep).reduce(self.ufunc, data)
+        return with_nulls(result, has, pa.bool_())
+
+
+class BoolAndAggregator(_BoolAggregator):
+    function = AggFunction.BOOL_AND
+    ufunc = np.logical_and
+
+
+class BoolOrAggregator(_BoolAggregator):
+    function = AggFunction.BOOL_OR
+    ufunc = np.logical_or

@@ -1,0 +1,28 @@
+"""last_value and last_value_ignore_nulls: the latest written value (or latest non-null one)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from aggfuncs.base import Aggregator, take_or_null, valid_mask
+from aggfuncs.functions import AggFunction
+from aggfuncs.segments import Segments
+
+
+class LastValueAggregator(Aggregator):
+    """A null input overwrites: the last write wins, whatever it holds."""
+
+    function = AggFunction.LAST_VALUE
+
+    def fold(self, states: pa.Array, written: np.ndarray, segments: Segments) -> pa.Array:
+        return take_or_null(states, segments.pick(written, last=True))
+
+
+class LastValueIgnoreNullsAggregator(Aggregator):
+    """A null input keeps the stored value: the default for columns without a function."""
+
+    function = AggFunction.LAST_VALUE_IGNORE_NULLS
+
+    def fold(self, states: pa.Array, written: np.ndarray, segments: Segments) -> pa.Array:
+        return take_or_null(states, segments.pick(written & valid_mask(states), last=True))

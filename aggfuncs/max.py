@@ -1,0 +1,20 @@
+"""max: the largest non-null value (NaN is the largest float)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from aggfuncs.base import Aggregator, take_or_null
+from aggfuncs.functions import AggFunction
+from aggfuncs.ordering import ORDERABLE_TYPE_NAMES, is_orderable, pick_extreme
+from aggfuncs.segments import Segments
+
+
+class MaxAggregator(Aggregator):
+    function = AggFunction.MAX
+    type_names = ORDERABLE_TYPE_NAMES
+    accepts = staticmethod(is_orderable)
+
+    def fold(self, states: pa.Array, written: np.ndarray, segments: Segments) -> pa.Array:
+        return take_or_null(states, pick_extreme(states, written, segments, largest=True))

@@ -1,0 +1,94 @@
+"""Rows grouped by key, in write order: the shape every aggregator folds over.
+
+A write folds, per key, the stored state first and then the batch's rows in batch order. Rather
+than loop over keys in Python, aggregators see the whole batch at once: `Segments` sorts row
+indices by group (stably, so each group's rows keep their order) and aggregators reduce each
+contiguous run with numpy or Arrow.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# Groups longer than this are reduced one by one with a sequential accumulate; shorter ones are
+# reduced rank by rank across all groups at once. Either way the fold is strictly left to right.
+_LONG_GROUP = 48
+
+
+class Segments:
+    """Row indices grouped by group id; within a group, rows keep their input order."""
+
+    def __init__(self, group_ids: np.ndarray, group_count: int):
+        group_ids = np.asarray(group_ids, dtype=np.int64)
+        self.group_ids = group_ids
+        self.count = int(group_count)
+        self.order = np.argsort(group_ids, kind="stable")
+        self.sorted_ids = group_ids[self.order]
+        self.lengths = np.bincount(group_ids, minlength=self.count).astype(np.int64)
+        self.starts = np.cumsum(self.lengths) - self.lengths
+
+    def __len__(self) -> int:
+        return len(self.group_ids)
+
+    def filtered(self, keep: np.ndarray) -> "Segments":
+        """The segments of the rows where `keep` (in input order) is true; groups may go empty."""
+        return Segments(self.group_ids[keep], self.count)
+
+    def any(self, mask: np.ndarray) -> np.ndarray:
+        """Per group: whether `mask` (in input order) is true for any of its rows."""
+        hits = np.bincount(self.group_ids[mask], minlength=self.count)
+        return hits > 0
+
+    def pick(self, eligible: np.ndarray, last: bool) -> np.ndarray:
+        """Per group, the input index of its first (or last) eligible row, or -1 if none."""
+        ordered = eligible[self.order]
+        position = np.arange(len(self.order), dtype=np.int64)
+        picked = np.full(self.count, -1, dtype=np.int64)
+        nonempty = self.lengths > 0
+        if not nonempty.any():
+            return picked
+        starts = self.starts[nonempty]
+        if last:
+            best = np.maximum.reduceat(np.where(ordered, position, -1), starts)
+            found = best >= 0
+        else:
+            best = np.minimum.reduceat(np.where(ordered, position, len(position)), starts)
+            found = best < len(position)
+        result = np.where(found, self.order[np.minimum(best, len(position) - 1)], -1)
+        picked[nonempty] = result
+        return picked
+
+    def fold(self, ufunc: np.ufunc, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Left fold of `ufunc` over each group's values (input order, all rows eligible).
+
+        Returns (result per group, has_rows per group). Strictly sequential, so floating point
+        results equal a plain Python loop's, bit for bit.
+        """
+        ordered = values[self.order]
+        result = np.zeros(self.count, dtype=values.dtype)
+        has = self.lengths > 0
+        result[has] = ordered[self.starts[has]]
+        long_groups = np.nonzero(self.lengths > _LONG_GROUP)[0]
+        for g in long_groups:
+            s, n = self.starts[g], self.lengths[g]
+            result[g] = ufunc.accumulate(ordered[s : s + n])[-1]
+        short = np.nonzero((self.lengths > 1) & (self.lengths <= _LONG_GROUP))[0]
+        rank = 1
+        while len(short):
+            result[short] = ufunc(result[short], ordered[self.starts[short] + rank])
+            rank += 1
+            short = short[self.lengths[short] > rank]
+        return result, has
+
+    def reduce(self, ufunc: np.ufunc, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Like `fold` for an associative ufunc on exact types (integers, booleans): faster."""
+        ordered = values[self.order]
+        result = np.zeros(self.count, dtype=values.dtype)
+        has = self.lengths > 0
+        if has.any():
+            result[has] = ufunc.reduceat(ordered, self.starts[has])
+        return result, has
+
+    def offsets(self) -> np.ndarray:
+        """List offsets (length count + 1) for the rows in sorted order."""
+        return np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int32)

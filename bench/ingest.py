@@ -1,0 +1,140 @@
+"""Ingest benchmark: KvTablet.put against a naive per-row RocksDB loop, side by side.
+
+Cases (issue 2, section 6), both with the four-column workload of bench/workload.py:
+  (a) `rows` rows over `keys` random keys: target >= 5x the naive loop;
+  (b) `rows` unique keys: target >= 1.2x.
+Each measurement (engine run, naive run, verification) is a fresh process. Both sides of a case
+write the same generated data; then the two results are compared on sampled keys. A last engine
+run on a table `rss_scale` times larger than (b) shows whether peak RSS grows with table size.
+
+`run()` returns a list of dicts (see bench/report.py for the table and markdown forms).
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import tempfile
+from pathlib import Path
+
+from bench.proc import run_job
+from bench.progress import Progress
+from bench.workload import Workload
+
+MB = 1024 * 1024
+TARGETS = {"a": 5.0, "b": 1.2}
+
+
+def cases(rows: int, keys: int, batch: int, seed: int) -> list[tuple[str, Workload]]:
+    return [
+        ("a", Workload(rows=rows, keys=keys, batch=batch, seed=seed)),
+        ("b", Workload(rows=rows, keys=None, batch=batch, seed=seed)),
+    ]
+
+
+def _workload_args(workload: Workload) -> dict:
+    return {"rows": workload.rows, "keys": workload.keys, "batch": workload.batch, "seed": workload.seed}
+
+
+def _measure(side: str, path: Path, workload: Workload, progress: Progress, label: str) -> dict:
+    progress.step(f"{side} {label}")
+    result = run_job(
+        side,
+        {"path": str(path), "workload": _workload_args(workload)},
+        on_progress=lambda done: progress.rows(done, workload.rows),
+    )
+    result["rows_per_s"] = result["rows"] / result["seconds"]
+    result["peak_rss_mb"] = result["peak_rss_bytes"] / MB
+    progress.done(f"{result['rows_per_s']:,.0f} rows/s, peak RSS {result['peak_rss_mb']:.0f} MB")
+    return result
+
+
+def _verify(engine_path: Path, naive_path: Path, workload: Workload, samples: int, progress: Progress) -> dict:
+    progress.step("verify engine == naive")
+    args = {
+        "engine_path": str(engine_path),
+        "naive_path": str(naive_path),
+        "workload": _workload_args(workload),
+        "samples": samples,
+    }
+    result = run_job("verify", args)
+    if result["ok"]:
+        progress.done(f"{result['sampled']:,} sampled keys agree, {result['table_rows']:,} rows")
+    else:
+        progress.done("MISMATCH: " + "; ".join(result["problems"][:3]))
+    return result
+
+
+def run_case(case: str, workload: Workload, workdir: Path, repeat: int, samples: int,
+             progress: Progress) -> dict:
+    """Engine and naive runs of one case (alternating, `repeat` times), each verified."""
+    engine_runs, naive_runs, checks = [], [], []
+    label = f"({case}) {workload.label}"
+    for attempt in range(repeat):
+        engine_path = workdir / f"engine-{case}-{attempt}"
+        naive_path = workdir / f"naive-{case}-{attempt}"
+        engine_runs.append(_measure("engine", engine_path, workload, progress, label))
+        naive_runs.append(_measure("naive", naive_path, workload, progress, label))
+        checks.append(_verify(engine_path, naive_path, workload, samples, progress))
+        shutil.rmtree(engine_path, ignore_errors=True)
+        shutil.rmtree(naive_path, ignore_errors=True)
+    engine_rate = statistics.median(r["rows_per_s"] for r in engine_runs)
+    naive_rate = statistics.median(r["rows_per_s"] for r in naive_runs)
+    ratio = engine_rate / naive_rate
+    return {
+        "kind": "throughput",
+        "case": case,
+        "label": workload.label,
+        "rows": workload.rows,
+        "keys": workload.distinct_keys,
+        "batch": workload.batch,
+        "repeat": repeat,
+        "engine_rows_per_s": engine_rate,
+        "naive_rows_per_s": naive_rate,
+        "ratio": ratio,
+        "target": TARGETS[case],
+        "met": ratio >= TARGETS[case],
+        "verified": all(c["ok"] for c in checks),
+        "sampled": checks[-1]["sampled"],
+        "problems": [p for c in checks for p in c["problems"]][:10],
+        "engine_peak_rss_mb": max(r["peak_rss_mb"] for r in engine_runs),
+        "naive_peak_rss_mb": max(r["peak_rss_mb"] for r in naive_runs),
+        "engine_runs": [round(r["rows_per_s"]) for r in engine_runs],
+        "naive_runs": [round(r["rows_per_s"]) for r in naive_runs],
+    }
+
+
+def run_rss(unique: dict, workload: Workload, scale: int, workdir: Path, progress: Progress) -> dict:
+    """Peak RSS of the engine at two table sizes: case (b)'s and `scale` times larger."""
+    larger = Workload(rows=workload.rows * scale, keys=None, batch=workload.batch, seed=workload.seed)
+    path = workdir / "engine-rss"
+    result = _measure("engine", path, larger, progress, f"(b x{scale}) {larger.label}")
+    shutil.rmtree(path, ignore_errors=True)
+    small, large = unique["engine_peak_rss_mb"], result["peak_rss_mb"]
+    return {
+        "kind": "rss",
+        "sizes": [
+            {"table_rows": workload.rows, "peak_rss_mb": small},
+            {"table_rows": larger.rows, "peak_rss_mb": large, "rows_per_s": result["rows_per_s"]},
+        ],
+        "growth": large / small - 1.0,
+    }
+
+
+def run(rows: int = 1_000_000, keys: int = 100_000, batch: int = 100_000, seed: int = 42,
+        repeat: int = 1, samples: int = 1000, rss_scale: int = 4, workdir: str | None = None,
+        progress: Progress | None = None) -> list[dict]:
+    """Run the whole ingest benchmark; return one dict per case plus one for peak RSS."""
+    steps = 2 * repeat * 3 + (1 if rss_scale > 1 else 0)
+    progress = progress or Progress(steps)
+    base = Path(tempfile.mkdtemp(prefix="tally-bench-", dir=workdir))
+    try:
+        results = []
+        for case, workload in cases(rows, keys, batch, seed):
+            results.append(run_case(case, workload, base, repeat, samples, progress))
+        if rss_scale > 1:
+            unique = next(r for r in results if r["case"] == "b")
+            results.append(run_rss(unique, cases(rows, keys, batch, seed)[1][1], rss_scale, base, progress))
+        return results
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

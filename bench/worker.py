@@ -1,0 +1,59 @@
+"""Entry point of a measurement process: `python -m bench.worker JOB JSON-ARGS`.
+
+Each measurement runs in a fresh process so that one run's caches, allocator state and peak
+memory cannot leak into the next. The protocol on stdout is line based: `progress <rows>` while
+working, then one `result <json>` line that carries the job's result and the process's peak
+RSS. Anything else (warnings) goes to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+
+from bench.workload import Workload
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size (VmHWM), falling back to getrusage."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def report_progress(rows: int) -> None:
+    print(f"progress {rows}", flush=True)
+
+
+def run(job: str, args: dict) -> dict:
+    workload = Workload(**args["workload"])
+    if job == "engine":
+        from bench import engine
+
+        return engine.ingest(args["path"], workload, report_progress)
+    if job == "naive":
+        from bench import naive
+
+        return naive.ingest(args["path"], workload, report_progress)
+    if job == "verify":
+        from bench import verify
+
+        return verify.verify(args["engine_path"], args["naive_path"], workload, args["samples"])
+    raise SystemExit(f"unknown bench job {job!r}")
+
+
+def main(argv: list[str]) -> None:
+    job, raw = argv
+    result = run(job, json.loads(raw))
+    result["peak_rss_bytes"] = peak_rss_bytes()
+    print("result " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,82 @@
+"""The `tally` command: parses arguments and hands off to the packages that do the work.
+
+Imports of those packages happen inside each command so `tally version` starts instantly and a
+command only loads what it uses (pyarrow and the engine are slow to import).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+
+def positive_int(text: str) -> int:
+    value = int(text.replace("_", "").replace(",", ""))
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    import tally
+
+    print(tally.__version__)
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from bench.suite import run_suite
+
+    return run_suite(
+        only=args.only,
+        rows=args.rows,
+        keys=args.keys,
+        batch=args.batch,
+        repeat=args.repeat,
+        seed=args.seed,
+        report=args.report,
+        command="tally " + shlex.join(args.argv),
+    )
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from sink.demo import run
+
+    return run()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tally", description="Tally: a table store for real-time aggregates.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    version = commands.add_parser("version", help="print the version")
+    version.set_defaults(func=cmd_version)
+
+    bench = commands.add_parser("bench", help="run the benchmarks (KvTablet.put vs a naive RocksDB loop)")
+    bench.add_argument("--rows", type=positive_int, default=1_000_000, help="input rows per case (default 1,000,000)")
+    bench.add_argument("--keys", type=positive_int, default=100_000, help="distinct keys of case (a) (default 100,000)")
+    bench.add_argument("--batch", type=positive_int, default=100_000, help="rows per Arrow batch (default 100,000)")
+    bench.add_argument("--repeat", type=positive_int, default=1, help="runs per side; the median counts (default 1)")
+    bench.add_argument("--seed", type=int, default=42, help="seed of the generated data (default 42)")
+    bench.add_argument("--only", action="append", choices=["ingest"], help="run only this benchmark (repeatable)")
+    bench.add_argument("--report", metavar="FILE", help="also write the results as markdown to FILE")
+    bench.set_defaults(func=cmd_bench)
+
+    demo = commands.add_parser("demo", help="the end-to-end exactly-once demo (describes it until the Spark sink lands)")
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

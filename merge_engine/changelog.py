@@ -1,0 +1,93 @@
+"""The changelog: Arrow record batches of +I, -U, +U and -D records with full row images.
+
+One offset per record. One put appends at most one batch (one entry per key per put: +I for a
+new key, -U/+U for a changed one, -D for a removed one), stored as an Arrow IPC stream beside
+the rows in the same RocksDB write batch, so rows and changelog can never disagree.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from merge_engine.input import UNWRITTEN
+from merge_engine.state import StateBatch
+
+OFFSET = "_offset"
+CHANGE_TYPE = "_change_type"
+
+INSERT, UPDATE_BEFORE, UPDATE_AFTER, DELETE = "+I", "-U", "+U", "-D"
+
+# What happened to each key of a write.
+UNCHANGED, INSERTED, UPDATED, REMOVED = 0, 1, 2, 3
+
+
+def changelog_schema(arrow_schema: pa.Schema) -> pa.Schema:
+    fields = [pa.field(OFFSET, pa.int64(), nullable=False),
+              pa.field(CHANGE_TYPE, pa.string(), nullable=False)]
+    fields += [pa.field(f.name, f.type) for f in arrow_schema]
+    fields.append(pa.field(UNWRITTEN, pa.list_(pa.string())))
+    return pa.schema(fields)
+
+
+def build_records(schema: pa.Schema, value_positions: list[int], before: StateBatch,
+                  after: StateBatch, outcome: np.ndarray, start_offset: int) -> pa.Table | None:
+    """The changelog records of one write, or None when nothing changed.
+
+    `before` and `after` hold one row per key (aligned); `outcome` says per key whether it was
+    inserted, updated, removed or left unchanged. Records follow the keys' order.
+    """
+    counts = np.select([outcome == INSERTED, outcome == UPDATED, outcome == REMOVED], [1, 2, 1], 0)
+    total = int(counts.sum())
+    if total == 0:
+        return None
+    m = len(before)
+    key = np.repeat(np.arange(m), counts)
+    first = np.concatenate([[True], key[1:] != key[:-1]])
+    kind = outcome[key]
+    # Rows of concat(before, after): before images at g, after images at m + g.
+    take_after = (kind == INSERTED) | ((kind == UPDATED) & ~first)
+    index = np.where(take_after, m + key, key)
+    change = np.where(kind == INSERTED, INSERT,
+                      np.where(kind == REMOVED, DELETE,
+                               np.where(first, UPDATE_BEFORE, UPDATE_AFTER)))
+    images = StateBatch.concat(before, after).take(index)
+    arrays = [pa.array(np.arange(start_offset, start_offset + total), type=pa.int64()),
+              pa.array(change, type=pa.string())]
+    arrays += images.columns
+    arrays.append(_unwritten_lists(images.written, value_positions, schema.names))
+    return pa.Table.from_arrays(arrays, schema=changelog_schema(schema))
+
+
+def _unwritten_lists(written: np.ndarray, value_positions: list[int], names: list[str]):
+    if not value_positions:
+        return pa.array([[] for _ in range(len(written))], type=pa.list_(pa.string()))
+    missing = ~written[:, value_positions]
+    counts = missing.sum(axis=1)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    value_names = np.array([names[p] for p in value_positions], dtype=object)
+    flat = value_names[np.nonzero(missing)[1]]
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat.tolist(), type=pa.string()))
+
+
+def serialize(records: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, records.schema) as writer:
+        writer.write_table(records)
+    return sink.getvalue().to_pybytes()
+
+
+def deserialize(data: bytes) -> pa.Table:
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+
+
+def state_from_records(records: pa.Table, names: list[str], value_positions: list[int]) -> StateBatch:
+    """Row images of changelog records as a StateBatch (written bits restored)."""
+    columns = [records.column(n).combine_chunks() for n in names]
+    written = np.ones((records.num_rows, len(names)), dtype=bool)
+    unwritten = records.column(UNWRITTEN).to_pylist()
+    position = {names[p]: p for p in value_positions}
+    for row, missing in enumerate(unwritten):
+        for name in missing or ():
+            written[row, position[name]] = False
+    return StateBatch(columns, written)

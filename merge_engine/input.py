@@ -1,0 +1,157 @@
+"""Turning what a caller writes (Arrow batches or dicts) into checked columns, or a clear error.
+
+Everything here runs before a tablet touches storage, so a rejected write leaves no trace.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from aggfuncs import AggFunction
+from merge_engine.schema import Schema
+from tally.errors import InvalidInputError
+
+UNWRITTEN = "_unwritten"
+
+
+@dataclass
+class WriteInput:
+    """A validated write: one array per target column (schema order), the target mask, and for
+    OVERWRITE writes optionally the per-row set of columns to leave unwritten."""
+
+    columns: dict[str, pa.Array]
+    target: np.ndarray
+    rows: int
+    unwritten: list | None = None
+
+    def key_columns(self, schema: Schema) -> list[pa.Array]:
+        return [self.columns[k] for k in schema.primary_key]
+
+
+def _to_table(rows) -> pa.Table | list[dict]:
+    if isinstance(rows, pa.RecordBatch):
+        return pa.Table.from_batches([rows])
+    if isinstance(rows, pa.Table):
+        return rows
+    if isinstance(rows, dict):
+        rows = [rows]
+    if isinstance(rows, (list, tuple)) and all(isinstance(r, dict) for r in rows):
+        return list(rows)
+    raise InvalidInputError(
+        f"Rows must be a pyarrow RecordBatch or Table, or a list of dicts; got {type(rows).__name__}"
+    )
+
+
+def _target_names(schema: Schema, target_columns) -> list[str]:
+    if target_columns is None:
+        return schema.names
+    targets = list(target_columns)
+    for name in targets:
+        if not schema.has_column(name):
+            raise InvalidInputError(
+                f"Unknown target column '{name}'; the table's columns are {schema.names}"
+            )
+    missing = [k for k in schema.primary_key if k not in targets]
+    if missing:
+        raise InvalidInputError(
+            f"The target write columns {targets} must contain the primary key columns "
+            f"{list(schema.primary_key)} (missing {missing})"
+        )
+    return [n for n in schema.names if n in targets]
+
+
+def _from_python(values: list, column) -> pa.Array:
+    """An Arrow array of the column's type from Python values.
+
+    List columns (array_agg) also take single elements: those become one-element lists.
+    """
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        values = [v if v is None or isinstance(v, (list, tuple)) else [v] for v in values]
+    try:
+        return pa.array(values, type=column.type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+        if column.agg is AggFunction.COUNT:
+            # count's AGGREGATE input may be anything: only its nullness is counted.
+            return pa.array([None if v is None else True for v in values], type=pa.bool_())
+        bad = _first_bad(values, column.type)
+        raise InvalidInputError(
+            f"Column '{column.name}' (type {column.type}) cannot take the value {bad!r}: {exc}"
+        ) from None
+
+
+def _first_bad(values: list, arrow_type: pa.DataType):
+    for v in values:
+        try:
+            pa.array([v], type=arrow_type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+            return v
+    return None
+
+
+def prepare_write(rows, schema: Schema, aggregators, target_columns=None,
+                  allow_unwritten: bool = False, keys_only: bool = False) -> WriteInput:
+    """Validate a write against the schema and return its columns, or raise InvalidInputError.
+
+    `keys_only` is for deletes: only the primary key is read and other schema columns are
+    ignored.
+    """
+    data = _to_table(rows)
+    targets = _target_names(schema, target_columns)
+    wanted = list(schema.primary_key) if keys_only else targets
+    by_name = {a.column: a for a in aggregators}
+    columns: dict[str, pa.Array] = {}
+    unwritten = None
+    if isinstance(data, list):
+        names = set().union(*(r.keys() for r in data)) if data else set()
+        allowed = set(schema.names if keys_only else targets) | ({UNWRITTEN} if allow_unwritten else set())
+        _reject_unknown(names - allowed, schema, targets, keys_only)
+        for name in wanted:
+            columns[name] = _from_python([r.get(name) for r in data], schema.column(name))
+        if UNWRITTEN in names:
+            unwritten = [r.get(UNWRITTEN) or () for r in data]
+        n = len(data)
+    else:
+        names = set(data.column_names)
+        allowed = set(schema.names if keys_only else targets) | ({UNWRITTEN} if allow_unwritten else set())
+        _reject_unknown(names - allowed, schema, targets, keys_only)
+        missing = [c for c in wanted if c not in names]
+        if missing:
+            hint = "" if target_columns is not None else \
+                "; pass target_columns=[...] (with the primary key) for a partial write"
+            raise InvalidInputError(f"The written rows lack columns {missing}{hint}")
+        for name in wanted:
+            columns[name] = data.column(name).combine_chunks()
+        if UNWRITTEN in names:
+            unwritten = [v or () for v in data.column(UNWRITTEN).to_pylist()]
+        n = data.num_rows
+    for key in schema.primary_key:
+        columns[key] = _key_column(columns[key], schema.column(key), by_name[key])
+    target = np.array([name in targets for name in schema.names], dtype=bool)
+    return WriteInput(columns, target, n, unwritten)
+
+
+def _reject_unknown(unknown: set, schema: Schema, targets: list[str], keys_only: bool) -> None:
+    if not unknown:
+        return
+    name = sorted(unknown)[0]
+    if schema.has_column(name):
+        raise InvalidInputError(
+            f"Column '{name}' is written but is not among the target columns {targets}"
+        )
+    raise InvalidInputError(
+        f"Unknown column '{name}' in the written rows; the table's columns are {schema.names}"
+    )
+
+
+def _key_column(values: pa.Array, column, aggregator) -> pa.Array:
+    values = aggregator.cast_input(values)
+    if values.null_count:
+        row = int(np.nonzero(values.is_null().to_numpy(zero_copy_only=False))[0][0])
+        raise InvalidInputError(
+            f"Primary key column '{column.name}' is null in row {row} of the write; "
+            "nothing was applied"
+        )
+    return values

@@ -1,0 +1,46 @@
+"""OverwriteRowMerger: the last row of each key replaces its target columns, no aggregation.
+
+This is OVERWRITE mode (how undo restores before-images) and the engine of tables without
+`table.merge-engine`. An `_unwritten` input column restores a cell's written bit exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from aggfuncs import Aggregator, Segments
+from merge_engine.input import WriteInput
+from merge_engine.modes import MergeMode
+from merge_engine.state import StateBatch
+
+
+class OverwriteRowMerger:
+    def __init__(self, aggregators: list[Aggregator], key_positions: set[int]):
+        self.aggregators = aggregators
+        self.key_positions = key_positions
+
+    def merge(self, stored: StateBatch, write: WriteInput, group_ids: np.ndarray,
+              mode: MergeMode) -> StateBatch:
+        m = len(stored)
+        last = Segments(group_ids, m).pick(np.ones(len(group_ids), dtype=bool), last=True)
+        take = pa.array(last, type=pa.int64())
+        columns = list(stored.columns)
+        written = stored.written.copy()
+        unwritten = self._unwritten_names(write, last)
+        for i, agg in enumerate(self.aggregators):
+            if i in self.key_positions or not write.target[i]:
+                continue
+            values = agg.overwrite(agg.cast_input(write.columns[agg.column]))
+            columns[i] = values.take(take).cast(stored.columns[i].type)
+            if unwritten is None:
+                written[:, i] = True
+            else:
+                written[:, i] = [agg.column not in names for names in unwritten]
+        return StateBatch(columns, written)
+
+    @staticmethod
+    def _unwritten_names(write: WriteInput, last: np.ndarray) -> list[set] | None:
+        if write.unwritten is None:
+            return None
+        return [set(write.unwritten[i]) for i in last]

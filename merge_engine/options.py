@@ -1,0 +1,71 @@
+"""Connector options (`fields.<col>.agg`, `fields.<col>.<fn>.<param>`) translated into a schema.
+
+Spark and other connectors cannot declare functions in DDL, so they pass options; these become
+schema columns and are not kept as table properties: the schema stays the single truth.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from aggfuncs import AggFunction
+from merge_engine.schema import Schema
+from tally.errors import InvalidOptionError
+
+
+def _split_field_options(options: dict, columns: set[str]):
+    """{column: function name} and {column: {(fn, param): value}} from `fields.*` options."""
+    functions: dict[str, str] = {}
+    params: dict[str, dict[tuple[str, str], object]] = {}
+    rest = {}
+    for key, value in options.items():
+        if not key.startswith("fields."):
+            rest[key] = value
+            continue
+        body = key[len("fields."):]
+        # Column names may contain dots: match the longest known column name as the prefix.
+        column = next((c for c in sorted(columns, key=len, reverse=True)
+                       if body.startswith(c + ".")), None)
+        if column is None:
+            raise InvalidOptionError(f"Option '{key}' names no column of the table {sorted(columns)}")
+        tail = body[len(column) + 1:]
+        if tail == "agg":
+            functions[column] = value
+        elif "." in tail:
+            fn, param = tail.split(".", 1)
+            params.setdefault(column, {})[(fn, param)] = value
+        else:
+            raise InvalidOptionError(
+                f"Option '{key}' is not understood: use 'fields.{column}.agg' or "
+                f"'fields.{column}.<function>.<parameter>'"
+            )
+    return functions, params, rest
+
+
+def descriptor_from_options(cls, arrow_schema, primary_key, partition_key, options):
+    options = dict(options or {})
+    if not isinstance(arrow_schema, pa.Schema):
+        arrow_schema = pa.schema(arrow_schema)
+    functions, params, properties = _split_field_options(options, set(arrow_schema.names))
+    for column in params:
+        if column not in functions:
+            raise InvalidOptionError(
+                f"Parameters are given for column '{column}' but it has no 'fields.{column}.agg'"
+            )
+    builder = Schema.builder()
+    for f in arrow_schema:
+        if f.name not in functions:
+            builder.column(f.name, f.type, f.nullable)
+            continue
+        fn = AggFunction.parse(functions[f.name], f.name)
+        given = {}
+        for (fn_name, param), value in params.get(f.name, {}).items():
+            if AggFunction.parse(fn_name, f.name) is not fn:
+                raise InvalidOptionError(
+                    f"Option 'fields.{f.name}.{fn_name}.{param}' names function '{fn_name}' but "
+                    f"column '{f.name}' uses '{functions[f.name]}'"
+                )
+            given[param] = value
+        builder.agg_column(f.name, f.type, fn, f.nullable, **given)
+    builder.primary_key(*primary_key).partition_key(*partition_key)
+    return cls(builder.build(), properties=properties)

@@ -1,0 +1,121 @@
+"""One bucket's RocksDB: rows, changelog batches and bookkeeping under separate key prefixes.
+
+Keeping all three in one database lets a single atomic write batch hold a write's row changes,
+its changelog batch, the new log end offset and the writer's sequence number: after kill -9 the
+bucket is either before or after the write, never in between.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Iterator
+
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+from tally.errors import StorageError
+
+ROW = b"k"
+LOG = b"l"
+META = b"m"
+WRITER = b"w"
+
+END_OFFSET = META + b"end"
+START_OFFSET = META + b"start"
+DESCRIPTOR = META + b"descriptor"
+
+_U64 = struct.Struct(">Q")
+_WRITER_STATE = struct.Struct(">qq")
+
+
+def offset_key(offset: int) -> bytes:
+    return LOG + _U64.pack(offset)
+
+
+def offset_of(key: bytes) -> int:
+    return _U64.unpack(key[len(LOG):])[0]
+
+
+class TabletStore:
+    """Thin, typed access to the bucket's RocksDB."""
+
+    def __init__(self, path: str, sync: bool = False):
+        os.makedirs(path, exist_ok=True)
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        options.set_write_buffer_size(64 << 20)
+        options.set_max_background_jobs(2)
+        try:
+            self.db = Rdict(os.path.join(path, "rocksdb"), options)
+        except Exception as exc:  # rocksdict raises plain Exceptions for lock/corruption
+            raise StorageError(f"Cannot open the tablet at {path}: {exc}") from None
+        self.write_options = WriteOptions()
+        self.write_options.sync = sync
+
+    def close(self) -> None:
+        self.db.close()
+
+    # --- rows -------------------------------------------------------------------------------
+
+    def get_rows(self, keys: list[bytes]) -> list[bytes | None]:
+        if not keys:
+            return []
+        return self.db.get([ROW + k for k in keys])
+
+    def scan_rows(self, chunk: int = 65536) -> Iterator[list[bytes]]:
+        """Stored rows in key order, `chunk` at a time."""
+        it = self.db.iter()
+        it.seek(ROW)
+        values: list[bytes] = []
+        while it.valid():
+            if not it.key().startswith(ROW):
+                break
+            values.append(it.value())
+            if len(values) >= chunk:
+                yield values
+                values = []
+            it.next()
+        if values:
+            yield values
+
+    # --- changelog --------------------------------------------------------------------------
+
+    def log_entries(self, start: int) -> Iterator[tuple[int, bytes]]:
+        """(first offset, serialized batch) of every changelog entry that may hold `start` or
+        a later offset, in offset order."""
+        it = self.db.iter()
+        it.seek_for_prev(offset_key(start))
+        if not it.valid() or not it.key().startswith(LOG):
+            it.seek(offset_key(start))
+        while it.valid() and it.key().startswith(LOG):
+            yield offset_of(it.key()), it.value()
+            it.next()
+
+    # --- bookkeeping ------------------------------------------------------------------------
+
+    def get_int(self, key: bytes, default: int = 0) -> int:
+        value = self.db.get(key)
+        return default if value is None else _U64.unpack(value)[0]
+
+    def get_bytes(self, key: bytes) -> bytes | None:
+        return self.db.get(key)
+
+    def writer_state(self, writer_id: str) -> tuple[int, int] | None:
+        value = self.db.get(WRITER + writer_id.encode())
+        return None if value is None else _WRITER_STATE.unpack(value)
+
+    # --- atomic writes ----------------------------------------------------------------------
+
+    def new_batch(self) -> WriteBatch:
+        return WriteBatch(raw_mode=True)
+
+    @staticmethod
+    def put_int(batch: WriteBatch, key: bytes, value: int) -> None:
+        batch.put(key, _U64.pack(value))
+
+    @staticmethod
+    def put_writer(batch: WriteBatch, writer_id: str, sequence: int, end_offset: int) -> None:
+        batch.put(WRITER + writer_id.encode(), _WRITER_STATE.pack(sequence, end_offset))
+
+    def commit(self, batch: WriteBatch) -> None:
+        self.db.write(batch, self.write_options)

@@ -1,0 +1,275 @@
+"""KvTablet: one bucket of a primary-key table, rows in RocksDB plus an Arrow changelog.
+
+A write runs in four steps, each over the whole batch: validate the input; group its rows by
+key and read those keys' stored rows in one multi-get; merge with the RowMerger of the mode;
+then commit the changed rows, the changelog records and the new offsets in one atomic RocksDB
+write batch.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from merge_engine import changelog as log
+from merge_engine.descriptor import KV_SYNC, TableDescriptor
+from merge_engine.input import WriteInput, prepare_write
+from merge_engine.keys import encode_keys
+from merge_engine.mergers import AggregateRowMerger, DeleteMerger, OverwriteRowMerger
+from merge_engine.modes import DeleteBehavior, MergeMode
+from merge_engine.rowcodec import RowCodec
+from merge_engine.state import StateBatch
+from merge_engine.storage import DESCRIPTOR, END_OFFSET, ROW, START_OFFSET, TabletStore, offset_key
+from tally.errors import DeleteDisabledError, InvalidInputError, OffsetOutOfRangeError, StorageError
+
+
+class KvTablet:
+    """One bucket. Thread-safe: writes are serialised, reads run alongside them."""
+
+    def __init__(self, path: str, descriptor: TableDescriptor, store: TabletStore):
+        self.path = path
+        self.descriptor = descriptor
+        self.schema = descriptor.schema
+        self.arrow_schema = self.schema.to_arrow()
+        self.aggregators = self.schema.aggregators(descriptor.is_aggregation)
+        names = self.schema.names
+        self.key_positions = {names.index(k) for k in self.schema.primary_key}
+        self.value_positions = [i for i in range(len(names)) if i not in self.key_positions]
+        self.codec = RowCodec(self.arrow_schema)
+        merger_args = (self.aggregators, self.key_positions)
+        self._overwrite = OverwriteRowMerger(*merger_args)
+        self._engine = AggregateRowMerger(*merger_args) if descriptor.is_aggregation \
+            else self._overwrite
+        self._deletes = DeleteMerger(*merger_args)
+        self._store = store
+        self._lock = threading.RLock()
+        self._end = store.get_int(END_OFFSET)
+        self._start = store.get_int(START_OFFSET)
+        self._closed = False
+
+    @classmethod
+    def open(cls, path: str, descriptor: TableDescriptor) -> "KvTablet":
+        """Open (or create) the bucket at `path`; its schema must match the one it was made with."""
+        if not descriptor.schema.primary_key:
+            raise StorageError("A KvTablet needs a primary-key table")
+        store = TabletStore(str(path), sync=descriptor.bool_option(KV_SYNC))
+        saved = store.get_bytes(DESCRIPTOR)
+        if saved is None:
+            batch = store.new_batch()
+            batch.put(DESCRIPTOR, descriptor.schema.to_json().encode())
+            store.commit(batch)
+        elif saved.decode() != descriptor.schema.to_json():
+            store.close()
+            raise StorageError(
+                f"The tablet at {path} was created with another schema; refusing to open it "
+                f"with {descriptor.schema!r}"
+            )
+        return cls(str(path), descriptor, store)
+
+    # --- offsets ----------------------------------------------------------------------------
+
+    @property
+    def log_end_offset(self) -> int:
+        """The offset the next changelog record will get (exclusive end of the log)."""
+        return self._end
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._start
+
+    # --- writes -----------------------------------------------------------------------------
+
+    def put(self, rows, mode: MergeMode = MergeMode.AGGREGATE, target_columns=None,
+            writer: tuple[str, int] | None = None) -> int:
+        """Merge `rows` into the bucket; returns the log end offset after the write."""
+        mode = MergeMode.parse(mode)
+        with self._lock:
+            self._check_open()
+            replayed = self._replayed(writer)
+            if replayed is not None:
+                return replayed
+            write = prepare_write(rows, self.schema, self.aggregators, target_columns,
+                                  allow_unwritten=mode is MergeMode.OVERWRITE)
+            if write.rows == 0:
+                return self._commit([], None, None, np.zeros(0, dtype=np.int8), [], writer)
+            keys, group_ids, firsts = self._group(write)
+            before, old_rows = self._load(keys, write, firsts)
+            merger = self._overwrite if mode is MergeMode.OVERWRITE else self._engine
+            after = merger.merge(before, write, group_ids, mode)
+            new_rows = self.codec.encode(after)
+            outcome = np.fromiter(
+                (log.INSERTED if old is None else log.UPDATED if old != new else log.UNCHANGED
+                 for old, new in zip(old_rows, new_rows)),
+                dtype=np.int8, count=len(keys))
+            return self._commit(keys, before, after, outcome, new_rows, writer)
+
+    def delete(self, keys, mode: MergeMode = MergeMode.AGGREGATE, target_columns=None,
+               writer: tuple[str, int] | None = None) -> int:
+        """Delete keys (or, with target_columns, reset those columns); returns the end offset."""
+        mode = MergeMode.parse(mode)
+        with self._lock:
+            self._check_open()
+            replayed = self._replayed(writer)
+            if replayed is not None:
+                return replayed
+            behavior = DeleteBehavior.ALLOW if mode is MergeMode.OVERWRITE \
+                else self.descriptor.delete_behavior
+            if behavior is DeleteBehavior.DISABLE:
+                raise DeleteDisabledError(
+                    "Delete operations are disabled for this table: 'table.delete.behavior' "
+                    "is 'disable'. Nothing was applied."
+                )
+            write = prepare_write(keys, self.schema, self.aggregators, target_columns,
+                                  keys_only=True)
+            if behavior is DeleteBehavior.IGNORE or write.rows == 0:
+                return self._commit([], None, None, np.zeros(0, dtype=np.int8), [], writer)
+            unique, _, firsts = self._group(write)
+            before, old_rows = self._load(unique, write, firsts)
+            after, removed = self._deletes.delete(before, write.target)
+            new_rows = self.codec.encode(after)
+            existed = np.array([old is not None for old in old_rows], dtype=bool)
+            changed = np.array([old != new for old, new in zip(old_rows, new_rows)], dtype=bool)
+            outcome = np.select([existed & removed, existed & changed], [log.REMOVED, log.UPDATED],
+                                log.UNCHANGED).astype(np.int8)
+            return self._commit(unique, before, after, outcome, new_rows, writer)
+
+    def _replayed(self, writer) -> int | None:
+        """The recorded end offset if this (writer id, sequence) was already applied."""
+        if writer is None:
+            return None
+        if not (isinstance(writer, tuple) and len(writer) == 2 and isinstance(writer[0], str)
+                and isinstance(writer[1], int)):
+            raise InvalidInputError(f"writer must be a (writer_id: str, sequence: int) pair, got {writer!r}")
+        state = self._store.writer_state(writer[0])
+        if state is not None and writer[1] <= state[0]:
+            return state[1]
+        return None
+
+    def _group(self, write: WriteInput):
+        """Encoded keys in first-appearance order, each row's group id, each group's first row."""
+        encoded = pa.array(encode_keys(write.key_columns(self.schema)), type=pa.binary())
+        dictionary = encoded.dictionary_encode()
+        group_ids = dictionary.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        _, firsts = np.unique(group_ids, return_index=True)
+        return dictionary.dictionary.to_pylist(), group_ids, firsts
+
+    def _load(self, keys: list[bytes], write: WriteInput, firsts: np.ndarray):
+        """The stored state of each key (an empty row for new keys) and the stored bytes."""
+        old_rows = self._store.get_rows(keys)
+        present = np.array([v is not None for v in old_rows], dtype=bool)
+        decoded = self.codec.decode([v for v in old_rows if v is not None])
+        missing = np.nonzero(~present)[0]
+        if len(missing) == 0:
+            return decoded, old_rows
+        empty = self._empty_rows(write, firsts[missing])
+        if len(missing) == len(keys):
+            return empty, old_rows
+        order = np.empty(len(keys), dtype=np.int64)
+        order[present] = np.arange(len(decoded))
+        order[missing] = len(decoded) + np.arange(len(missing))
+        return StateBatch.concat(decoded, empty).take(order), old_rows
+
+    def _empty_rows(self, write: WriteInput, rows: np.ndarray) -> StateBatch:
+        index = pa.array(rows, type=pa.int64())
+        columns = []
+        for i, agg in enumerate(self.aggregators):
+            if i in self.key_positions:
+                columns.append(write.columns[agg.column].take(index))
+            else:
+                columns.append(agg.empty(len(rows)))
+        written = np.zeros((len(rows), len(columns)), dtype=bool)
+        written[:, sorted(self.key_positions)] = True
+        return StateBatch(columns, written)
+
+    def _commit(self, keys, before, after, outcome, new_rows, writer) -> int:
+        batch = self._store.new_batch()
+        for i in np.nonzero((outcome == log.INSERTED) | (outcome == log.UPDATED))[0]:
+            batch.put(ROW + keys[i], new_rows[i])
+        for i in np.nonzero(outcome == log.REMOVED)[0]:
+            batch.delete(ROW + keys[i])
+        end = self._end
+        records = log.build_records(self.arrow_schema, self.value_positions, before, after,
+                                    outcome, end) if len(keys) else None
+        if records is not None:
+            batch.put(offset_key(end), log.serialize(records))
+            end += records.num_rows
+            TabletStore.put_int(batch, END_OFFSET, end)
+        if writer is not None:
+            TabletStore.put_writer(batch, writer[0], writer[1], end)
+        if not batch.is_empty():
+            self._store.commit(batch)
+        self._end = end
+        return end
+
+    # --- reads ------------------------------------------------------------------------------
+
+    def lookup(self, key: dict) -> dict | None:
+        """The row of `key` (a dict of the primary-key columns), or None."""
+        self._check_open()
+        if not isinstance(key, dict):
+            raise InvalidInputError(f"lookup takes a dict of the primary key columns, got {key!r}")
+        write = prepare_write([key], self.schema, self.aggregators, keys_only=True)
+        stored = self._store.get_rows(encode_keys(write.key_columns(self.schema)))[0]
+        if stored is None:
+            return None
+        return self.codec.decode([stored]).to_table(self.schema.names).to_pylist()[0]
+
+    def to_arrow(self) -> pa.Table:
+        """Every row, ordered by primary key."""
+        self._check_open()
+        tables = [self.codec.decode(chunk).to_table(self.schema.names)
+                  for chunk in self._store.scan_rows()]
+        if not tables:
+            return self.arrow_schema.empty_table()
+        return pa.concat_tables(tables).cast(self.arrow_schema)
+
+    def changelog(self, start: int = 0, end: int | None = None) -> pa.Table:
+        """Changelog records with offsets in [start, end) (end defaults to the log end)."""
+        schema = log.changelog_schema(self.arrow_schema)
+        tables = list(self.iter_changelog(start, end))
+        return pa.concat_tables(tables) if tables else schema.empty_table()
+
+    def iter_changelog(self, start: int = 0, end: int | None = None) -> Iterator[pa.Table]:
+        """The records of [start, end) one stored batch at a time: bounded memory for undo."""
+        self._check_open()
+        end = self._end if end is None else end
+        if not (self._start <= start <= end <= self._end):
+            raise OffsetOutOfRangeError(
+                f"Changelog range [{start}, {end}) is outside the bucket's log "
+                f"[{self._start}, {self._end}) of {self.path}"
+            )
+        for first, data in self._store.log_entries(start):
+            if first >= end:
+                break
+            records = log.deserialize(data)
+            low, high = max(start - first, 0), min(end - first, records.num_rows)
+            if high > low:
+                yield records.slice(low, high - low)
+
+    def records_to_state(self, records: pa.Table) -> StateBatch:
+        """Row images of changelog records, written bits included (for replay and undo)."""
+        return log.state_from_records(records, self.schema.names, self.value_positions)
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageError(f"The tablet at {self.path} is closed")
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._store.close()
+
+    def __enter__(self) -> "KvTablet":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"KvTablet({self.path!r}, offsets [{self._start}, {self._end}))"

@@ -1,0 +1,26 @@
+"""Property-testing support for Tally tables: a reference model and hypothesis strategies.
+
+- `ReferenceTable`: a plain-Python model of one bucket that follows docs/core-contract.md.
+- `TableSpec` / `ColumnSpec`: a table in plain data; builds the engine's Schema/TableDescriptor.
+- `merge_engine.testing.strategies`: hypothesis strategies for specs, rows and write sequences.
+- `TabletHarness`: drives a real KvTablet and the model with the same writes and compares them.
+
+See docs/testing.md.
+"""
+
+from merge_engine.testing.model import ReferenceTable, RowState
+from merge_engine.testing.records import ChangeRecord, diff_records, records_from_arrow
+from merge_engine.testing.spec import ColumnSpec, TableSpec
+from merge_engine.testing.values import same_row, same_value
+
+__all__ = [
+    "ChangeRecord",
+    "ColumnSpec",
+    "ReferenceTable",
+    "RowState",
+    "TableSpec",
+    "diff_records",
+    "records_from_arrow",
+    "same_row",
+    "same_value",
+]

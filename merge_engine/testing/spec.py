@@ -1,0 +1,149 @@
+"""A table described in plain data: what the strategies draw and the reference model reads.
+
+`TableSpec` is the common currency of `merge_engine.testing`: it builds the engine's `Schema`
+and `TableDescriptor` through the public builder, and `TableSpec.of(...)` turns an engine
+`Schema` or `TableDescriptor` back into a spec, so users can hand their own tables to the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import pyarrow as pa
+
+from aggfuncs import AggFunction
+from tally.errors import InvalidAggFunctionError
+
+MERGE_ENGINE = "table.merge-engine"
+DELETE_BEHAVIOR = "table.delete.behavior"
+
+
+def _parse_bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise InvalidAggFunctionError(f"Parameter '{name}' must be true or false but was {value!r}")
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    """One column: name, Arrow type, aggregate function (None: no function) and parameters.
+
+    `params` holds what the user wrote (Python values or option strings); `delimiter` and
+    `distinct` give the parsed values the model folds with.
+    """
+
+    name: str
+    type: pa.DataType
+    function: AggFunction | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)
+    nullable: bool = True
+
+    @property
+    def delimiter(self) -> str:
+        return str(self.params.get("delimiter", ","))
+
+    @property
+    def distinct(self) -> bool:
+        return _parse_bool("distinct", self.params.get("distinct", False))
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """Columns in schema order, the primary key, and the table properties."""
+
+    columns: tuple[ColumnSpec, ...]
+    primary_key: tuple[str, ...]
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "columns", tuple(self.columns))
+        object.__setattr__(self, "primary_key", tuple(self.primary_key))
+        object.__setattr__(self, "properties", dict(self.properties))
+
+    # --- derived facts ----------------------------------------------------------------------
+
+    @property
+    def names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+    @property
+    def value_columns(self) -> list[ColumnSpec]:
+        """The non-key columns, in schema order."""
+        return [c for c in self.columns if c.name not in self.primary_key]
+
+    def column(self, name: str) -> ColumnSpec:
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    @property
+    def is_aggregation(self) -> bool:
+        return str(self.properties.get(MERGE_ENGINE, "")).strip().lower() == "aggregation"
+
+    @property
+    def delete_behavior(self) -> str:
+        """`ignore` | `disable` | `allow`; the default depends on the engine (contract)."""
+        given = self.properties.get(DELETE_BEHAVIOR)
+        if given is not None:
+            return str(given).strip().lower()
+        return "ignore" if self.is_aggregation else "allow"
+
+    def function_of(self, name: str) -> AggFunction:
+        """The function a value column folds with (last_value_ignore_nulls when none is set)."""
+        fn = self.column(name).function
+        return fn if fn is not None else AggFunction.LAST_VALUE_IGNORE_NULLS
+
+    # --- the engine's objects ---------------------------------------------------------------
+
+    def schema(self):
+        """The engine's Schema, built through the public builder."""
+        from merge_engine import Schema
+
+        builder = Schema.builder()
+        for c in self.columns:
+            nullable = c.nullable and c.name not in self.primary_key
+            if c.function is None:
+                builder = builder.column(c.name, c.type, nullable=nullable)
+            else:
+                builder = builder.agg_column(c.name, c.type, c.function, nullable=nullable, **c.params)
+        builder = builder.primary_key(*self.primary_key)
+        return builder.build()
+
+    def descriptor(self):
+        """The engine's TableDescriptor for this spec."""
+        from merge_engine import TableDescriptor
+
+        return TableDescriptor(self.schema(), properties=dict(self.properties))
+
+    @classmethod
+    def of(cls, obj: Any, properties: Mapping[str, str] | None = None) -> "TableSpec":
+        """A spec from a TableSpec, an engine TableDescriptor, or an engine Schema (+properties)."""
+        if isinstance(obj, TableSpec):
+            return obj
+        if hasattr(obj, "schema") and hasattr(obj, "properties") and not callable(obj.schema):
+            props = dict(obj.properties)
+            if properties:
+                props.update(properties)
+            return cls._from_schema(obj.schema, props)
+        return cls._from_schema(obj, dict(properties or {}))
+
+    @classmethod
+    def _from_schema(cls, schema: Any, properties: dict) -> "TableSpec":
+        columns = []
+        for col in schema.columns:
+            # The engine's Column keeps the function as `agg` and its parameters as `params`.
+            function = getattr(col, "agg", None)
+            columns.append(
+                ColumnSpec(
+                    col.name,
+                    col.type,
+                    AggFunction.parse(function) if function is not None else None,
+                    dict(getattr(col, "params", None) or {}),
+                    getattr(col, "nullable", True),
+                )
+            )
+        return cls(tuple(columns), tuple(schema.primary_key), properties)

@@ -1,0 +1,280 @@
+"""Hypothesis strategies for Tally tables: schemas (as TableSpecs), rows and write sequences.
+
+Values lean towards the cases that break aggregates: integer type boundaries, NaN, -0.0,
+infinities, empty strings, delimiters inside strings, code points beyond the BMP, nulls. Key
+spaces are small so that rows of one put, and puts over time, hit the same keys.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import math
+from typing import Iterable
+
+import pyarrow as pa
+from hypothesis import strategies as st
+
+from aggfuncs import AggFunction as F
+from merge_engine.testing.model_functions import empty_value
+from merge_engine.testing.ops import Delete, Put, Reopen
+from merge_engine.testing.spec import DELETE_BEHAVIOR, MERGE_ENGINE, ColumnSpec, TableSpec
+from merge_engine.testing.values import EXACT, int_range, round_float32
+
+MODES = ("AGGREGATE", "MERGE_STATE", "OVERWRITE")
+INT_TYPES = (pa.int8(), pa.int16(), pa.int32(), pa.int64())
+FLOAT_TYPES = (pa.float32(), pa.float64())
+DECIMAL_TYPES = (pa.decimal128(5, 2), pa.decimal128(10, 2), pa.decimal128(18, 0), pa.decimal128(38, 6))
+ORDERED_TYPES = (pa.string(), pa.binary(), pa.date32(), pa.timestamp("us"))
+SELECTION_TYPES = (pa.int64(), pa.float64(), pa.string(), pa.bool_(), pa.decimal128(10, 2),
+                   pa.date32(), pa.list_(pa.int64()))
+LIST_TYPES = (pa.list_(pa.int64()), pa.list_(pa.string()))
+
+# Every supported (function, type) pair the strategies draw from. None: a column without a
+# function (last_value_ignore_nulls on aggregation tables).
+FUNCTION_TYPES: dict[F | None, tuple[pa.DataType, ...]] = {
+    F.SUM: INT_TYPES + FLOAT_TYPES + DECIMAL_TYPES,
+    F.PRODUCT: INT_TYPES + FLOAT_TYPES + DECIMAL_TYPES,
+    F.COUNT: (pa.int64(),),
+    F.MAX: INT_TYPES + FLOAT_TYPES + DECIMAL_TYPES + ORDERED_TYPES,
+    F.MIN: INT_TYPES + FLOAT_TYPES + DECIMAL_TYPES + ORDERED_TYPES,
+    F.LAST_VALUE: SELECTION_TYPES,
+    F.LAST_VALUE_IGNORE_NULLS: SELECTION_TYPES,
+    F.FIRST_VALUE: SELECTION_TYPES,
+    F.FIRST_VALUE_IGNORE_NULLS: SELECTION_TYPES,
+    F.STRING_AGG: (pa.string(),),
+    F.ARRAY_AGG: LIST_TYPES,
+    F.BOOL_AND: (pa.bool_(),),
+    F.BOOL_OR: (pa.bool_(),),
+    None: SELECTION_TYPES,
+}
+FUNCTIONS = tuple(FUNCTION_TYPES)
+DELIMITERS = (",", ";", "|", ", ", "::")
+# Strings that stress concatenation, splitting and code-point order (U+FFFF sorts below
+# U+1F600 by code point but not in UTF-16).
+STRING_ALPHABET = st.sampled_from(["a", "b", ",", ";", "|", ":", " ", "é", "\uffff", "\U0001F600", "\x00"])
+STRING_KEYS = ("", "a", "ab", "b", "a\x00", "é", "\uffff", "\U0001F600")
+INT_KEYS = st.one_of(st.integers(-1, 4), st.sampled_from([-(2**63), 2**63 - 1, -256, 255]))
+
+# --- values ----------------------------------------------------------------------------------
+
+
+def _ints(arrow_type: pa.DataType) -> st.SearchStrategy[int]:
+    low, high = int_range(arrow_type)
+    small = st.integers(-3, 3)
+    edges = st.sampled_from([low, high, low + 1, high - 1, -1, 1])
+    return st.one_of(small, small, edges, st.integers(low, high))
+
+
+def _floats(arrow_type: pa.DataType) -> st.SearchStrategy[float]:
+    width = arrow_type.bit_width
+    special = st.sampled_from([0.0, -0.0, math.inf, -math.inf, math.nan, 0.1, 0.2, 1e16, 1.0, -1.0])
+    # One canonical NaN only: max/min ties between NaN payloads are not part of the contract.
+    floats = st.floats(allow_nan=False, width=width)
+    strategy = st.one_of(special, st.integers(-3, 3).map(float), floats)
+    return strategy.map(round_float32) if width == 32 else strategy
+
+
+def _decimals(arrow_type: pa.DataType) -> st.SearchStrategy[decimal.Decimal]:
+    p, s = arrow_type.precision, arrow_type.scale
+    top = decimal.Decimal(10**p - 1).scaleb(-s, context=EXACT)
+    quantum = decimal.Decimal(1).scaleb(-s)
+    exact = st.decimals(min_value=-top, max_value=top, places=s, allow_nan=False, allow_infinity=False)
+    small = st.integers(-300, 300).map(lambda i: (decimal.Decimal(i) / 100).quantize(quantum, rounding=decimal.ROUND_DOWN))
+    return st.one_of(small, small, st.sampled_from([top, top.copy_negate(), quantum, quantum.copy_negate()]), exact)
+
+
+def values_of(arrow_type: pa.DataType, nulls: bool = True) -> st.SearchStrategy:
+    """Non-key values of an Arrow type, as `to_pylist()` gives them (nulls included)."""
+    if arrow_type in INT_TYPES:
+        base = _ints(arrow_type)
+    elif pa.types.is_floating(arrow_type):
+        base = _floats(arrow_type)
+    elif pa.types.is_decimal(arrow_type):
+        base = _decimals(arrow_type)
+    elif pa.types.is_string(arrow_type):
+        base = st.text(STRING_ALPHABET, max_size=4)
+    elif pa.types.is_binary(arrow_type):
+        base = st.binary(max_size=3)
+    elif pa.types.is_boolean(arrow_type):
+        base = st.booleans()
+    elif pa.types.is_date32(arrow_type):
+        base = st.dates(min_value=datetime.date(1, 1, 1))
+    elif pa.types.is_timestamp(arrow_type):
+        base = st.datetimes(min_value=datetime.datetime(1, 1, 1))
+    elif pa.types.is_list(arrow_type):
+        base = st.lists(values_of(arrow_type.value_type), max_size=3)
+    else:
+        raise ValueError(f"no strategy for {arrow_type}")
+    return st.one_of(st.none(), base) if nulls else base
+
+
+def key_values(arrow_type: pa.DataType) -> st.SearchStrategy:
+    """Primary-key values from a small space, so that keys collide."""
+    if pa.types.is_string(arrow_type):
+        return st.sampled_from(STRING_KEYS)
+    return INT_KEYS
+
+
+def input_values(column: ColumnSpec, function: F | None, mode: str, scalar: bool = False) -> st.SearchStrategy:
+    """What a write sends for a value column in a mode.
+
+    count takes partial counts in MERGE_STATE (mostly small, sometimes huge); array_agg takes
+    single elements when `scalar` (AGGREGATE/MERGE_STATE only), else lists.
+    """
+    if function is F.COUNT:
+        if mode == "MERGE_STATE":
+            return st.one_of(st.none(), st.integers(0, 3), st.sampled_from([2**63 - 1, 2**62]))
+        return st.one_of(st.none(), st.integers(0, 5))
+    if function is F.ARRAY_AGG and scalar and mode != "OVERWRITE":
+        return values_of(column.type.value_type)
+    return values_of(column.type)
+
+
+# --- schemas ---------------------------------------------------------------------------------
+
+
+def _flag(value: bool) -> st.SearchStrategy:
+    """A boolean parameter, given as a Python bool or as an option string (both must work)."""
+    return st.sampled_from([value, "true" if value else "false"])
+
+
+def params_for(function: F | None) -> st.SearchStrategy[dict]:
+    if function is F.STRING_AGG:
+        return st.fixed_dictionaries(
+            {}, optional={"delimiter": st.sampled_from(DELIMITERS), "distinct": st.booleans().flatmap(_flag)}
+        )
+    if function is F.ARRAY_AGG:
+        return st.fixed_dictionaries({}, optional={"distinct": st.booleans().flatmap(_flag)})
+    return st.just({})
+
+
+@st.composite
+def value_columns(draw, name: str, functions: Iterable[F | None] = FUNCTIONS) -> ColumnSpec:
+    """One value column: a supported function, one of its types, and parameters."""
+    function = draw(st.sampled_from(list(functions)))
+    arrow_type = draw(st.sampled_from(FUNCTION_TYPES[function]))
+    return ColumnSpec(name, arrow_type, function, draw(params_for(function)))
+
+
+@st.composite
+def table_specs(draw, aggregation: bool | None = None, functions: Iterable[F | None] = FUNCTIONS,
+                min_value_columns: int = 1, max_value_columns: int = 4,
+                max_key_columns: int = 2) -> TableSpec:
+    """A table: 1-2 key columns (int64 or string), value columns, merge engine and delete
+    behavior. `aggregation=None` draws both aggregation tables (mostly) and default-engine ones."""
+    if aggregation is None:
+        aggregation = draw(st.sampled_from([True, True, True, True, False]))
+    n_keys = draw(st.sampled_from([1, 1, 1, 2])) if max_key_columns > 1 else 1
+    keys = [ColumnSpec(f"k{i}", draw(st.sampled_from([pa.int64(), pa.string()])), nullable=False)
+            for i in range(n_keys)]
+    n_values = draw(st.integers(min_value_columns, max_value_columns))
+    chosen = functions if aggregation else [None]
+    values = [draw(value_columns(f"v{i}", chosen)) for i in range(n_values)]
+    # Key columns usually come first, but schema order is the user's choice.
+    columns = keys + values
+    if draw(st.integers(0, 4)) == 0:
+        columns = draw(st.permutations(columns))
+    properties: dict[str, str] = {}
+    if aggregation:
+        properties[MERGE_ENGINE] = "aggregation"
+    behavior = draw(st.sampled_from([None, "ignore", "disable", "allow", "allow"]))
+    if behavior is not None:
+        properties[DELETE_BEHAVIOR] = behavior
+    return TableSpec(tuple(columns), tuple(k.name for k in keys), properties)
+
+
+def single_column_specs(function: F | None, arrow_type: pa.DataType | None = None,
+                        params: dict | None = None) -> st.SearchStrategy[TableSpec]:
+    """An aggregation table with an int64 key `k` and one value column `v`."""
+    types = st.just(arrow_type) if arrow_type is not None else st.sampled_from(FUNCTION_TYPES[function])
+    param_strategy = st.just(params) if params is not None else params_for(function)
+    return st.builds(
+        lambda t, p: TableSpec(
+            (ColumnSpec("k", pa.int64(), nullable=False), ColumnSpec("v", t, function, p)),
+            ("k",), {MERGE_ENGINE: "aggregation", DELETE_BEHAVIOR: "allow"},
+        ),
+        types, param_strategy,
+    )
+
+
+# --- rows and writes -------------------------------------------------------------------------
+
+
+def keys_of(spec: TableSpec) -> st.SearchStrategy[dict]:
+    """A primary key as a dict."""
+    return st.fixed_dictionaries({n: key_values(spec.column(n).type) for n in spec.primary_key})
+
+
+@st.composite
+def target_columns(draw, spec: TableSpec) -> tuple | None:
+    """None (a full-row write) or the primary key plus a subset of the value columns."""
+    if draw(st.booleans()):
+        return None
+    chosen = draw(st.lists(st.sampled_from([c.name for c in spec.value_columns]), unique=True))
+    return tuple(n for n in spec.names if n in spec.primary_key or n in chosen)
+
+
+@st.composite
+def rows(draw, spec: TableSpec, targets: Iterable[str] | None = None, mode: str = "AGGREGATE",
+         min_size: int = 1, max_size: int = 6) -> list[dict]:
+    """Rows for a put: dicts with the target columns (all columns when `targets` is None)."""
+    names = list(targets) if targets is not None else spec.names
+    key_strategy = keys_of(spec)
+    columns = {}
+    for name in names:
+        if name in spec.primary_key:
+            continue
+        column = spec.column(name)
+        function = column.function if spec.is_aggregation else None
+        # array_agg inputs are either single elements or lists for the whole put.
+        scalar = function is F.ARRAY_AGG and draw(st.booleans())
+        columns[name] = input_values(column, function, mode, scalar)
+    n = draw(st.integers(min_size, max_size))
+    out = []
+    for _ in range(n):
+        row = dict(draw(key_strategy))
+        for name, strategy in columns.items():
+            row[name] = draw(strategy)
+        if mode == "OVERWRITE" and columns and draw(st.integers(0, 5)) == 0:
+            # Undo writes images back with the columns no write had targeted: empty values.
+            hidden = draw(st.lists(st.sampled_from(sorted(columns)), min_size=1, unique=True))
+            for name in hidden:
+                row[name] = empty_value(spec.column(name).function if spec.is_aggregation else None)
+            row["_unwritten"] = hidden
+        out.append(row)
+    return out
+
+
+writers = st.one_of(st.none(), st.tuples(st.sampled_from(["w1", "w2"]), st.integers(0, 8)))
+
+
+@st.composite
+def puts(draw, spec: TableSpec, modes: Iterable[str] = MODES, writer: bool = False) -> Put:
+    mode = draw(st.sampled_from(list(modes)))
+    targets = draw(target_columns(spec))
+    drawn = draw(rows(spec, targets, mode))
+    return Put(tuple(drawn), mode, targets, draw(writers) if writer else None)
+
+
+@st.composite
+def deletes(draw, spec: TableSpec, modes: Iterable[str] = MODES, writer: bool = False) -> Delete:
+    mode = draw(st.sampled_from(list(modes)))
+    targets = draw(target_columns(spec))
+    keys = draw(st.lists(keys_of(spec), min_size=1, max_size=3))
+    return Delete(tuple(keys), mode, targets, draw(writers) if writer else None)
+
+
+def operations(spec: TableSpec, modes: Iterable[str] = MODES, writer: bool = False) -> st.SearchStrategy:
+    """One write: a put (most often), a delete, or a reopen."""
+    modes = list(modes)
+    return st.one_of(
+        puts(spec, modes, writer), puts(spec, modes, writer), puts(spec, modes, writer),
+        deletes(spec, modes, writer), st.just(Reopen()),
+    )
+
+
+def write_sequences(spec: TableSpec, min_size: int = 1, max_size: int = 12,
+                    modes: Iterable[str] = MODES, writer: bool = False) -> st.SearchStrategy[list]:
+    """A list of Put / Delete / Reopen operations for a table."""
+    return st.lists(operations(spec, modes, writer), min_size=min_size, max_size=max_size)

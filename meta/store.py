@@ -1,0 +1,161 @@
+"""The metadata store interface: a small tree of versioned JSON documents.
+
+The coordinator keeps everything it must not forget (databases, tables, partitions, bucket
+assignments, id counters; later column locks and commits) in one of two stores with exactly these
+semantics, so one code path and one test suite serve both:
+
+- `ZooKeeperStore` (meta/zookeeper.py) when a ZooKeeper ensemble is given;
+- `EmbeddedStore` (meta/embedded.py), atomic fsynced files in the coordinator's data directory.
+
+The model is ZooKeeper's, reduced to what Tally needs: nodes addressed by '/'-separated paths,
+each holding a JSON object and a version that grows by one on every `set`. `set(..., version=v)`
+is a compare-and-set, which is how two coordinators' (or two lock acquirers') writes can never
+both win. Ephemeral nodes vanish with the session that made them (tablet server liveness).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import urllib.parse
+from typing import Any, Callable
+
+from tally.errors import InvalidInputError, NotFoundError, VersionConflictError
+
+ChildrenCallback = Callable[[list[str]], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    """One stored document and the version to pass back for a compare-and-set."""
+
+    value: dict[str, Any]
+    version: int
+
+
+def split_path(path: str) -> list[str]:
+    """The components of an absolute node path; rejects names a store could not hold."""
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise InvalidInputError(f"metadata path must start with '/': {path!r}")
+    parts = [p for p in path.split("/") if p != ""]
+    for part in parts:
+        if part in (".", "..") or part.startswith(".") or "\x00" in part:
+            raise InvalidInputError(f"metadata path component {part!r} is not allowed in {path!r}")
+    return parts
+
+
+def join_path(*parts: str) -> str:
+    """An absolute node path from components (each already a valid node name)."""
+    return "/" + "/".join(p.strip("/") for p in parts if p.strip("/"))
+
+
+def node_name(text: str) -> str:
+    """A node name for arbitrary user text (database, table, partition names), reversibly quoted."""
+    return "n-" + urllib.parse.quote(text, safe="")
+
+
+def text_of(name: str) -> str:
+    """The user text a `node_name` was made from."""
+    if not name.startswith("n-"):
+        raise InvalidInputError(f"not a quoted node name: {name!r}")
+    return urllib.parse.unquote(name[2:])
+
+
+class MetadataStore(abc.ABC):
+    """A tree of versioned JSON documents (see the module docstring for the contract)."""
+
+    @abc.abstractmethod
+    def get(self, path: str) -> Node | None:
+        """The node at `path`, or None when it does not exist."""
+
+    @abc.abstractmethod
+    def create(self, path: str, value: dict, *, ephemeral: bool = False) -> Node:
+        """Create a node (and any missing parents, as empty persistent nodes).
+
+        Raises AlreadyExistsError when the node exists: creation is how a store arbitrates
+        between racing creators, so exactly one wins.
+        """
+
+    @abc.abstractmethod
+    def set(self, path: str, value: dict, *, version: int | None = None) -> Node:
+        """Replace a node's value; with `version`, only if the node is still at that version.
+
+        Raises NotFoundError when the node is missing, VersionConflictError when it moved on.
+        """
+
+    @abc.abstractmethod
+    def delete(self, path: str, *, version: int | None = None, recursive: bool = False) -> bool:
+        """Delete a node (with its subtree when `recursive`); False when it did not exist."""
+
+    @abc.abstractmethod
+    def children(self, path: str) -> list[str]:
+        """The sorted names of a node's children; [] when the node does not exist."""
+
+    @abc.abstractmethod
+    def watch_children(self, path: str, callback: ChildrenCallback) -> None:
+        """Call `callback(children)` now and after every change of the children of `path`.
+
+        Callbacks run on a store-owned thread and must not block for long.
+        """
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release the store; this session's ephemeral nodes disappear."""
+
+    @property
+    @abc.abstractmethod
+    def kind(self) -> str:
+        """'zookeeper' or 'embedded' (for describe and docs)."""
+
+    # --- helpers shared by both stores --------------------------------------------------------
+
+    def ensure(self, path: str, value: dict | None = None) -> Node:
+        """The node at `path`, created with `value` (default {}) when missing."""
+        from tally.errors import AlreadyExistsError
+
+        node = self.get(path)
+        if node is not None:
+            return node
+        try:
+            return self.create(path, value or {})
+        except AlreadyExistsError:
+            found = self.get(path)
+            if found is None:  # created and deleted in between: a caller bug worth seeing
+                raise NotFoundError(f"metadata node {path} vanished while being ensured")
+            return found
+
+    def update(self, path: str, change: Callable[[dict], dict], *, create: dict | None = None,
+               attempts: int = 100) -> Node:
+        """Read-modify-write `path` with compare-and-set, retrying when another writer won.
+
+        `change` receives a copy of the current value and returns the new one; with `create`,
+        a missing node is created from `change(create)`.
+        """
+        from tally.errors import AlreadyExistsError
+
+        for _ in range(attempts):
+            node = self.get(path)
+            if node is None:
+                if create is None:
+                    raise NotFoundError(f"metadata node {path} does not exist")
+                try:
+                    return self.create(path, change(dict(create)))
+                except AlreadyExistsError:
+                    continue
+            try:
+                return self.set(path, change(dict(node.value)), version=node.version)
+            except VersionConflictError:
+                continue
+        raise VersionConflictError(f"metadata node {path} kept changing during {attempts} attempts")
+
+    def next_id(self, counter: str) -> int:
+        """A fresh integer from a persistent counter at /ids/<counter> (never reused)."""
+        node = self.update(join_path("ids", counter),
+                           lambda v: {"next": int(v.get("next", 1)) + 1}, create={"next": 1})
+        return int(node.value["next"]) - 1
+
+    def __enter__(self) -> "MetadataStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,108 @@
+"""A channel to one Tally server: the three Flight calls with typed errors and the auth token.
+
+Used by clients, by tablet servers talking to the coordinator and by the coordinator talking to
+tablet servers, so every hop speaks the protocol of server/protocol.py the same way.
+`pyarrow.flight.FlightClient` is thread-safe (one gRPC channel), so one channel per address is
+shared by all threads of a process through `ChannelPool`.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from server.protocol import bearer, dumps, loads, make_ticket, remote_error
+from tally.errors import TallyError
+
+DEFAULT_TIMEOUT = 30.0
+
+
+def normalize_address(address: str) -> str:
+    """'grpc://host:port' from 'host:port', 'grpc://host:port' or 'grpc+tcp://host:port'."""
+    address = address.strip()
+    if "://" not in address:
+        address = "grpc://" + address
+    scheme, _, rest = address.partition("://")
+    if scheme not in ("grpc", "grpc+tcp", "tally"):
+        raise ValueError(f"unsupported server URL scheme {scheme!r} in {address!r}")
+    return "grpc://" + rest.rstrip("/")
+
+
+class FlightChannel:
+    """Calls to one server. Every failure surfaces as a `tally.errors` exception."""
+
+    def __init__(self, address: str, token: str | None = None,
+                 timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.address = normalize_address(address)
+        self._client = flight.FlightClient(self.address)
+        self._options = flight.FlightCallOptions(headers=bearer(token), timeout=timeout)
+
+    def action(self, name: str, body: dict | None = None) -> object:
+        """DoAction `name` with a JSON body; the handler's JSON result."""
+        try:
+            results = list(self._client.do_action(flight.Action(name, dumps(body or {})),
+                                                  self._options))
+        except (flight.FlightError, pa.ArrowException) as e:
+            raise remote_error(e, self.address) from None
+        return loads(results[0].body.to_pybytes()) if results else None
+
+    def put(self, header: dict, rows: pa.Table) -> dict:
+        """DoPut `rows` under `header`; the server's JSON acknowledgement."""
+        descriptor = flight.FlightDescriptor.for_command(dumps(header))
+        try:
+            writer, reader = self._client.do_put(descriptor, rows.schema, self._options)
+            with writer:
+                writer.write_table(rows)
+                writer.done_writing()
+                ack = reader.read()
+        except (flight.FlightError, pa.ArrowException) as e:
+            raise remote_error(e, self.address) from None
+        if ack is None:
+            raise remote_error(flight.FlightServerError("no acknowledgement"), self.address)
+        return loads(ack.to_pybytes())
+
+    def get(self, header: dict, payload: pa.Table | None = None) -> pa.Table:
+        """DoGet a ticket made of `header` (and an Arrow payload); the whole result stream."""
+        try:
+            return self._client.do_get(make_ticket(header, payload), self._options).read_all()
+        except (flight.FlightError, pa.ArrowException) as e:
+            raise remote_error(e, self.address) from None
+
+    def close(self) -> None:
+        try:
+            self._client.close()
+        except (flight.FlightError, pa.ArrowException, TallyError):
+            pass
+
+
+class ChannelPool:
+    """One `FlightChannel` per address, created on first use and shared between threads."""
+
+    def __init__(self, token: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self._token = token
+        self._timeout = timeout
+        self._channels: dict[str, FlightChannel] = {}
+        self._lock = threading.Lock()
+
+    def get(self, address: str) -> FlightChannel:
+        key = normalize_address(address)
+        with self._lock:
+            channel = self._channels.get(key)
+            if channel is None:
+                channel = self._channels[key] = FlightChannel(key, self._token, self._timeout)
+            return channel
+
+    def discard(self, address: str) -> None:
+        """Drop the channel to a server that went away (a new one is made on next use)."""
+        with self._lock:
+            channel = self._channels.pop(normalize_address(address), None)
+        if channel is not None:
+            channel.close()
+
+    def close(self) -> None:
+        with self._lock:
+            channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            channel.close()

@@ -1,0 +1,131 @@
+"""The wire protocol between clients, tablet servers and the coordinator, over Arrow Flight.
+
+Three Flight calls carry everything:
+
+- **DoAction** `(type, JSON body) -> one JSON result`: admin and metadata (create table, table
+  info, partitions, offsets, server registration). Action names are plain strings such as
+  `"create_table"`; the coordinator and tablet servers each keep a table of handlers, so later
+  features (column locks, commits) add actions without touching the transport.
+- **DoPut** `(descriptor = JSON header, Arrow stream) -> JSON ack in app metadata`: one write
+  (put or delete) to one bucket. The header names the table id, partition id, bucket, merge
+  mode, target columns and the writer's (id, sequence) that makes retries idempotent.
+- **DoGet** `(ticket = JSON header [+ "\\n" + Arrow IPC payload]) -> Arrow stream`: scans,
+  changelog ranges and lookups (the key travels as a one-row Arrow IPC payload so every type
+  survives exactly).
+
+Errors travel as `FlightServerError` whose `extra_info` is `{"error": class, "message": text}`;
+`raise_remote` turns them back into the same `tally.errors` class on the caller's side.
+Authentication is a bearer token in the `authorization` header of every call.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from tally.errors import (AuthenticationError, ClusterError, TallyError, UnavailableError,
+                          error_class)
+
+AUTH_HEADER = "authorization"
+
+
+def bearer(token: str | None) -> list[tuple[bytes, bytes]]:
+    """The call headers that carry `token` (none without a token)."""
+    return [(AUTH_HEADER.encode(), f"Bearer {token}".encode())] if token else []
+
+
+def dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), default=_json_default).encode()
+
+
+def loads(data: bytes) -> Any:
+    return json.loads(data.decode()) if data else None
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+# --- errors -------------------------------------------------------------------------------------
+
+
+def to_flight_error(exc: BaseException) -> flight.FlightError:
+    """The Flight error that carries `exc` to the caller with its class and message."""
+    if isinstance(exc, AuthenticationError):
+        return flight.FlightUnauthenticatedError(str(exc))
+    if isinstance(exc, TallyError):
+        name, message = type(exc).__name__, str(exc)
+    else:  # a bug on the server: say so, with the server's message, rather than hide it
+        name, message = "ClusterError", f"internal server error: {type(exc).__name__}: {exc}"
+    info = dumps({"error": name, "message": message})
+    return flight.FlightServerError(f"{name}: {message}", extra_info=info)
+
+
+def remote_error(exc: flight.FlightError | pa.ArrowException, where: str) -> TallyError:
+    """The TallyError a Flight failure stands for (`where` names the server for messages)."""
+    info = getattr(exc, "extra_info", None)
+    if info:
+        try:
+            doc = loads(info)
+            return error_class(doc["error"])(doc["message"])
+        except (ValueError, KeyError, TypeError):
+            pass
+    if isinstance(exc, flight.FlightUnauthenticatedError):
+        return AuthenticationError(f"{where} rejected the request: missing or wrong auth token")
+    if isinstance(exc, (flight.FlightUnavailableError, flight.FlightTimedOutError,
+                        flight.FlightCancelledError)):
+        return UnavailableError(f"{where} is unavailable: {_first_line(exc)}")
+    text = _first_line(exc)
+    if "Connection refused" in text or "failed to connect" in text.lower() or \
+            "Socket closed" in text or "unavailable" in text.lower():
+        return UnavailableError(f"{where} is unavailable: {text}")
+    return ClusterError(f"{where} failed: {text}")
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+# --- tickets ------------------------------------------------------------------------------------
+
+
+def make_ticket(header: dict, payload: pa.Table | None = None) -> flight.Ticket:
+    """A DoGet ticket: the JSON header, then optionally '\\n' and an Arrow IPC stream."""
+    data = dumps(header)
+    if payload is not None:
+        data += b"\n" + table_to_ipc(payload)
+    return flight.Ticket(data)
+
+
+def parse_ticket(ticket: flight.Ticket) -> tuple[dict, pa.Table | None]:
+    data = ticket.ticket
+    head, sep, rest = data.partition(b"\n")
+    return loads(head), (ipc_to_table(rest) if sep else None)
+
+
+def table_to_ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def ipc_to_table(data: bytes) -> pa.Table:
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+
+
+def schema_to_b64(schema: pa.Schema) -> str:
+    import base64
+
+    return base64.b64encode(schema.serialize().to_pybytes()).decode()
+
+
+def schema_from_b64(text: str) -> pa.Schema:
+    import base64
+
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))

@@ -1,0 +1,106 @@
+"""One exception hierarchy for all of Tally.
+
+Every error a user can meet derives from `TallyError`, so `except TallyError` catches them all.
+Servers send the class name with the message, and the client raises the same class again, so a
+caller sees one type whether the table is in-process or across the network.
+"""
+
+
+class TallyError(Exception):
+    """Base class of every error Tally raises on purpose."""
+
+
+# --- schema, options and input validation -------------------------------------------------------
+
+
+class SchemaError(TallyError):
+    """A schema or table descriptor is invalid (wrong types, bad functions, bad keys)."""
+
+
+class InvalidOptionError(SchemaError):
+    """A table option or connector option is unknown or has a bad value."""
+
+
+class InvalidAggFunctionError(SchemaError):
+    """An aggregate function name, its parameters or its column type is invalid."""
+
+
+class InvalidInputError(TallyError):
+    """A write does not fit the table: unknown column, wrong type, null key, bad target columns."""
+
+
+class AggregateOverflowError(InvalidInputError):
+    """An exact aggregate (sum, product of integers or decimals) left the column's type."""
+
+
+class RetractionError(InvalidInputError):
+    """A retraction cannot be applied exactly to a column."""
+
+
+class DeleteDisabledError(InvalidInputError):
+    """A delete was sent to a table whose `table.delete.behavior` is `disable`."""
+
+
+# --- storage -------------------------------------------------------------------------------------
+
+
+class StorageError(TallyError):
+    """The tablet's files are missing, corrupt or were written by an incompatible version."""
+
+
+class OffsetOutOfRangeError(TallyError):
+    """A changelog offset lies outside [log start offset, log end offset]."""
+
+
+# --- cluster, metadata and locks -----------------------------------------------------------------
+
+
+class NotFoundError(TallyError):
+    """A database, table, partition or bucket does not exist."""
+
+
+class AlreadyExistsError(TallyError):
+    """A database or table already exists."""
+
+
+class ClusterError(TallyError):
+    """A server could not be reached or answered with something unexpected."""
+
+
+class UnavailableError(ClusterError):
+    """A server or the metadata store cannot be reached right now; the same call may succeed later."""
+
+
+class StaleMetadataError(ClusterError):
+    """The caller's view of the cluster is out of date (bucket hosted elsewhere, table re-created).
+
+    Clients refresh their metadata and retry; users only see it when retries run out.
+    """
+
+
+class VersionConflictError(TallyError):
+    """A compare-and-set on the metadata store lost: the node changed since it was read."""
+
+
+class AuthenticationError(TallyError):
+    """A request carried no token or the wrong one."""
+
+
+class ColumnLockConflict(TallyError):
+    """Another owner holds a live lock on some of the requested columns."""
+
+
+class LeaseLostError(TallyError):
+    """A lease expired or was superseded: its owner is fenced and may not write any more."""
+
+
+class RecoveryError(TallyError):
+    """Undo recovery cannot run safely (truncated log, re-created table, bad baseline)."""
+
+
+def error_class(name: str) -> type[TallyError]:
+    """The TallyError subclass called `name`, or TallyError itself for an unknown name."""
+    found = globals().get(name)
+    if isinstance(found, type) and issubclass(found, TallyError):
+        return found
+    return TallyError

@@ -1,0 +1,203 @@
+"""kill -9 tests: a writer process is killed at random moments, the tablet reopened and checked.
+
+One directory goes through many kill/reopen cycles, so recovery after a crash is itself crashed
+into. After each kill the parent reopens the tablet and checks (issue 2, section 5):
+- every acknowledged write is there: log_end_offset >= the last acknowledged offset;
+- re-sending an acknowledged (writer, seq) is a no-op returning the recorded offset;
+- the KV state (to_arrow) equals the replay of the whole changelog;
+- the KV state equals a plain-Python recomputation of the acknowledged writes, or of those plus
+  the one write in flight at the kill (which may or may not have landed, but never half).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests import crash_model
+from tests.crash_writer import make_write, send
+
+ROOT = Path(__file__).resolve().parent.parent
+KILLS = 22
+READY_TIMEOUT = 30.0
+
+
+@dataclass
+class ChildRun:
+    """What one writer process reported before it was killed."""
+
+    acks: list[tuple[int, int]] = field(default_factory=list)  # (seq, returned offset)
+    begun: list[int] = field(default_factory=list)
+    applied: list[tuple[int, int]] = field(default_factory=list)  # returned, not yet acked
+    ready: bool = False
+
+
+def spawn(path: Path, seed: int, start_seq: int, pause: float) -> tuple[subprocess.Popen, queue.Queue]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.crash_writer", str(path), str(seed), str(start_seq), str(pause)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+    )
+    lines: queue.Queue = queue.Queue()
+
+    def pump():  # a thread, so the parent can wait for a line with a timeout
+        for line in child.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return child, lines
+
+
+def wait_for(lines: queue.Queue, seen: list[str], prefix: str, timeout: float) -> bool:
+    """Collect lines until one starts with `prefix` (True) or the time is up / EOF (False)."""
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = lines.get(timeout=left)
+        except queue.Empty:
+            return False
+        if line is None:
+            lines.put(None)
+            return False
+        seen.append(line)
+        if line.startswith(prefix):
+            return True
+    return False
+
+
+def kill_at_random(path: Path, seed: int, start_seq: int, rnd: random.Random) -> tuple[ChildRun, str]:
+    """Start a writer, SIGKILL it by a random strategy, and parse what it acknowledged."""
+    strategy = rnd.choice(["during-start", "after-sleep", "after-sleep", "mid-big-write", "mid-write",
+                           "applied-not-acked"])
+    # only the last strategy slows the writer: it pauses between a write's return and its ack
+    child, lines = spawn(path, seed, start_seq, 0.5 if strategy == "applied-not-acked" else 0.0)
+    seen: list[str] = []
+    if strategy == "during-start":
+        time.sleep(rnd.uniform(0.0, 0.6))  # maybe while opening / recovering the tablet
+    else:
+        assert wait_for(lines, seen, "ready", READY_TIMEOUT), _failure(child, seen, "never got ready")
+        if strategy == "after-sleep":
+            time.sleep(rnd.uniform(0.0, 1.0))
+        elif strategy == "mid-big-write":
+            wait_for(lines, seen, "begin", 5.0)  # skip to a write, then to a big one
+            while not (seen and seen[-1].startswith("begin") and int(seen[-1].split()[3]) > 100):
+                if not wait_for(lines, seen, "begin", 5.0):
+                    break
+            time.sleep(rnd.uniform(0.0, 0.01))
+        elif strategy == "mid-write":
+            time.sleep(rnd.uniform(0.05, 0.3))
+            wait_for(lines, seen, "begin", 5.0)
+        else:
+            time.sleep(rnd.uniform(0.0, 1.0))
+            wait_for(lines, seen, "applied", 5.0)
+    assert child.poll() is None, _failure(child, seen, "the writer exited by itself")
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    while (line := lines.get()) is not None:
+        seen.append(line)
+    run = ChildRun()
+    for line in seen:
+        if not line.endswith("\n"):
+            continue  # cut by the kill
+        word, *rest = line.split()
+        if word == "ready":
+            run.ready = True
+        elif word == "begin":
+            run.begun.append(int(rest[0]))
+        elif word == "applied":
+            run.applied.append((int(rest[0]), int(rest[1])))
+        elif word == "ack":
+            run.acks.append((int(rest[0]), int(rest[1])))
+    return run, strategy
+
+
+def _failure(child: subprocess.Popen, seen: list[str], what: str) -> str:
+    if child.poll() is None:
+        child.kill()
+    child.wait()
+    return f"crash writer {what}; stdout tail {seen[-5:]}; stderr:\n{child.stderr.read()[-3000:]}"
+
+
+def check_reopened(path: Path, seed: int, last_seq: int, last_offset: int,
+                   acked: crash_model.State, with_inflight: crash_model.State,
+                   applied_offset: int | None) -> bool:
+    """Reopen after a kill and check every invariant; True when the in-flight write landed."""
+    from merge_engine import KvTablet
+    from tests.crash_writer import descriptor
+
+    with KvTablet.open(path, descriptor()) as tablet:
+        end = tablet.log_end_offset
+        assert end >= last_offset, f"acknowledged offset {last_offset} lost: log end {end}"
+        assert tablet.log_start_offset == 0
+        changelog = tablet.changelog(0)
+        assert changelog.column("_offset").to_pylist() == list(range(end)), "changelog offsets have gaps"
+        state = crash_model.table_state(tablet.to_arrow())
+        assert state == crash_model.replay(changelog), "KV state differs from the changelog replay"
+        assert state in (acked, with_inflight), (
+            f"state after seq {last_seq} is neither the acknowledged writes nor those plus the "
+            f"in-flight one: {_diff(state, acked)}"
+        )
+        landed = state == with_inflight and state != acked
+        if end > last_offset:
+            assert state == with_inflight, "offsets grew past the last ack, but not by seq+1"
+        if applied_offset is not None:  # the in-flight write had returned: it must have landed
+            assert end == applied_offset, f"write {last_seq + 1} returned {applied_offset}, log end {end}"
+            assert state == with_inflight, f"write {last_seq + 1} returned but is not in the table"
+        if last_seq > 0:
+            # a retried request: applies nothing, answers the offset recorded with the writer's
+            # last applied write (the last ack's, or the in-flight one's when that landed)
+            for seq in {last_seq, 1}:
+                assert send(tablet, make_write(seed, seq), seq) == end, f"retry of seq {seq}"
+            assert tablet.log_end_offset == end, "a retried write added changelog records"
+            assert crash_model.table_state(tablet.to_arrow()) == state, "a retried write changed the table"
+    return landed
+
+
+def _diff(state: crash_model.State, expected: crash_model.State) -> str:
+    keys = sorted(set(state) | set(expected))
+    bad = [(k, state.get(k), expected.get(k)) for k in keys if state.get(k) != expected.get(k)]
+    return f"{len(bad)} keys differ, e.g. {bad[:3]}"
+
+
+@pytest.mark.parametrize("seed", [7])
+def test_kill9_cycles_keep_acknowledged_writes_and_replay(tmp_path, seed):
+    rnd = random.Random(seed)
+    path = tmp_path / "tablet"
+    model: crash_model.State = {}  # the table after writes 1..last_seq
+    last_seq, last_offset = 0, 0
+    stats = {"kills": 0, "mid_write": 0, "inflight_landed": 0, "acks": 0}
+    started = time.monotonic()
+    for cycle in range(KILLS):
+        run, strategy = kill_at_random(path, seed, last_seq + 1, rnd)
+        stats["kills"] += 1
+        seqs = [s for s, _ in run.acks]
+        assert seqs == list(range(last_seq + 1, last_seq + 1 + len(seqs))), f"acks out of order: {seqs}"
+        offsets = [last_offset] + [o for _, o in run.acks]
+        assert offsets == sorted(offsets), f"acknowledged offsets went backwards: {offsets}"
+        for seq in seqs:
+            model = crash_model.apply(model, make_write(seed, seq))
+        if seqs:
+            last_seq, last_offset = seqs[-1], offsets[-1]
+        stats["acks"] += len(seqs)
+        stats["mid_write"] += bool(run.begun and run.begun[-1] == last_seq + 1)
+        with_inflight = crash_model.apply(model, make_write(seed, last_seq + 1))
+        applied = [o for s, o in run.applied if s == last_seq + 1]
+        landed = check_reopened(path, seed, last_seq, last_offset, model, with_inflight,
+                                applied[0] if applied else None)
+        stats["inflight_landed"] += landed
+        print(f"cycle {cycle + 1}/{KILLS} ({strategy}): {len(seqs)} acks, last seq {last_seq}, "
+              f"offset {last_offset}, in-flight landed: {landed}", flush=True)
+    print(f"crash summary: {stats}, {time.monotonic() - started:.1f} s")
+    assert stats["kills"] >= 20
+    assert stats["acks"] > 0, "the writer never acknowledged a write: nothing was tested"
