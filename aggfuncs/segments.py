@@ -15,6 +15,21 @@ import numpy as np
 _LONG_GROUP = 48
 
 
+def stable_order(ids: np.ndarray) -> np.ndarray:
+    """np.argsort(ids, kind="stable") for non-negative ids, as 16-bit radix passes: numpy sorts
+    uint16 with a radix sort, several times faster than its merge sort of int64."""
+    if len(ids) == 0:
+        return np.zeros(0, dtype=np.int64)
+    low = (ids & 0xFFFF).astype(np.uint16)
+    order = np.argsort(low, kind="stable")
+    high = ids >> 16
+    if high.any():
+        order = order[np.argsort(high[order].astype(np.uint16), kind="stable")]
+        if (high >> 16).any():  # beyond 2**32 groups: never in practice, but stay correct
+            return np.argsort(ids, kind="stable")
+    return order
+
+
 class Segments:
     """Row indices grouped by group id; within a group, rows keep their input order."""
 
@@ -22,7 +37,7 @@ class Segments:
         group_ids = np.asarray(group_ids, dtype=np.int64)
         self.group_ids = group_ids
         self.count = int(group_count)
-        self.order = np.argsort(group_ids, kind="stable")
+        self.order = stable_order(group_ids)
         self.sorted_ids = group_ids[self.order]
         self.lengths = np.bincount(group_ids, minlength=self.count).astype(np.int64)
         self.starts = np.cumsum(self.lengths) - self.lengths
@@ -32,6 +47,8 @@ class Segments:
 
     def filtered(self, keep: np.ndarray) -> "Segments":
         """The segments of the rows where `keep` (in input order) is true; groups may go empty."""
+        if keep.all():
+            return self
         return Segments(self.group_ids[keep], self.count)
 
     def any(self, mask: np.ndarray) -> np.ndarray:

@@ -11,7 +11,7 @@ Protocol on stdout, one flushed line per event:
   begin <seq> <kind> <rows>       a write is about to be sent
   applied <seq> <offset>          (with PAUSE only) the write returned; PAUSE seconds pass before
                                   its ack, a window in which a kill leaves it applied but unacked
-  ack <seq> <returned offset>     that write returned (it is acknowledged)
+  ack <seq> <offset> <seconds>    that write returned (it is acknowledged) after <seconds>
 """
 
 from __future__ import annotations
@@ -123,11 +123,13 @@ def main(argv: list[str]) -> None:
     while True:  # until the parent kills us
         write = make_write(seed, seq)
         print(f"begin {seq} {write.kind} {len(write.rows)}", flush=True)
+        started = time.perf_counter()
         offset = send(tablet, write, seq)
+        took = time.perf_counter() - started
         if pause:
             print(f"applied {seq} {offset}", flush=True)
             time.sleep(pause)
-        print(f"ack {seq} {offset}", flush=True)
+        print(f"ack {seq} {offset} {took:.6f}", flush=True)
         seq += 1
 
 

@@ -15,6 +15,7 @@ import os
 import queue
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -28,7 +29,8 @@ from tests import crash_model
 from tests.crash_writer import make_write, send
 
 ROOT = Path(__file__).resolve().parent.parent
-KILLS = 22
+STRATEGIES = ("during-start", "after-sleep", "mid-write", "mid-big-write", "applied-not-acked")
+KILLS_PER_STRATEGY = 5  # 25 kills in all
 READY_TIMEOUT = 30.0
 
 
@@ -76,10 +78,30 @@ def wait_for(lines: queue.Queue, seen: list[str], prefix: str, timeout: float) -
     return False
 
 
-def kill_at_random(path: Path, seed: int, start_seq: int, rnd: random.Random) -> tuple[ChildRun, str]:
-    """Start a writer, SIGKILL it by a random strategy, and parse what it acknowledged."""
-    strategy = rnd.choice(["during-start", "after-sleep", "after-sleep", "mid-big-write", "mid-write",
-                           "applied-not-acked"])
+def drain(lines: queue.Queue, seen: list[str]) -> None:
+    """Take the lines already written, so the next wait sees a fresh event, not a backlog."""
+    while True:
+        try:
+            line = lines.get_nowait()
+        except queue.Empty:
+            return
+        if line is None:
+            lines.put(None)
+            return
+        seen.append(line)
+
+
+def kill_at_random(path: Path, seed: int, start_seq: int, strategy: str, rnd: random.Random,
+                   durations: dict[str, list[float]]) -> ChildRun:
+    """Start a writer, SIGKILL it at a random moment chosen by `strategy`, parse what it said.
+
+    during-start: at a random time after spawn (maybe while opening or recovering the tablet);
+    after-sleep: at a random time after the tablet is open; mid-write: right after a write began;
+    mid-big-write: during a 4,000-row write; applied-not-acked: after a write returned and before
+    its ack was printed (the writer pauses there), so it landed but is unacknowledged. The two
+    mid-write strategies wait a random part of the typical duration of such a write (measured by
+    earlier writes in `durations`), so kills spread over the whole put, its commit included.
+    """
     # only the last strategy slows the writer: it pauses between a write's return and its ack
     child, lines = spawn(path, seed, start_seq, 0.5 if strategy == "applied-not-acked" else 0.0)
     seen: list[str] = []
@@ -90,14 +112,15 @@ def kill_at_random(path: Path, seed: int, start_seq: int, rnd: random.Random) ->
         if strategy == "after-sleep":
             time.sleep(rnd.uniform(0.0, 1.0))
         elif strategy == "mid-big-write":
-            wait_for(lines, seen, "begin", 5.0)  # skip to a write, then to a big one
-            while not (seen and seen[-1].startswith("begin") and int(seen[-1].split()[3]) > 100):
-                if not wait_for(lines, seen, "begin", 5.0):
-                    break
-            time.sleep(rnd.uniform(0.0, 0.01))
+            drain(lines, seen)
+            while wait_for(lines, seen, "begin", 5.0) and int(seen[-1].split()[3]) <= 100:
+                pass  # skip small writes
+            time.sleep(rnd.uniform(0.0, 1.2 * statistics.median(durations["big"] or [0.05])))
         elif strategy == "mid-write":
             time.sleep(rnd.uniform(0.05, 0.3))
+            drain(lines, seen)
             wait_for(lines, seen, "begin", 5.0)
+            time.sleep(rnd.uniform(0.0, 1.2 * statistics.median(durations["small"] or [0.002])))
         else:
             time.sleep(rnd.uniform(0.0, 1.0))
             wait_for(lines, seen, "applied", 5.0)
@@ -107,6 +130,7 @@ def kill_at_random(path: Path, seed: int, start_seq: int, rnd: random.Random) ->
     while (line := lines.get()) is not None:
         seen.append(line)
     run = ChildRun()
+    sizes = {}
     for line in seen:
         if not line.endswith("\n"):
             continue  # cut by the kill
@@ -115,11 +139,14 @@ def kill_at_random(path: Path, seed: int, start_seq: int, rnd: random.Random) ->
             run.ready = True
         elif word == "begin":
             run.begun.append(int(rest[0]))
+            sizes[int(rest[0])] = int(rest[2])
         elif word == "applied":
             run.applied.append((int(rest[0]), int(rest[1])))
         elif word == "ack":
             run.acks.append((int(rest[0]), int(rest[1])))
-    return run, strategy
+            kind = "big" if sizes.get(int(rest[0]), 0) > 100 else "small"
+            durations[kind].append(float(rest[2]))
+    return run
 
 
 def _failure(child: subprocess.Popen, seen: list[str], what: str) -> str:
@@ -178,8 +205,11 @@ def test_kill9_cycles_keep_acknowledged_writes_and_replay(tmp_path, seed):
     last_seq, last_offset = 0, 0
     stats = {"kills": 0, "mid_write": 0, "inflight_landed": 0, "acks": 0}
     started = time.monotonic()
-    for cycle in range(KILLS):
-        run, strategy = kill_at_random(path, seed, last_seq + 1, rnd)
+    durations: dict[str, list[float]] = {"small": [], "big": []}
+    strategies = list(STRATEGIES) * KILLS_PER_STRATEGY
+    rnd.shuffle(strategies)
+    for cycle, strategy in enumerate(strategies):
+        run = kill_at_random(path, seed, last_seq + 1, strategy, rnd, durations)
         stats["kills"] += 1
         seqs = [s for s, _ in run.acks]
         assert seqs == list(range(last_seq + 1, last_seq + 1 + len(seqs))), f"acks out of order: {seqs}"
@@ -196,8 +226,9 @@ def test_kill9_cycles_keep_acknowledged_writes_and_replay(tmp_path, seed):
         landed = check_reopened(path, seed, last_seq, last_offset, model, with_inflight,
                                 applied[0] if applied else None)
         stats["inflight_landed"] += landed
-        print(f"cycle {cycle + 1}/{KILLS} ({strategy}): {len(seqs)} acks, last seq {last_seq}, "
+        print(f"cycle {cycle + 1}/{len(strategies)} ({strategy}): {len(seqs)} acks, last seq {last_seq}, "
               f"offset {last_offset}, in-flight landed: {landed}", flush=True)
-    print(f"crash summary: {stats}, {time.monotonic() - started:.1f} s")
+    medians = {k: f"{statistics.median(v) * 1000:.1f} ms" for k, v in durations.items() if v}
+    print(f"crash summary: {stats}, median put/delete time {medians}, {time.monotonic() - started:.1f} s")
     assert stats["kills"] >= 20
     assert stats["acks"] > 0, "the writer never acknowledged a write: nothing was tested"

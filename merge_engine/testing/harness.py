@@ -55,17 +55,23 @@ class TabletHarness:
 
     # --- running operations -----------------------------------------------------------------
 
-    def apply(self, op: Put | Delete | Reopen, check: bool = True) -> None:
-        """Run one operation on both sides and compare the outcomes (then the states)."""
+    def apply(self, op: Put | Delete | Reopen, check: bool = True) -> bool:
+        """Run one operation on both sides, compare the outcomes (then the states).
+
+        Returns whether the write was accepted (both sides agree on that, or this fails).
+        """
         self.history.append(op)
+        accepted = True
         if isinstance(op, Reopen):
             self.reopen()
         else:
             expected = self._outcome(lambda: op.apply(self.model))
             actual = self._outcome(lambda: op.apply(self.tablet, engine_mode(op.mode)))
             self._compare_outcomes(op, expected, actual)
+            accepted = expected[0] == "ok"
         if check:
             self.check()
+        return accepted
 
     def run(self, ops) -> None:
         for op in ops:

@@ -1,0 +1,7 @@
+"""`python -m server ...`: the same as `tally serve ...` (LocalCluster starts servers this way)."""
+
+import sys
+
+from server.process import main
+
+sys.exit(main())

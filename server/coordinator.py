@@ -1,0 +1,267 @@
+"""The coordinator: the catalog, partition creation, bucket assignment and cluster offsets.
+
+It owns the metadata store (ZooKeeper or embedded), decides which live tablet server hosts each
+(table, partition, bucket) when the table or partition is created, and answers clients' and
+tablet servers' metadata questions. It never touches row data: writes and reads go straight
+from clients to tablet servers.
+
+Assignments are sticky: a bucket's data lives on its tablet server's disk (there is no
+replication), so a bucket stays with its server while that server is down, and writes to it
+wait (clients retry) until the server is back.
+
+Handlers are registered by name in `self.actions`; later features (column locks, commits) add
+their own handlers to that table rather than changing the transport.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable
+
+from meta import MetadataStore
+from server.catalog import (DEFAULT_DATABASE, Catalog, PartitionRecord, TableRecord,
+                            split_table_name)
+from server.channel import ChannelPool
+from server.membership import (COORDINATOR, EphemeralRegistration, HeartbeatLiveness,
+                               ZooKeeperLiveness)
+from server.routing import TableRouting
+from tally.errors import (AlreadyExistsError, InvalidInputError, NotFoundError, SchemaError,
+                          TallyError, UnavailableError)
+
+log = logging.getLogger(__name__)
+
+Action = Callable[[dict], Any]
+
+
+class Coordinator:
+    """Metadata service of a cluster. `actions` maps DoAction names to handlers."""
+
+    def __init__(self, store: MetadataStore, address: str, token: str | None = None,
+                 session_timeout: float = 6.0) -> None:
+        self.store = store
+        self.address = address
+        self.catalog = Catalog(store)
+        self.channels = ChannelPool(token)
+        self._zookeeper = store.kind == "zookeeper"
+        self.liveness = ZooKeeperLiveness(store) if self._zookeeper \
+            else HeartbeatLiveness(session_timeout)
+        self._registration = EphemeralRegistration(store, COORDINATOR, {"address": address}) \
+            if self._zookeeper else None
+        self._lock = threading.Lock()
+        swept = self.catalog.sweep_orphans()
+        if swept:
+            log.info("swept orphaned table ids %s", swept)
+        self.catalog.create_database(DEFAULT_DATABASE, ignore_if_exists=True)
+        self.actions: dict[str, Action] = {
+            "create_database": self.create_database,
+            "drop_database": self.drop_database,
+            "list_databases": lambda body: self.catalog.list_databases(),
+            "create_table": self.create_table,
+            "drop_table": self.drop_table,
+            "list_tables": lambda body: self.catalog.list_tables(body["database"]),
+            "table_info": self.table_info,
+            "create_partition": self.create_partition,
+            "drop_partition": self.drop_partition,
+            "list_partitions": self.list_partitions,
+            "list_offsets": self.list_offsets_action,
+            "list_servers": self.list_servers,
+            "bucket_info": self.bucket_info,
+            "heartbeat": self.heartbeat,
+        }
+
+    # --- databases and tables -----------------------------------------------------------
+
+    def create_database(self, body: dict) -> None:
+        self.catalog.create_database(body["name"], bool(body.get("ignore_if_exists")))
+
+    def drop_database(self, body: dict) -> None:
+        dropped = self.catalog.drop_database(body["name"], bool(body.get("ignore_if_not_exists")),
+                                             bool(body.get("cascade")))
+        for record in dropped:
+            self._forget_tablets(record.table_id)
+
+    @staticmethod
+    def parse_descriptor(text: Any):
+        """The TableDescriptor stored as `text`, validated (a garbage descriptor is refused)."""
+        from merge_engine import TableDescriptor
+
+        if not isinstance(text, str):
+            raise SchemaError(f"a table descriptor must be JSON text, not {type(text).__name__}")
+        descriptor = TableDescriptor.from_json(text)
+        if not descriptor.schema.primary_key:
+            raise SchemaError("Tally tables need a primary key: the tablets are key-value stores")
+        return descriptor
+
+    def create_table(self, body: dict) -> dict:
+        name = body["name"]
+        split_table_name(name)
+        descriptor = self.parse_descriptor(body.get("descriptor"))
+        try:
+            existing = self.catalog.get_table(name)
+        except NotFoundError:
+            existing = None
+        if existing is not None:
+            if body.get("ignore_if_exists"):
+                return {"table_id": existing.table_id, "created": False}
+            raise AlreadyExistsError(f"table '{name}' already exists")
+        owners = None if descriptor.schema.partition_key else \
+            self.assign(descriptor.bucket_count, salt=0)
+        try:
+            record = self.catalog.create_table(name, descriptor.to_json(), owners)
+        except AlreadyExistsError:
+            if body.get("ignore_if_exists"):
+                return {"table_id": self.catalog.get_table(name).table_id, "created": False}
+            raise
+        log.info("created table %s (id %d)", name, record.table_id)
+        return {"table_id": record.table_id, "created": True}
+
+    def drop_table(self, body: dict) -> None:
+        try:
+            record = self.catalog.drop_table(body["name"])
+        except NotFoundError:
+            if body.get("ignore_if_not_exists"):
+                return
+            raise
+        self._forget_tablets(record.table_id)
+
+    def _forget_tablets(self, table_id: int) -> None:
+        """Tell live tablet servers to close and delete a dropped table's tablets (best effort:
+        servers that are down learn it from their next heartbeat)."""
+        for server_id, address in self.liveness.live().items():
+            try:
+                self.channels.get(address).action("drop_tablets", {"table_id": table_id})
+            except TallyError as e:
+                log.info("tablet server %s will learn of the drop later: %s", server_id, e)
+
+    def routing(self, record: TableRecord) -> TableRouting:
+        return TableRouting.from_descriptor(record.name, record.table_id,
+                                            self.parse_descriptor(record.descriptor))
+
+    def table_info(self, body: dict) -> dict:
+        record = self.catalog.get_table(body["name"])
+        partitions = self.catalog.partitions(record.table_id)
+        return {
+            "name": record.name, "table_id": record.table_id, "descriptor": record.descriptor,
+            "created_at": record.created_at, "routing": self.routing(record).to_json(),
+            "partitions": [p.to_json() for p in partitions],
+            "servers": self.server_addresses(),
+        }
+
+    # --- partitions and assignment ------------------------------------------------------
+
+    def assign(self, bucket_count: int, salt: int) -> tuple[str, ...]:
+        """Owners for `bucket_count` new buckets: the live servers, round robin from `salt`."""
+        live = sorted(self.liveness.live())
+        if not live:
+            raise UnavailableError("no live tablet server to host new buckets; start one")
+        return tuple(live[(salt + b) % len(live)] for b in range(bucket_count))
+
+    def create_partition(self, body: dict) -> dict:
+        """Create a partition (admin, or a client's first write to it when dynamic creation is
+        on); returns the partition, existing or new."""
+        record = self.catalog.get_table(body["name"])
+        routing = self.routing(record)
+        if not routing.partitioned:
+            raise InvalidInputError(f"table '{record.name}' is not partitioned")
+        partition = body.get("partition")
+        if not isinstance(partition, str) or not partition:
+            raise InvalidInputError(f"partition name must be a non-empty string: {partition!r}")
+        existing = self.catalog.get_partition(record.table_id, partition)
+        if existing is not None:
+            return existing.to_json()
+        if body.get("dynamic") and not routing.dynamic_partitions:
+            raise NotFoundError(
+                f"partition '{partition}' of table '{record.name}' does not exist and dynamic "
+                "partition creation is off for this table (table.partition.dynamic-creation."
+                "enabled = false); create it with admin.create_partition")
+        expected = routing.partition_key
+        if len(partition.split("$")) != len(expected):
+            raise InvalidInputError(
+                f"partition name '{partition}' does not have one value per partition-key "
+                f"column {list(expected)} (values are joined with '$')")
+        with self._lock:
+            owners = self.assign(routing.bucket_count,
+                                 salt=len(self.catalog.partitions(record.table_id)))
+            created = self.catalog.create_partition(record.table_id, partition, owners)
+        log.info("partition %s of %s: id %d", partition, record.name, created.partition_id)
+        return created.to_json()
+
+    def drop_partition(self, body: dict) -> None:
+        record = self.catalog.get_table(body["name"])
+        self.catalog.drop_partition(record.table_id, body["partition"])
+
+    def list_partitions(self, body: dict) -> list[str]:
+        record = self.catalog.get_table(body["name"])
+        return [p.name for p in self.catalog.partitions(record.table_id) if p.name is not None]
+
+    # --- servers ------------------------------------------------------------------------
+
+    def server_addresses(self) -> dict[str, str | None]:
+        """Every known tablet server: its address when live, else None."""
+        live = self.liveness.live()
+        known = {sid: None for sid in self.catalog.known_servers()}
+        known.update(live)
+        return known
+
+    def list_servers(self, body: dict) -> list[dict]:
+        live = self.liveness.live()
+        known = self.catalog.known_servers()
+        return [{"server_id": sid, "address": live.get(sid, known.get(sid)), "live": sid in live}
+                for sid in sorted(set(known) | set(live))]
+
+    def heartbeat(self, body: dict) -> dict:
+        server_id, address = body["server_id"], body["address"]
+        self.liveness.heartbeat(server_id, address)
+        self.catalog.remember_server(server_id, address)
+        dropped = []
+        for table_id in body.get("table_ids", []):
+            try:
+                self.catalog.table_by_id(int(table_id))
+            except NotFoundError:
+                dropped.append(int(table_id))
+        return {"dropped_table_ids": dropped}
+
+    def bucket_info(self, body: dict) -> dict:
+        """What a tablet server needs to open a bucket, checked against the assignment."""
+        table_id, partition_id, bucket = int(body["table_id"]), int(body["partition_id"]), \
+            int(body["bucket"])
+        record = self.catalog.table_by_id(table_id)
+        partition = self.catalog.partition_by_id(table_id, partition_id)
+        if not 0 <= bucket < len(partition.buckets):
+            raise NotFoundError(f"table '{record.name}' has no bucket {bucket}")
+        return {"name": record.name, "descriptor": record.descriptor,
+                "routing": self.routing(record).to_json(), "partition": partition.name,
+                "owner": partition.buckets[bucket]}
+
+    # --- offsets ------------------------------------------------------------------------
+
+    def list_offsets(self, name: str) -> dict[tuple[str | None, int], int]:
+        """The current end offset of every bucket of every partition, asked of their servers."""
+        record = self.catalog.get_table(name)
+        by_owner: dict[str, list[tuple[PartitionRecord, int]]] = {}
+        for p in self.catalog.partitions(record.table_id):
+            for bucket, owner in enumerate(p.buckets):
+                by_owner.setdefault(owner, []).append((p, bucket))
+        live = self.liveness.live()
+        out: dict[tuple[str | None, int], int] = {}
+        for owner, buckets in by_owner.items():
+            if owner not in live:
+                raise UnavailableError(
+                    f"tablet server {owner} hosting buckets of '{name}' is not live")
+            answer = self.channels.get(live[owner]).action("offsets", {
+                "table_id": record.table_id,
+                "buckets": [[p.partition_id, b] for p, b in buckets]})
+            for (p, bucket), (_start, end) in zip(buckets, answer):
+                out[(p.name, bucket)] = int(end)
+        return out
+
+    def list_offsets_action(self, body: dict) -> list[list]:
+        return [[p, b, end] for (p, b), end in sorted(self.list_offsets(body["name"]).items(),
+                                                      key=lambda kv: (kv[0][0] or "", kv[0][1]))]
+
+    def close(self) -> None:
+        if self._registration is not None:
+            self._registration.close()
+        self.liveness.close()
+        self.channels.close()

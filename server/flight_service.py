@@ -1,0 +1,124 @@
+"""The Flight server: authentication, and dispatch of DoAction / DoPut / DoGet to the roles.
+
+One process may run a coordinator, a tablet server, or both (`--role all`); their action tables
+are merged, DoPut and DoGet go to the tablet server. Every handler's exception leaves through
+`protocol.to_flight_error`, so the caller gets the same `tally.errors` class with the server's
+message, and the server goes on serving.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from server.protocol import AUTH_HEADER, dumps, loads, parse_ticket, to_flight_error
+from tally.errors import AuthenticationError, InvalidInputError, TallyError
+
+log = logging.getLogger(__name__)
+
+
+class BearerTokenMiddleware(flight.ServerMiddlewareFactory):
+    """Rejects every call whose `authorization` header is not `Bearer <token>`."""
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+
+    def start_call(self, info, headers):
+        given = (headers.get(AUTH_HEADER) or [""])[0]
+        if not hmac.compare_digest(given.encode(), self._expected):
+            raise flight.FlightUnauthenticatedError("missing or wrong auth token")
+        return None
+
+
+class TallyFlightServer(flight.FlightServerBase):
+    """Serves the coordinator and/or tablet server given to it."""
+
+    def __init__(self, location: str, *, coordinator=None, tablet_server=None,
+                 token: str | None = None) -> None:
+        middleware = {"auth": BearerTokenMiddleware(token)} if token else {}
+        super().__init__(location, middleware=middleware)
+        self.coordinator = coordinator
+        self.tablet_server = tablet_server
+        self.actions = {"ping": lambda body: {"ok": True}}
+
+    def attach(self, coordinator=None, tablet_server=None) -> None:
+        """Add the roles once they exist (they need this server's bound port first)."""
+        if coordinator is not None:
+            self.coordinator = coordinator
+            self.actions.update(coordinator.actions)
+        if tablet_server is not None:
+            self.tablet_server = tablet_server
+            self.actions.update(tablet_server.actions)
+
+    def call_action(self, name: str, body: dict):
+        """Run an action in-process (used by `--role all` instead of a loopback call)."""
+        handler = self.actions.get(name)
+        if handler is None:
+            raise InvalidInputError(f"unknown action {name!r}")
+        return handler(body)
+
+    def _tablets(self):
+        if self.tablet_server is None:
+            raise InvalidInputError("this server runs no tablet server: send data to one")
+        return self.tablet_server
+
+    # --- Flight calls -----------------------------------------------------------------------
+
+    def do_action(self, context, action):
+        try:
+            body = loads(action.body.to_pybytes()) or {}
+            if not isinstance(body, dict):
+                raise InvalidInputError("an action body must be a JSON object")
+            result = self.call_action(action.type, body)
+        except (KeyError, TypeError, ValueError) as e:
+            raise to_flight_error(InvalidInputError(
+                f"malformed request for action {action.type!r}: {type(e).__name__}: {e}"))
+        except BaseException as e:  # noqa: BLE001 - every error goes back typed
+            raise self._failure(e, action.type)
+        return iter([flight.Result(dumps(result))])
+
+    def do_put(self, context, descriptor, reader, writer):
+        try:
+            header = self._header(descriptor.command)
+            tablets = self._tablets()
+            rows = tablets.read_batches(reader)
+            ack = tablets.write(header, rows)
+        except (KeyError, TypeError, ValueError) as e:
+            raise to_flight_error(InvalidInputError(
+                f"malformed write request: {type(e).__name__}: {e}"))
+        except BaseException as e:  # noqa: BLE001
+            raise self._failure(e, "write")
+        writer.write(pa.py_buffer(dumps(ack)))
+
+    def do_get(self, context, ticket):
+        try:
+            header, payload = parse_ticket(ticket)
+            if not isinstance(header, dict):
+                raise InvalidInputError("a read ticket must start with a JSON object")
+            table = self._tablets().read(header, payload)
+        except (KeyError, TypeError, ValueError) as e:
+            raise to_flight_error(InvalidInputError(
+                f"malformed read request: {type(e).__name__}: {e}"))
+        except BaseException as e:  # noqa: BLE001
+            raise self._failure(e, "read")
+        return flight.RecordBatchStream(table)
+
+    @staticmethod
+    def _header(command: bytes) -> dict:
+        header = loads(command)
+        if not isinstance(header, dict):
+            raise InvalidInputError("a write descriptor must be a JSON object")
+        return header
+
+    @staticmethod
+    def _failure(exc: BaseException, what: str) -> flight.FlightError:
+        if isinstance(exc, flight.FlightError):
+            return exc
+        if isinstance(exc, pa.ArrowException) and not isinstance(exc, TallyError):
+            exc = InvalidInputError(f"{what}: {exc}")
+        if not isinstance(exc, (TallyError, AuthenticationError)):
+            log.exception("%s failed", what)
+        return to_flight_error(exc)

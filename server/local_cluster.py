@@ -1,0 +1,232 @@
+"""LocalCluster: a real cluster of server processes on loopback ports, for tests, demo, benchmarks.
+
+    with LocalCluster(data_dir, tablet_servers=2, zookeeper=None) as cluster:
+        conn = client.connect(cluster.url)
+
+starts one coordinator process and `tablet_servers` tablet-server processes (`python -m server`),
+each with its own directory under `data_dir` (`coordinator/`, `tablet-0/`, ...), and waits until
+the coordinator sees every tablet server live. Started again on an existing `data_dir`, it
+restarts that cluster: the same server identities (kept in each tablet directory) and data, on
+new ports. `kill_tablet_server(i)` (SIGKILL), `start_tablet_server(i)`, `restart_coordinator()`
+and friends drive failure tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+from server.channel import FlightChannel
+from server.process import READY
+from tally.errors import ClusterError, TallyError
+
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class ServerHandle:
+    """One server process: its command line, log file, address once ready."""
+
+    def __init__(self, name: str, data_dir: str, args: list[str]) -> None:
+        self.name = name
+        self.data_dir = data_dir
+        self.args = args
+        self.proc: subprocess.Popen | None = None
+        self.address: str | None = None
+        self.info: dict = {}
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def port(self) -> int | None:
+        return int(self.address.rsplit(":", 1)[1]) if self.address else None
+
+    def start(self, extra: list[str], timeout: float) -> None:
+        os.makedirs(self.data_dir, exist_ok=True)
+        log = open(os.path.join(self.data_dir, "server.log"), "ab")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = PROJECT_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "server", "--data-dir", self.data_dir, *self.args, *extra],
+            stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, env=env,
+            cwd=PROJECT_ROOT)
+        log.close()
+        self._wait_ready(timeout)
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        buffer = b""
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ClusterError(f"{self.name} exited with {self.proc.returncode} before it "
+                                   f"was ready; see {self.data_dir}/server.log")
+            ready, _, _ = select.select([self.proc.stdout], [], [], 0.1)
+            if ready:
+                chunk = os.read(self.proc.stdout.fileno(), 4096)
+                buffer += chunk
+                for line in buffer.decode(errors="replace").splitlines():
+                    if line.startswith(READY):
+                        self.info = json.loads(line[len(READY):])
+                        self.address = self.info["address"]
+                        return
+        self.kill()
+        raise ClusterError(f"{self.name} was not ready within {timeout}s; "
+                           f"see {self.data_dir}/server.log")
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs (the crash tests' failure)."""
+        if self.running:
+            self.proc.kill()
+        self._reap()
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM and wait for a clean shutdown (SIGKILL if it hangs)."""
+        if self.running:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self._reap()
+
+    def _reap(self) -> None:
+        if self.proc is not None:
+            self.proc.wait()
+            if self.proc.stdout:
+                self.proc.stdout.close()
+        self.proc = None
+
+
+class LocalCluster:
+    """A coordinator and N tablet servers as local processes (see the module docstring)."""
+
+    def __init__(self, data_dir: str, tablet_servers: int = 2, zookeeper: str | None = None,
+                 auth_token: str | None = None, host: str = "127.0.0.1",
+                 max_batch_bytes: int | None = None, startup_timeout: float = 60.0) -> None:
+        self.data_dir = os.path.abspath(data_dir)
+        os.makedirs(self.data_dir, exist_ok=True)
+        saved = self._load_settings()
+        self.zookeeper = zookeeper if zookeeper is not None else saved.get("zookeeper")
+        self.auth_token = auth_token
+        self.host = host
+        self.startup_timeout = startup_timeout
+        existing = saved.get("tablet_servers", 0)
+        count = max(tablet_servers, existing)
+        common = ["--host", host, "--log-level", "INFO"]
+        if self.zookeeper:
+            common += ["--zookeeper", self.zookeeper]
+        if auth_token:
+            common += ["--auth-token", auth_token]
+        tablet_args = common + (["--max-batch-bytes", str(max_batch_bytes)]
+                                if max_batch_bytes else [])
+        self.coordinator = ServerHandle("coordinator", os.path.join(self.data_dir, "coordinator"),
+                                        common + ["--role", "coordinator"])
+        self.tablet_servers = [
+            ServerHandle(f"tablet server {i}", os.path.join(self.data_dir, f"tablet-{i}"),
+                         tablet_args + ["--role", "tablet"]) for i in range(count)]
+        self._save_settings(count)
+
+    # --- settings kept in the data dir, so a restart finds the same cluster -----------------
+
+    def _settings_path(self) -> str:
+        return os.path.join(self.data_dir, "cluster.json")
+
+    def _load_settings(self) -> dict:
+        try:
+            with open(self._settings_path()) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return {}
+
+    def _save_settings(self, count: int) -> None:
+        with open(self._settings_path(), "w") as f:
+            json.dump({"tablet_servers": count, "zookeeper": self.zookeeper}, f)
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The coordinator's URL: what `client.connect` takes."""
+        if not self.coordinator.address:
+            raise ClusterError("the cluster is not running")
+        return self.coordinator.address
+
+    def start(self) -> "LocalCluster":
+        try:
+            self.start_coordinator()
+            for i in range(len(self.tablet_servers)):
+                self.start_tablet_server(i, wait=False)
+            self.wait_for_tablet_servers()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start_coordinator(self) -> None:
+        port = self.coordinator.port  # a restarted coordinator keeps its port
+        self.coordinator.start(["--port", str(port)] if port else [], self.startup_timeout)
+
+    def stop_coordinator(self) -> None:
+        self.coordinator.stop()
+
+    def kill_coordinator(self) -> None:
+        self.coordinator.kill()
+
+    def restart_coordinator(self, kill: bool = False) -> None:
+        self.kill_coordinator() if kill else self.stop_coordinator()
+        self.start_coordinator()
+        self.wait_for_tablet_servers()
+
+    def start_tablet_server(self, i: int, wait: bool = True) -> None:
+        extra = [] if self.zookeeper else ["--coordinator", self.url]
+        self.tablet_servers[i].start(extra, self.startup_timeout)
+        if wait:
+            self.wait_for_tablet_servers()
+
+    def kill_tablet_server(self, i: int) -> None:
+        self.tablet_servers[i].kill()
+
+    def stop_tablet_server(self, i: int) -> None:
+        self.tablet_servers[i].stop()
+
+    def restart_tablet_server(self, i: int, kill: bool = True) -> None:
+        self.kill_tablet_server(i) if kill else self.stop_tablet_server(i)
+        self.start_tablet_server(i)
+
+    def wait_for_tablet_servers(self, timeout: float | None = None) -> None:
+        """Until the coordinator lists every running tablet server as live at its address."""
+        deadline = time.monotonic() + (timeout or self.startup_timeout)
+        wanted = {h.info["server_id"]: h.address for h in self.tablet_servers if h.running}
+        channel = FlightChannel(self.url, self.auth_token, timeout=5)
+        try:
+            while True:
+                try:
+                    servers = channel.action("list_servers")
+                    live = {s["server_id"]: s["address"] for s in servers if s["live"]}
+                    if all(live.get(sid) == addr for sid, addr in wanted.items()):
+                        return
+                except TallyError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"tablet servers {sorted(wanted)} did not join the "
+                                       f"coordinator within the timeout")
+                time.sleep(0.05)
+        finally:
+            channel.close()
+
+    def stop(self) -> None:
+        for handle in self.tablet_servers:
+            handle.stop()
+        self.coordinator.stop()
+
+    def __enter__(self) -> "LocalCluster":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,166 @@
+"""One server process: `tally serve` (and `python -m server`) land here.
+
+Roles: `coordinator` (metadata store + catalog), `tablet` (KvTablets), or `all` (both in one
+process, sharing one port: the embedded default). The process binds its port, wires the roles,
+prints one `TALLY-READY {json}` line on stdout (LocalCluster waits for it), then serves until
+SIGTERM or SIGINT and shuts down cleanly: heartbeats stop, the Flight server drains, tablets
+close, the metadata store is released.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+
+from server.channel import FlightChannel
+from server.flight_service import TallyFlightServer
+from server.tablet_server import DEFAULT_MAX_BATCH_BYTES, TabletServer
+from tally.errors import UnavailableError
+
+log = logging.getLogger("tally.server")
+READY = "TALLY-READY"
+ROLES = ("all", "coordinator", "tablet")
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--data-dir", required=True, help="where this server keeps its data")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=0, help="port to bind (default: a free one)")
+    parser.add_argument("--zookeeper", metavar="HOST:PORT[/CHROOT]",
+                        help="keep metadata in ZooKeeper (default: embedded in the data dir)")
+    parser.add_argument("--role", choices=ROLES, default="all",
+                        help="all (default: coordinator + one tablet server), coordinator, tablet")
+    parser.add_argument("--coordinator", metavar="URL",
+                        help="the coordinator of a tablet server (not needed with --zookeeper)")
+    parser.add_argument("--auth-token", default=os.environ.get("TALLY_AUTH_TOKEN"),
+                        help="reject requests without this bearer token "
+                             "(default: $TALLY_AUTH_TOKEN)")
+    parser.add_argument("--max-batch-bytes", type=int, default=DEFAULT_MAX_BATCH_BYTES,
+                        help="largest write request a tablet server accepts (default 64 MiB)")
+    parser.add_argument("--log-level", default="INFO")
+    return parser
+
+
+class CoordinatorLink:
+    """How a tablet server reaches its coordinator: a fixed URL, or the address the coordinator
+    published in ZooKeeper (re-read whenever a call fails, since it moves on restart)."""
+
+    def __init__(self, token: str | None, url: str | None = None, store=None) -> None:
+        self._token = token
+        self._url = url
+        self._store = store
+        self._channel: FlightChannel | None = None
+        self._lock = threading.Lock()
+
+    def _resolve(self) -> FlightChannel:
+        with self._lock:
+            if self._channel is None:
+                url = self._url
+                if url is None:
+                    from server.membership import COORDINATOR
+
+                    node = self._store.get(COORDINATOR)
+                    if node is None:
+                        raise UnavailableError("no coordinator has registered in ZooKeeper yet")
+                    url = node.value["address"]
+                self._channel = FlightChannel(url, self._token)
+            return self._channel
+
+    def __call__(self, action: str, body: dict):
+        channel = self._resolve()
+        try:
+            return channel.action(action, body)
+        except UnavailableError:
+            if self._url is None:
+                with self._lock:
+                    self._channel = None
+            raise
+
+
+class ServerProcess:
+    """The roles of one process, started and stopped together."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from meta import open_store
+
+        self.args = args
+        os.makedirs(args.data_dir, exist_ok=True)
+        self.flight = TallyFlightServer(f"grpc://{args.host}:{args.port}", token=args.auth_token)
+        self.address = f"grpc://{args.host}:{self.flight.port}"
+        self.coordinator = self.tablet_server = self.registration = None
+        self._stores = []
+        if args.role in ("all", "coordinator"):
+            from server.coordinator import Coordinator
+
+            store = self._store(open_store(zookeeper=args.zookeeper, data_dir=args.data_dir))
+            self.coordinator = Coordinator(store, self.address, args.auth_token)
+            self.flight.attach(coordinator=self.coordinator)
+        if args.role in ("all", "tablet"):
+            zk = self._store(open_store(zookeeper=args.zookeeper)) if args.zookeeper else None
+            if args.role == "all":
+                link = self.flight.call_action
+            elif args.coordinator or zk is not None:
+                link = CoordinatorLink(args.auth_token, url=args.coordinator, store=zk)
+            else:
+                raise SystemExit("a tablet server needs --coordinator URL or --zookeeper")
+            self.tablet_server = TabletServer(args.data_dir, self.address, link,
+                                              max_batch_bytes=args.max_batch_bytes)
+            self.flight.attach(tablet_server=self.tablet_server)
+            if zk is not None:
+                from server.membership import EphemeralRegistration, live_path
+
+                self.registration = EphemeralRegistration(
+                    zk, live_path(self.tablet_server.server_id), {"address": self.address})
+            self.tablet_server.start()
+
+    def _store(self, store):
+        self._stores.append(store)
+        return store
+
+    def ready_line(self) -> str:
+        info = {"role": self.args.role, "address": self.address, "pid": os.getpid(),
+                "server_id": self.tablet_server.server_id if self.tablet_server else None}
+        return f"{READY} {json.dumps(info)}"
+
+    def close(self) -> None:
+        if self.registration is not None:
+            self.registration.close()
+        if self.tablet_server is not None:
+            self.tablet_server._heartbeat.close()
+        self.flight.shutdown()
+        if self.tablet_server is not None:
+            self.tablet_server.close()
+        if self.coordinator is not None:
+            self.coordinator.close()
+        for store in self._stores:
+            store.close()
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Run one server process until SIGTERM / SIGINT."""
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+                        stream=sys.stderr)
+    logging.getLogger("kazoo").setLevel(logging.WARNING)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    process = ServerProcess(args)
+    print(process.ready_line(), flush=True)
+    log.info("serving %s on %s (data dir %s, metadata %s)", args.role, process.address,
+             args.data_dir, args.zookeeper or "embedded")
+    stop.wait()
+    log.info("shutting down")
+    process.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = add_serve_arguments(argparse.ArgumentParser(prog="python -m server",
+                                                         description="Run a Tally server."))
+    return serve(parser.parse_args(argv))

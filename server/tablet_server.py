@@ -1,0 +1,205 @@
+"""A tablet server: hosts the KvTablets of its buckets and serves writes and reads over Flight.
+
+Every write is checked before it reaches a tablet: the bucket must be assigned to this server
+(else StaleMetadataError, and the client refreshes its metadata), the batch must fit the size
+limit, and every row must belong to the addressed partition and bucket (the stable bucket
+function of server/bucketing.py). Then one `KvTablet.put` or `delete` applies it atomically, with
+the writer's (id, sequence) so a retried request is applied once. Anything wrong raises a typed
+error naming the problem and nothing is applied.
+
+Extension point: `write_checks` is a list of callables `check(hosted, header, rows)` run after
+the built-in checks and before the tablet is touched (column-lock fencing plugs in here).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import uuid
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+
+from server.bucketing import bucket_ids
+from server.membership import HeartbeatSender
+from server.routing import TableRouting, partition_names
+from server.tablets import HostedTablet, TabletHost, TabletKey
+from tally.errors import InvalidInputError, NotFoundError, StaleMetadataError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BATCH_BYTES = 64 << 20
+WriteCheck = Callable[[HostedTablet, dict, pa.Table], None]
+
+
+def load_server_id(data_dir: str) -> str:
+    """This server's identity, made on first start and kept in <data_dir>/server.json."""
+    path = os.path.join(data_dir, "server.json")
+    try:
+        with open(path) as f:
+            return json.load(f)["server_id"]
+    except FileNotFoundError:
+        pass
+    server_id = f"ts-{uuid.uuid4().hex[:10]}"
+    os.makedirs(data_dir, exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"server_id": server_id}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return server_id
+
+
+class TabletServer:
+    """Serves the buckets assigned to `server_id`; `coordinator(action, body)` reaches the
+    coordinator (over Flight, or in-process for `--role all`)."""
+
+    def __init__(self, data_dir: str, address: str, coordinator: Callable[[str, dict], object],
+                 max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+                 heartbeat_interval: float = 1.0) -> None:
+        self.server_id = load_server_id(data_dir)
+        self.address = address
+        self.max_batch_bytes = max_batch_bytes
+        self.host = TabletHost(data_dir)
+        self._coordinator = coordinator
+        self.write_checks: list[WriteCheck] = []
+        self.actions = {"offsets": self.offsets, "drop_tablets": self.drop_tablets,
+                        "server_id": lambda body: self.server_id}
+        self._heartbeat = HeartbeatSender(self.send_heartbeat, heartbeat_interval)
+
+    def start(self) -> None:
+        self._heartbeat.start()
+
+    def send_heartbeat(self) -> None:
+        answer = self._coordinator("heartbeat", {"server_id": self.server_id,
+                                                 "address": self.address,
+                                                 "table_ids": self.host.table_ids()})
+        for table_id in answer.get("dropped_table_ids", []):
+            self.host.drop_table(int(table_id))
+
+    # --- tablets ----------------------------------------------------------------------------
+
+    def tablet(self, table_id: int, partition_id: int, bucket: int) -> HostedTablet:
+        """The hosted tablet of a bucket assigned to this server (opened on first use)."""
+        key = TabletKey(int(table_id), int(partition_id), int(bucket))
+        hosted = self.host.get(key)
+        if hosted is not None:
+            return hosted
+        try:
+            info = self._coordinator("bucket_info", {"table_id": key.table_id,
+                                                     "partition_id": key.partition_id,
+                                                     "bucket": key.bucket})
+        except NotFoundError as e:
+            raise StaleMetadataError(f"{key.describe()}: {e}") from None
+        routing = TableRouting.from_json(info["routing"])
+        if info["owner"] != self.server_id:
+            raise StaleMetadataError(
+                f"{key.describe(routing, info['partition'])} is hosted by tablet server "
+                f"{info['owner']}, not {self.server_id}")
+        return self.host.open(key, info["descriptor"], routing, info["partition"])
+
+    # --- writes -----------------------------------------------------------------------------
+
+    def read_batches(self, reader) -> pa.Table:
+        """The whole DoPut stream, refused as soon as it passes the size limit."""
+        batches, size = [], 0
+        for chunk in reader:
+            if chunk.data is None:
+                continue
+            size += chunk.data.nbytes
+            if size > self.max_batch_bytes:
+                raise InvalidInputError(
+                    f"write batch exceeds the server's limit of {self.max_batch_bytes} bytes; "
+                    "send smaller batches")
+            batches.append(chunk.data)
+        return pa.Table.from_batches(batches, schema=reader.schema)
+
+    def write(self, header: dict, rows: pa.Table) -> dict:
+        """Apply one put or delete to one bucket; the tablet's end offset after it."""
+        from merge_engine import MergeMode
+
+        op = header.get("op")
+        if op not in ("put", "delete"):
+            raise InvalidInputError(f"unknown write operation {op!r}; expected put or delete")
+        hosted = self.tablet(header["table_id"], header["partition_id"], header["bucket"])
+        self.check_rows(hosted, rows)
+        for check in self.write_checks:
+            check(hosted, header, rows)
+        mode = MergeMode.parse(header.get("mode", "AGGREGATE"))
+        targets = header.get("target_columns")
+        writer = tuple(header["writer"]) if header.get("writer") else None
+        with hosted.lock:
+            if op == "put":
+                end = hosted.tablet.put(rows, mode=mode, target_columns=targets, writer=writer)
+            else:
+                end = hosted.tablet.delete(rows, mode=mode, target_columns=targets, writer=writer)
+        return {"end_offset": int(end)}
+
+    def check_rows(self, hosted: HostedTablet, rows: pa.Table) -> None:
+        """Every row must belong to the addressed partition and bucket."""
+        routing = hosted.routing
+        if rows.num_rows == 0:
+            return
+        missing = [c for c in routing.primary_key if c not in rows.schema.names]
+        if missing:
+            raise InvalidInputError(
+                f"rows for {hosted.label} lack primary-key column(s) {missing}")
+        if routing.partitioned:
+            names = partition_names(rows, routing.partition_key)
+            wrong = next((i for i, n in enumerate(names) if n != hosted.partition), None)
+            if wrong is not None:
+                raise InvalidInputError(
+                    f"row {wrong} belongs to partition '{names[wrong]}', not to {hosted.label}")
+        buckets = bucket_ids(rows, list(routing.bucket_key), routing.bucket_count)
+        bad = np.flatnonzero(buckets != hosted.key.bucket)
+        if len(bad):
+            i = int(bad[0])
+            key = {c: rows.column(c)[i].as_py() for c in routing.bucket_key}
+            raise InvalidInputError(
+                f"row {i} with key {key} belongs to bucket {int(buckets[i])}, not to "
+                f"{hosted.label} ({len(bad)} misrouted rows)")
+
+    # --- reads ------------------------------------------------------------------------------
+
+    def read(self, header: dict, payload: pa.Table | None) -> pa.Table:
+        op = header.get("op")
+        hosted = self.tablet(header["table_id"], header["partition_id"], header["bucket"])
+        if op == "scan":
+            with hosted.lock:
+                return hosted.tablet.to_arrow()
+        if op == "changelog":
+            start, end = int(header.get("start", 0)), header.get("end")
+            with hosted.lock:
+                return hosted.tablet.changelog(start, None if end is None else int(end))
+        if op == "lookup":
+            if payload is None or payload.num_rows != 1:
+                raise InvalidInputError("a lookup carries exactly one key")
+            key = payload.to_pylist()[0]
+            self.check_rows(hosted, payload)
+            with hosted.lock:
+                row = hosted.tablet.lookup(key)
+            schema = hosted.routing.arrow_schema
+            return pa.Table.from_pylist([row] if row is not None else [], schema=schema)
+        raise InvalidInputError(f"unknown read operation {op!r}")
+
+    # --- actions ----------------------------------------------------------------------------
+
+    def offsets(self, body: dict) -> list[list[int]]:
+        """[[log start, log end], ...] for the given (partition id, bucket) pairs of a table."""
+        out = []
+        for partition_id, bucket in body["buckets"]:
+            hosted = self.tablet(body["table_id"], partition_id, bucket)
+            with hosted.lock:
+                out.append([int(hosted.tablet.log_start_offset),
+                            int(hosted.tablet.log_end_offset)])
+        return out
+
+    def drop_tablets(self, body: dict) -> None:
+        self.host.drop_table(int(body["table_id"]))
+
+    def close(self) -> None:
+        self._heartbeat.close()
+        self.host.close()

@@ -1,0 +1,112 @@
+"""The KvTablets a tablet server hosts, opened on first use and kept open.
+
+A bucket's tablet lives in `<data_dir>/tablets/<table_id>/<partition_id>/<bucket>`. The table id
+is part of the path, so a dropped and re-created table never sees its predecessor's data. Each
+hosted tablet has its own lock: one put, delete or read at a time per bucket, many buckets in
+parallel (KvTablet makes each put atomic and durable; the lock keeps its API single-threaded).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shutil
+import threading
+
+from server.routing import TableRouting
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class TabletKey:
+    table_id: int
+    partition_id: int
+    bucket: int
+
+    def describe(self, routing: TableRouting | None = None, partition: str | None = None) -> str:
+        name = routing.name if routing else f"table id {self.table_id}"
+        where = f" partition '{partition}'" if partition is not None else ""
+        return f"bucket {self.bucket} of {name}{where}"
+
+
+@dataclasses.dataclass
+class HostedTablet:
+    key: TabletKey
+    tablet: object            # merge_engine.KvTablet
+    routing: TableRouting
+    partition: str | None
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+    @property
+    def label(self) -> str:
+        return self.key.describe(self.routing, self.partition)
+
+
+class TabletHost:
+    """Opens, caches and closes the KvTablets under one data directory."""
+
+    def __init__(self, data_dir: str) -> None:
+        self.root = os.path.join(data_dir, "tablets")
+        os.makedirs(self.root, exist_ok=True)
+        self._tablets: dict[TabletKey, HostedTablet] = {}
+        self._opening: dict[TabletKey, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    def path(self, key: TabletKey) -> str:
+        return os.path.join(self.root, str(key.table_id), str(key.partition_id), str(key.bucket))
+
+    def get(self, key: TabletKey) -> HostedTablet | None:
+        with self._lock:
+            return self._tablets.get(key)
+
+    def open(self, key: TabletKey, descriptor_json: str, routing: TableRouting,
+             partition: str | None) -> HostedTablet:
+        """The hosted tablet for `key`, opening it (once, even under concurrent callers)."""
+        with self._lock:
+            found = self._tablets.get(key)
+            if found is not None:
+                return found
+            opening = self._opening.setdefault(key, threading.Lock())
+        with opening:
+            with self._lock:
+                found = self._tablets.get(key)
+            if found is not None:
+                return found
+            from merge_engine import KvTablet, TableDescriptor
+
+            path = self.path(key)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tablet = KvTablet.open(path, TableDescriptor.from_json(descriptor_json))
+            hosted = HostedTablet(key, tablet, routing, partition)
+            with self._lock:
+                self._tablets[key] = hosted
+                self._opening.pop(key, None)
+            log.info("opened %s at %s", hosted.label, path)
+            return hosted
+
+    def table_ids(self) -> list[int]:
+        """Table ids with tablets open or on disk."""
+        ids = {k.table_id for k in self._tablets}
+        ids.update(int(d) for d in os.listdir(self.root) if d.isdigit())
+        return sorted(ids)
+
+    def drop_table(self, table_id: int) -> None:
+        """Close and delete every tablet of a dropped table."""
+        with self._lock:
+            doomed = [h for k, h in self._tablets.items() if k.table_id == table_id]
+            for hosted in doomed:
+                del self._tablets[hosted.key]
+        for hosted in doomed:
+            with hosted.lock:
+                hosted.tablet.close()
+        shutil.rmtree(os.path.join(self.root, str(table_id)), ignore_errors=True)
+        log.info("deleted the tablets of dropped table id %d", table_id)
+
+    def close(self) -> None:
+        with self._lock:
+            hosted, self._tablets = list(self._tablets.values()), {}
+        for h in hosted:
+            with h.lock:
+                h.tablet.close()
