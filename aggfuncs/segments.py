@@ -81,6 +81,10 @@ class Segments:
         Returns (result per group, has_rows per group). Strictly sequential, so floating point
         results equal a plain Python loop's, bit for bit.
         """
+        with np.errstate(all="ignore"):  # IEEE: inf and NaN are values, not errors
+            return self._fold(ufunc, values)
+
+    def _fold(self, ufunc: np.ufunc, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ordered = values[self.order]
         result = np.zeros(self.count, dtype=values.dtype)
         has = self.lengths > 0
@@ -103,7 +107,8 @@ class Segments:
         result = np.zeros(self.count, dtype=values.dtype)
         has = self.lengths > 0
         if has.any():
-            result[has] = ufunc.reduceat(ordered, self.starts[has])
+            with np.errstate(all="ignore"):  # integer wrap is detected by the caller
+                result[has] = ufunc.reduceat(ordered, self.starts[has])
         return result, has
 
     def offsets(self) -> np.ndarray:

@@ -43,8 +43,8 @@ class Progress:
 
     def done(self, summary: str) -> None:
         seconds = time.perf_counter() - self.started
-        prefix = "\r\033[K" + self.label if self.live else "    "
-        self._write(f"{prefix}: {summary} ({seconds:.1f} s)\n")
+        prefix = "\r\033[K" + self.label + ":" if self.live else "   "
+        self._write(f"{prefix} {summary} ({seconds:.1f} s)\n")
 
     def note(self, text: str) -> None:
         self._write(text + "\n")

@@ -1,0 +1,100 @@
+"""`conn.admin`: databases, tables, partitions and offsets, answered by the coordinator."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tally.errors import InvalidInputError
+
+
+@dataclasses.dataclass(frozen=True)
+class TableInfo:
+    """What `describe_table` returns: the table's identity and its descriptor."""
+
+    name: str
+    table_id: int
+    descriptor: object          # merge_engine.TableDescriptor
+    partitions: list[str]
+    created_at: float
+
+    @property
+    def bucket_count(self) -> int:
+        return self.descriptor.bucket_count
+
+
+class Admin:
+    """Catalog operations. Table names are '<database>.<table>'."""
+
+    def __init__(self, connection) -> None:
+        self._conn = connection
+
+    def _call(self, action: str, **body):
+        return self._conn.coordinator_action(action, body)
+
+    # --- databases ----------------------------------------------------------------------
+
+    def create_database(self, name: str, ignore_if_exists: bool = False) -> None:
+        self._call("create_database", name=name, ignore_if_exists=ignore_if_exists)
+
+    def drop_database(self, name: str, ignore_if_not_exists: bool = False,
+                      cascade: bool = False) -> None:
+        self._call("drop_database", name=name, ignore_if_not_exists=ignore_if_not_exists,
+                   cascade=cascade)
+
+    def list_databases(self) -> list[str]:
+        return self._call("list_databases")
+
+    # --- tables -------------------------------------------------------------------------
+
+    def create_table(self, name: str, descriptor, ignore_if_exists: bool = False) -> int:
+        """Create a table from a TableDescriptor (or its JSON); returns the table id."""
+        text = descriptor if isinstance(descriptor, str) else _descriptor_json(descriptor)
+        answer = self._call("create_table", name=name, descriptor=text,
+                            ignore_if_exists=ignore_if_exists)
+        self._conn.invalidate(name)
+        return int(answer["table_id"])
+
+    def drop_table(self, name: str, ignore_if_not_exists: bool = False) -> None:
+        self._call("drop_table", name=name, ignore_if_not_exists=ignore_if_not_exists)
+        self._conn.invalidate(name)
+
+    def list_tables(self, database: str) -> list[str]:
+        return self._call("list_tables", database=database)
+
+    def describe_table(self, name: str) -> TableInfo:
+        meta = self._conn.table_meta(name, refresh=True)
+        return TableInfo(meta.name, meta.table_id, meta.descriptor,
+                         [p for p in meta.partition_names() if p is not None], meta.created_at)
+
+    # --- partitions and offsets ---------------------------------------------------------
+
+    def create_partition(self, name: str, partition: str | dict) -> str:
+        """Create a partition by name ('v1$v2') or by its partition-key values; its name."""
+        if isinstance(partition, dict):
+            partition = self._conn.table_meta(name).routing.partition_of(partition)
+        answer = self._call("create_partition", name=name, partition=partition)
+        self._conn.invalidate(name)
+        return answer["name"]
+
+    def drop_partition(self, name: str, partition: str) -> None:
+        self._call("drop_partition", name=name, partition=partition)
+        self._conn.invalidate(name)
+
+    def list_partitions(self, name: str) -> list[str]:
+        return self._call("list_partitions", name=name)
+
+    def list_offsets(self, name: str) -> dict[tuple[str | None, int], int]:
+        """{(partition, bucket): end offset} of every bucket, read from the tablet servers."""
+        return {(p, int(b)): int(end) for p, b, end in self._call("list_offsets", name=name)}
+
+    def list_servers(self) -> list[dict]:
+        """Every tablet server the coordinator knows: id, address, live."""
+        return self._call("list_servers")
+
+
+def _descriptor_json(descriptor) -> str:
+    to_json = getattr(descriptor, "to_json", None)
+    if to_json is None:
+        raise InvalidInputError(
+            f"create_table needs a TableDescriptor, not {type(descriptor).__name__}")
+    return to_json()

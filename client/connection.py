@@ -1,0 +1,130 @@
+"""`client.connect(url)`: a connection to a Tally cluster, shared safely between threads.
+
+The connection keeps one Flight channel per server, a metadata cache per table, and the retry
+policy: a call that fails because a server is unavailable or the cached metadata is stale is
+retried, with fresh metadata and growing pauses, until `retry_timeout` runs out. Writes carry
+the writer's (id, sequence), so a retry of a write that did land is not applied twice.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, TypeVar
+
+from client.metadata import Route, TableMeta
+from server.channel import ChannelPool, FlightChannel, normalize_address
+from tally.errors import StaleMetadataError, UnavailableError
+
+T = TypeVar("T")
+RETRYABLE = (UnavailableError, StaleMetadataError)
+
+
+class Connection:
+    """A cluster connection: `admin`, `table(name)`, `close()`; usable as a context manager."""
+
+    def __init__(self, url: str, token: str | None = None, *, retry_timeout: float = 60.0,
+                 request_timeout: float = 60.0) -> None:
+        self.url = normalize_address(url)
+        self.token = token
+        self.retry_timeout = retry_timeout
+        self._coordinator = FlightChannel(self.url, token, timeout=request_timeout)
+        self._servers = ChannelPool(token, timeout=request_timeout)
+        self._meta: dict[str, TableMeta] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._on_close: list[Callable[[], None]] = []
+        from client.admin import Admin
+
+        self.admin = Admin(self)
+        self.coordinator_action("ping")  # fail fast on a wrong URL or token
+
+    # --- plumbing used by admin, tables and writers -------------------------------------
+
+    def coordinator_action(self, name: str, body: dict | None = None):
+        return self.retry(lambda: self._coordinator.action(name, body or {}),
+                          refresh=None)
+
+    def server(self, address: str) -> FlightChannel:
+        return self._servers.get(address)
+
+    def table_meta(self, name: str, refresh: bool = False) -> TableMeta:
+        with self._lock:
+            meta = None if refresh else self._meta.get(name)
+        if meta is None:
+            meta = TableMeta.from_info(self.coordinator_action("table_info", {"name": name}))
+            with self._lock:
+                self._meta[name] = meta
+        return meta
+
+    def invalidate(self, name: str) -> None:
+        with self._lock:
+            self._meta.pop(name, None)
+
+    def route(self, name: str, partition: str | None, bucket: int,
+              create_partition: bool = False) -> Route:
+        """Where (partition, bucket) of table `name` lives, creating a missing partition on
+        the write path (the coordinator refuses when the table turned dynamic creation off)."""
+        meta = self.table_meta(name)
+        if partition is not None and not meta.has_partition(partition):
+            meta = self.table_meta(name, refresh=True)
+            if not meta.has_partition(partition) and create_partition:
+                self.coordinator_action("create_partition", {
+                    "name": name, "partition": partition, "dynamic": True})
+                meta = self.table_meta(name, refresh=True)
+        return meta.route(partition, bucket)
+
+    def retry(self, call: Callable[[], T], refresh: str | None) -> T:
+        """Run `call`, retrying transient failures; `refresh` names a table whose cached
+        metadata is dropped before each retry."""
+        deadline = time.monotonic() + self.retry_timeout
+        pause = 0.05
+        while True:
+            try:
+                return call()
+            except RETRYABLE:
+                if self._closed or time.monotonic() + pause > deadline:
+                    raise
+            if refresh is not None:
+                self.invalidate(refresh)
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
+
+    # --- public API ---------------------------------------------------------------------
+
+    def table(self, name: str):
+        """A handle on table '<database>.<table>' (checked to exist)."""
+        from client.table import Table
+
+        self.table_meta(name)
+        return Table(self, name)
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Run `callback` when the connection closes (writers' and lease keepers' cleanup)."""
+        with self._lock:
+            self._on_close.append(callback)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            callbacks, self._on_close = self._on_close, []
+        for callback in callbacks:
+            callback()
+        self._servers.close()
+        self._coordinator.close()
+
+    def __enter__(self) -> "Connection":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Connection({self.url!r})"
+
+
+def connect(url: str, token: str | None = None, **options) -> Connection:
+    """Connect to the coordinator at `url` ('grpc://host:port' or 'host:port')."""
+    return Connection(url, token, **options)

@@ -1,0 +1,84 @@
+"""The client's cached view of one table: routing, partitions, bucket owners and their addresses.
+
+Clients ask the coordinator once per table and then talk to tablet servers directly. The cache
+is dropped whenever a tablet server says the view is stale (bucket hosted elsewhere, table
+re-created) or a server cannot be reached (it may have restarted on a new port), and fetched
+again on the next call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from server.routing import TableRouting
+from tally.errors import NotFoundError, UnavailableError
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+    """Where one (partition, bucket) lives right now."""
+
+    table_id: int
+    partition: str | None
+    partition_id: int
+    bucket: int
+    server_id: str
+    address: str
+
+    def header(self) -> dict:
+        return {"table_id": self.table_id, "partition_id": self.partition_id,
+                "bucket": self.bucket}
+
+
+@dataclasses.dataclass
+class TableMeta:
+    """A snapshot of the coordinator's `table_info` answer."""
+
+    name: str
+    table_id: int
+    descriptor_json: str
+    created_at: float
+    routing: TableRouting
+    partitions: dict[str | None, dict]   # name -> {"partition_id", "buckets": [server ids]}
+    servers: dict[str, str | None]       # server id -> address (None: not live)
+
+    @classmethod
+    def from_info(cls, info: dict) -> "TableMeta":
+        return cls(info["name"], int(info["table_id"]), info["descriptor"],
+                   float(info["created_at"]), TableRouting.from_json(info["routing"]),
+                   {p["name"]: p for p in info["partitions"]}, dict(info["servers"]))
+
+    @functools.cached_property
+    def descriptor(self):
+        from merge_engine import TableDescriptor
+
+        return TableDescriptor.from_json(self.descriptor_json)
+
+    def partition_names(self) -> list[str | None]:
+        return sorted(self.partitions, key=lambda p: (p is not None, p or ""))
+
+    def has_partition(self, partition: str | None) -> bool:
+        return partition in self.partitions
+
+    def route(self, partition: str | None, bucket: int) -> Route:
+        """The server of (partition, bucket); UnavailableError while its server is down."""
+        if not self.routing.partitioned and partition is not None:
+            raise NotFoundError(f"table '{self.name}' is not partitioned "
+                                f"(asked for partition {partition!r})")
+        p = self.partitions.get(partition)
+        if p is None:
+            raise NotFoundError(f"partition '{partition}' of table '{self.name}' does not exist")
+        if not 0 <= bucket < len(p["buckets"]):
+            raise NotFoundError(f"table '{self.name}' has buckets 0..{len(p['buckets']) - 1}, "
+                                f"not {bucket}")
+        owner = p["buckets"][bucket]
+        address = self.servers.get(owner)
+        if not address:
+            raise UnavailableError(f"tablet server {owner} hosting bucket {bucket} of "
+                                   f"'{self.name}' is not live")
+        return Route(self.table_id, partition, int(p["partition_id"]), bucket, owner, address)
+
+    def all_buckets(self) -> list[tuple[str | None, int]]:
+        return [(p, b) for p in self.partition_names()
+                for b in range(len(self.partitions[p]["buckets"]))]

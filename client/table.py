@@ -1,0 +1,91 @@
+"""`conn.table(name)`: writers, point lookups, full scans and changelog reads of one table."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import pyarrow as pa
+
+from client.writer import UpsertWriter
+from tally.errors import InvalidInputError
+
+
+class Table:
+    """A handle on one table. Reads go straight to the tablet servers of its buckets."""
+
+    def __init__(self, connection, name: str) -> None:
+        self.connection = connection
+        self.name = name
+
+    @property
+    def meta(self):
+        return self.connection.table_meta(self.name)
+
+    @property
+    def routing(self):
+        return self.meta.routing
+
+    def bucket_of(self, key: dict) -> tuple[str | None, int]:
+        """(partition, bucket) of a key: the client's stable bucket function (for sinks)."""
+        routing = self.routing
+        return routing.partition_of(key), routing.bucket_of(key)
+
+    # --- writes -------------------------------------------------------------------------
+
+    def upsert_writer(self, target_columns=None, mode=None, **options) -> UpsertWriter:
+        """A writer of full rows (or of `target_columns`, which must include the key) in
+        `mode` (MergeMode.AGGREGATE by default)."""
+        return UpsertWriter(self, target_columns, mode, **options)
+
+    # --- reads --------------------------------------------------------------------------
+
+    def _read(self, partition: str | None, bucket: int, header: dict,
+              payload: pa.Table | None = None) -> pa.Table:
+        conn = self.connection
+
+        def attempt() -> pa.Table:
+            route = conn.route(self.name, partition, bucket)
+            return conn.server(route.address).get({**header, **route.header()}, payload)
+
+        return conn.retry(attempt, refresh=self.name)
+
+    def lookup(self, key: dict) -> dict | None:
+        """The row with this primary key, or None."""
+        if not isinstance(key, dict):
+            raise InvalidInputError(f"a lookup key is a dict of primary-key values, not {key!r}")
+        routing = self.routing
+        key_table = routing.key_table(key)
+        partition = routing.partition_of(key)
+        if partition is not None and not self.meta.has_partition(partition):
+            self.connection.invalidate(self.name)
+            if not self.meta.has_partition(partition):
+                return None
+        result = self._read(partition, routing.bucket_of(key), {"op": "lookup"}, key_table)
+        rows = result.to_pylist()
+        return rows[0] if rows else None
+
+    def to_arrow(self) -> pa.Table:
+        """Every row of the table, ordered by primary key."""
+        meta = self.connection.table_meta(self.name, refresh=True)
+        buckets = meta.all_buckets()
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(8, len(buckets)))) as pool:
+            parts = list(pool.map(lambda pb: self._read(pb[0], pb[1], {"op": "scan"}), buckets))
+        schema = meta.routing.arrow_schema
+        parts = [p for p in parts if p.num_rows] or [schema.empty_table()]
+        table = pa.concat_tables([p.cast(parts[0].schema) for p in parts])
+        if table.num_rows and (meta.routing.partitioned or len(buckets) > 1):
+            table = table.sort_by([(k, "ascending") for k in meta.routing.primary_key])
+        return table
+
+    def changelog(self, bucket: int, start: int = 0, end: int | None = None,
+                  partition: str | None = None) -> pa.Table:
+        """The changelog records of one bucket over [start, end)."""
+        return self._read(partition, int(bucket),
+                          {"op": "changelog", "start": int(start),
+                           "end": None if end is None else int(end)})
+
+    def list_offsets(self) -> dict[tuple[str | None, int], int]:
+        return self.connection.admin.list_offsets(self.name)
+
+    def __repr__(self) -> str:
+        return f"Table({self.name!r})"

@@ -1,0 +1,210 @@
+"""The upsert writer: rows bucketed on the client, sent per bucket in order, retried exactly once.
+
+`upsert(rows)` and `delete(keys)` validate the input, split it by (partition, bucket) with the
+stable bucket function and queue each part on its bucket. Each bucket has at most one request in
+flight, so its writes apply in call order; different buckets are sent in parallel on a small
+thread pool. Consecutive queued parts of one bucket are coalesced into one request (up to
+`max_request_bytes`), which keeps requests large when callers write small batches.
+
+Every request carries `(writer_id, sequence)`. The sequence is taken when a request is formed
+and kept for its retries, and it grows across the writer, so it grows within every bucket: a
+request retried after a lost acknowledgement (a tablet server killed after applying it) is
+recognised by the tablet and not applied again.
+
+`flush()` waits until everything queued is acknowledged and returns the end offset of every
+(partition, bucket) written since the previous flush; a request that failed for good (bad
+input the client could not see, a server down past the retry timeout) raises there.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import threading
+import uuid
+
+import pyarrow as pa
+
+from client.rows import write_table
+from server.routing import group_rows
+from tally.errors import TallyError
+
+DEFAULT_MAX_REQUEST_BYTES = 8 << 20
+DEFAULT_MAX_PENDING_BYTES = 256 << 20
+
+
+@dataclasses.dataclass
+class Part:
+    op: str                   # "put" or "delete"
+    rows: pa.Table
+
+
+class BucketQueue:
+    """The parts waiting for one (partition, bucket), and whether a sender is draining them."""
+
+    def __init__(self) -> None:
+        self.parts: collections.deque[Part] = collections.deque()
+        self.sending = False
+
+
+class UpsertWriter:
+    """Writes to one table; see the module docstring. Thread-safe; use one per producer."""
+
+    def __init__(self, table, target_columns=None, mode=None, *, workers: int = 8,
+                 max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+                 max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES) -> None:
+        from merge_engine import MergeMode
+
+        self._table = table
+        self._conn = table.connection
+        self.target_columns = list(target_columns) if target_columns is not None else None
+        self.mode = MergeMode.parse(mode if mode is not None else MergeMode.AGGREGATE)
+        self.writer_id = f"w-{uuid.uuid4().hex}"
+        self._sequence = 0
+        self._max_request_bytes = max_request_bytes
+        self._max_pending_bytes = max_pending_bytes
+        self._pending_bytes = 0
+        self._queues: dict[tuple[str | None, int], BucketQueue] = {}
+        self._written: dict[tuple[str | None, int], int] = {}
+        self._errors: list[TallyError] = []
+        self._cond = threading.Condition()
+        self._pool = concurrent.futures.ThreadPoolExecutor(workers,
+                                                           thread_name_prefix="tally-writer")
+        self._closed = False
+        self._conn.on_close(self.close)
+
+    # --- public API ---------------------------------------------------------------------
+
+    def upsert(self, rows) -> None:
+        """Queue rows (an Arrow Table/RecordBatch or a list of dicts) for their buckets."""
+        meta = self._conn.table_meta(self._table.name)
+        table = write_table(meta, rows, self.target_columns, self.mode)
+        self._enqueue("put", meta, table)
+
+    def delete(self, keys) -> None:
+        """Queue deletes of the given keys (dicts or an Arrow table with the key columns)."""
+        meta = self._conn.table_meta(self._table.name)
+        table = write_table(meta, keys, self.target_columns, self.mode, keys_only=True)
+        self._enqueue("delete", meta, table)
+
+    def flush(self) -> dict[tuple[str | None, int], int]:
+        """Wait for every queued write; {(partition, bucket): end offset} since the last flush."""
+        with self._cond:
+            while any(q.parts or q.sending for q in self._queues.values()):
+                self._cond.wait()
+            errors, self._errors = self._errors, []
+            written, self._written = self._written, {}
+        if errors:
+            raise errors[0]
+        return written
+
+    def close(self) -> None:
+        """Flush what is queued (errors are dropped: call flush() to see them) and stop."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self.flush()
+        except TallyError:
+            pass
+        self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> "UpsertWriter":
+        return self
+
+    def __exit__(self, exc_type, *exc: object) -> None:
+        if exc_type is None:
+            self.flush()
+        self.close()
+
+    # --- queueing -----------------------------------------------------------------------
+
+    def _enqueue(self, op: str, meta, table: pa.Table) -> None:
+        self._raise_if_closed()
+        groups = group_rows(meta.routing, table)
+        size = sum(g.rows.nbytes for g in groups)
+        with self._cond:
+            while self._pending_bytes > self._max_pending_bytes and not self._errors:
+                self._cond.wait()
+            self._pending_bytes += size
+            for g in groups:
+                key = (g.partition, g.bucket)
+                queue = self._queues.setdefault(key, BucketQueue())
+                queue.parts.append(Part(op, g.rows))
+                if not queue.sending:
+                    queue.sending = True
+                    self._pool.submit(self._drain, key, queue)
+
+    def _raise_if_closed(self) -> None:
+        if self._closed:
+            raise TallyError("this writer is closed")
+
+    def _next_request(self, queue: BucketQueue) -> tuple[str, pa.Table, int, int] | None:
+        """Coalesce the queue's leading parts of one op into a request (under the lock)."""
+        if not queue.parts:
+            return None
+        op = queue.parts[0].op
+        tables, size = [], 0
+        while queue.parts and queue.parts[0].op == op:
+            part = queue.parts[0]
+            if tables and size + part.rows.nbytes > self._max_request_bytes:
+                break
+            if not tables and part.rows.nbytes > self._max_request_bytes:
+                rows_per_request = max(1, int(part.rows.num_rows * self._max_request_bytes
+                                              / max(part.rows.nbytes, 1)))
+                head = part.rows.slice(0, rows_per_request)
+                part.rows = part.rows.slice(rows_per_request)
+                if part.rows.num_rows == 0:
+                    queue.parts.popleft()
+                tables.append(head)
+                size += head.nbytes
+                break
+            queue.parts.popleft()
+            tables.append(part.rows)
+            size += part.rows.nbytes
+        self._sequence += 1
+        rows = tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="none")
+        return op, rows, self._sequence, size
+
+    def _drain(self, key: tuple[str | None, int], queue: BucketQueue) -> None:
+        """Send one bucket's queue in order until it is empty (runs on the pool)."""
+        while True:
+            with self._cond:
+                request = self._next_request(queue)
+                if request is None:
+                    queue.sending = False
+                    if not any(q.parts or q.sending for q in self._queues.values()):
+                        self._pending_bytes = 0  # slices' nbytes are estimates: resync
+                    self._cond.notify_all()
+                    return
+            op, rows, sequence, size = request
+            try:
+                end = self._send(key, op, rows, sequence)
+                failure = None
+            except TallyError as e:
+                failure = e
+            except Exception as e:  # noqa: BLE001 - surface bugs at flush, never lose them
+                failure = TallyError(f"write to bucket {key} failed: {type(e).__name__}: {e}")
+            with self._cond:
+                self._pending_bytes -= size
+                if failure is None:
+                    self._written[key] = end
+                else:
+                    self._errors.append(failure)
+                self._cond.notify_all()
+
+    def _send(self, key: tuple[str | None, int], op: str, rows: pa.Table, sequence: int) -> int:
+        partition, bucket = key
+        name = self._table.name
+        header_base = {"op": op, "table": name, "mode": self.mode.name,
+                       "target_columns": self.target_columns,
+                       "writer": [self.writer_id, sequence]}
+
+        def attempt() -> int:
+            route = self._conn.route(name, partition, bucket, create_partition=True)
+            ack = self._conn.server(route.address).put({**header_base, **route.header()}, rows)
+            return int(ack["end_offset"])
+
+        return self._conn.retry(attempt, refresh=name)
