@@ -23,6 +23,7 @@ from meta.store import ChildrenCallback, MetadataStore, Node, join_path, split_p
 from tally.errors import AlreadyExistsError, NotFoundError, StorageError, VersionConflictError
 
 NODE_FILE = ".node.json"
+JOURNAL_FILE = ".txn.json"
 
 
 def _fsync_dir(path: str) -> None:
@@ -60,6 +61,7 @@ class EmbeddedStore(MetadataStore):
         self._ephemeral: dict[str, Node] = {}
         self._watches: dict[str, list[ChildrenCallback]] = {}
         self._closed = False
+        self._finish_journal()
 
     @property
     def kind(self) -> str:
@@ -202,6 +204,79 @@ class EmbeddedStore(MetadataStore):
             names = self.children(key)
             for callback in callbacks:
                 callback(names)
+
+    # --- transactions: validated in memory, journaled, then applied ------------------------------
+
+    def transaction(self, ops: list[tuple]) -> None:
+        touched = set()
+        with self._mutex:
+            self._check_open()
+            view: dict[str, Node | None] = {}
+
+            def current(path):
+                return view[path] if path in view else self._read(path)
+
+            changes = []
+            for op in ops:
+                kind, path = op[0], op[1]
+                node = current(path)
+                if kind == "create":
+                    if node is not None:
+                        raise AlreadyExistsError(f"metadata node {path} already exists")
+                    view[path] = Node(dict(op[2]), 0)
+                    changes.append(["put", path, dict(op[2]), 0])
+                    touched.add(self._parent(path))
+                    continue
+                if node is None:
+                    raise NotFoundError(f"metadata node {path} does not exist")
+                version = op[3] if kind == "set" else op[2]
+                if version is not None and node.version != version:
+                    raise VersionConflictError(
+                        f"metadata node {path} is at version {node.version}, not {version}")
+                if kind == "set":
+                    view[path] = Node(dict(op[2]), node.version + 1)
+                    changes.append(["put", path, dict(op[2]), node.version + 1])
+                elif kind == "delete":
+                    view[path] = None
+                    changes.append(["delete", path])
+                    touched.add(self._parent(path))
+                elif kind != "check":
+                    raise StorageError(f"unknown metadata transaction op {kind!r}")
+            if changes:
+                journal = os.path.join(self._root, JOURNAL_FILE)
+                _write_atomically(journal, json.dumps(changes).encode())
+                self._apply_journal(changes)
+                os.remove(journal)
+                _fsync_dir(self._root)
+        for parent in touched:
+            self._fire(parent)
+
+    def _apply_journal(self, changes: list) -> None:
+        """Apply journaled changes; each is idempotent, so a crash mid-way is finished on open."""
+        for change in changes:
+            if change[0] == "put":
+                path = change[1]
+                parent = self._parent(path)
+                if parent != "/" and self._read(parent) is None:
+                    self._make_dirs(parent)
+                    self._write(parent, Node({}, 0))
+                os.makedirs(self._dir(path), exist_ok=True)
+                self._write(path, Node(change[2], change[3]))
+            else:
+                directory = self._dir(change[1])
+                if os.path.isdir(directory):
+                    doomed = directory + ".deleting"
+                    os.replace(directory, doomed)
+                    _fsync_dir(os.path.dirname(directory))
+                    shutil.rmtree(doomed, ignore_errors=True)
+
+    def _finish_journal(self) -> None:
+        journal = os.path.join(self._root, JOURNAL_FILE)
+        if os.path.exists(journal):
+            with open(journal, "rb") as f:
+                self._apply_journal(json.loads(f.read()))
+            os.remove(journal)
+            _fsync_dir(self._root)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -99,6 +99,17 @@ class MetadataStore(abc.ABC):
         """
 
     @abc.abstractmethod
+    def transaction(self, ops: list[tuple]) -> None:
+        """Apply several changes atomically: all of them, or none.
+
+        Each op is ("check", path, version), ("create", path, value), ("set", path, value,
+        version) or ("delete", path, version); a version of None skips that check. Parents of
+        created nodes are made as needed. Raises VersionConflictError, AlreadyExistsError or
+        NotFoundError for the first op that does not hold, and then nothing was applied. This
+        is how column locks keep one node per lock and still let only one acquirer win.
+        """
+
+    @abc.abstractmethod
     def close(self) -> None:
         """Release the store; this session's ephemeral nodes disappear."""
 

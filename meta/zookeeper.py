@@ -17,6 +17,7 @@ import threading
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import (BadVersionError, ConnectionLoss, NodeExistsError, NoNodeError,
+                              RolledBackError,
                               NotEmptyError, SessionExpiredError)
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
@@ -153,6 +154,38 @@ class ZooKeeperStore(MetadataStore):
 
         with self._lock:
             self._watches.append(self._client.ChildrenWatch(target, fire))
+
+    def transaction(self, ops: list[tuple]) -> None:
+        for op in ops:  # ZooKeeper transactions cannot make parents: make them first
+            if op[0] == "create":
+                parent = self._abs(op[1]).rsplit("/", 1)[0]
+                if parent:
+                    self._call(self._client.ensure_path, parent)
+        txn = self._client.transaction()
+        for op in ops:
+            kind, path = op[0], self._abs(op[1])
+            if kind == "check":
+                txn.check(path, -1 if op[2] is None else op[2])
+            elif kind == "create":
+                txn.create(path, json.dumps(op[2], sort_keys=True).encode())
+            elif kind == "set":
+                txn.set_data(path, json.dumps(op[2], sort_keys=True).encode(),
+                             -1 if op[3] is None else op[3])
+            elif kind == "delete":
+                txn.delete(path, -1 if op[2] is None else op[2])
+            else:
+                raise StorageError(f"unknown metadata transaction op {kind!r}")
+        # Not retried: after a connection loss the transaction may have been applied.
+        results = self._call(txn.commit, retry=False)
+        for op, result in zip(ops, results):
+            if isinstance(result, NodeExistsError):
+                raise AlreadyExistsError(f"metadata node {op[1]} already exists")
+            if isinstance(result, NoNodeError):
+                raise NotFoundError(f"metadata node {op[1]} does not exist")
+            if isinstance(result, BadVersionError):
+                raise VersionConflictError(f"metadata node {op[1]} moved on (version check failed)")
+            if isinstance(result, Exception) and not isinstance(result, RolledBackError):
+                raise StorageError(f"metadata transaction failed at {op[1]}: {result!r}")
 
     def close(self) -> None:
         try:

@@ -1,0 +1,113 @@
+"""Leases and lock records: what the coordinator persists and what an owner holds."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+Offsets = dict[tuple[str | None, int], int]
+
+
+def offsets_to_json(offsets: Offsets) -> list[list[Any]]:
+    """{(partition, bucket): offset} as JSON-friendly [[partition, bucket, offset], ...]."""
+    return [[p, int(b), int(o)] for (p, b), o in sorted(offsets.items(), key=_order)]
+
+
+def offsets_from_json(items) -> Offsets:
+    return {(p, int(b)): int(o) for p, b, o in items or []}
+
+
+def _order(item):
+    (partition, bucket), _ = item
+    return ("" if partition is None else str(partition), bucket)
+
+
+@dataclasses.dataclass(frozen=True)
+class Lease:
+    """A granted column lock as its owner holds it.
+
+    `token` is the fencing token: it only grows per table, and tablet servers reject writes
+    under any token older than the newest one issued for the same columns.
+    `initial_offsets` are the table's end offsets at the owner's first acquisition; they stay
+    the same across re-acquisitions by the same owner, so a restarted job knows where its own
+    changes begin even if it crashed before its first commit.
+    """
+
+    table: str
+    table_id: int
+    owner_id: str
+    columns: tuple[str, ...]
+    token: int
+    expires_at: float
+    ttl: float
+    initial_offsets: Offsets
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["columns"] = list(self.columns)
+        d["initial_offsets"] = offsets_to_json(self.initial_offsets)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Lease":
+        return cls(
+            table=d["table"], table_id=int(d["table_id"]), owner_id=d["owner_id"],
+            columns=tuple(d["columns"]), token=int(d["token"]),
+            expires_at=float(d["expires_at"]), ttl=float(d["ttl"]),
+            initial_offsets=offsets_from_json(d["initial_offsets"]),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class LockRecord:
+    """One lock as stored in its own metadata node (columns by stable column id)."""
+
+    owner_id: str
+    table_id: int
+    column_ids: tuple[int, ...]
+    column_names: tuple[str, ...]
+    ttl: float
+    expires_at: float
+    token: int
+    initial_offsets: Offsets
+    created_at: float
+
+    def live(self, now: float) -> bool:
+        return self.expires_at > now
+
+    def to_json(self) -> dict:
+        return {
+            "owner_id": self.owner_id, "table_id": self.table_id,
+            "columns": list(self.column_ids), "column_names": list(self.column_names),
+            "ttl": self.ttl, "expires_at": self.expires_at, "token": self.token,
+            "initial_offsets": offsets_to_json(self.initial_offsets),
+            "created_at": self.created_at,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> "LockRecord":
+        return cls(
+            owner_id=d["owner_id"], table_id=int(d["table_id"]),
+            column_ids=tuple(int(c) for c in d["columns"]),
+            column_names=tuple(d["column_names"]), ttl=float(d["ttl"]),
+            expires_at=float(d["expires_at"]), token=int(d["token"]),
+            initial_offsets=offsets_from_json(d["initial_offsets"]),
+            created_at=float(d["created_at"]),
+        )
+
+    def lease(self, table: str) -> Lease:
+        return Lease(table, self.table_id, self.owner_id, self.column_names, self.token,
+                     self.expires_at, self.ttl, dict(self.initial_offsets))
+
+    def describe(self, now: float) -> dict:
+        return {
+            "owner_id": self.owner_id, "columns": list(self.column_names), "token": self.token,
+            "expires_at": self.expires_at, "expires_in": round(self.expires_at - now, 3),
+            "ttl": self.ttl, "initial_offsets": offsets_to_json(self.initial_offsets),
+            "created_at": self.created_at,
+        }
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
