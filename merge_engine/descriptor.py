@@ -105,6 +105,12 @@ class TableDescriptor:
                 "before and after images only: aggregation tables need them for undo recovery."
             )
         self.delete_behavior  # validates the value
+        for key in ("table.log.retention.offsets", "table.log.retention.ms"):
+            if key in self.properties:
+                value = self.properties[key]
+                if not str(value).strip().isdigit():
+                    raise InvalidOptionError(
+                        f"Invalid value for option '{key}': {value!r} (expected a non-negative integer)")
         for key in (COLUMN_LOCK_ENABLED, KV_SYNC, "table.log.retention.ignore-locks",
                     "table.agg.remove-record-on-empty",
                     "table.partition.dynamic-creation.enabled"):

@@ -20,6 +20,7 @@ ROW = b"k"
 LOG = b"l"
 META = b"m"
 WRITER = b"w"
+LOG_TIME = b"t"  # first offset of a changelog entry -> when it was written (ms since epoch)
 
 END_OFFSET = META + b"end"
 START_OFFSET = META + b"start"
@@ -133,6 +134,24 @@ class TabletStore:
         while it.valid() and it.key().startswith(LOG):
             yield offset_of(it.key()), it.value()
             it.next()
+
+    def log_entry_times(self) -> Iterator[tuple[int, int]]:
+        """(first offset, written-at ms) of every changelog entry, oldest first."""
+        it = self.db.iter()
+        it.seek(LOG_TIME)
+        while it.valid() and it.key().startswith(LOG_TIME):
+            yield _U64.unpack(it.key()[1:])[0], _U64.unpack(it.value())[0]
+            it.next()
+
+    @staticmethod
+    def put_log_entry(batch: WriteBatch, first_offset: int, data: bytes, written_ms: int) -> None:
+        batch.put(offset_key(first_offset), data)
+        batch.put(LOG_TIME + _U64.pack(first_offset), _U64.pack(written_ms))
+
+    @staticmethod
+    def delete_log_entry(batch: WriteBatch, first_offset: int) -> None:
+        batch.delete(offset_key(first_offset))
+        batch.delete(LOG_TIME + _U64.pack(first_offset))
 
     # --- bookkeeping ------------------------------------------------------------------------
 

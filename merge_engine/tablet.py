@@ -9,6 +9,7 @@ write batch.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Iterator
 
 import numpy as np
@@ -23,7 +24,7 @@ from merge_engine.mergers import AggregateRowMerger, DeleteMerger, OverwriteRowM
 from merge_engine.modes import DeleteBehavior, MergeMode
 from merge_engine.rowcodec import RowCodec
 from merge_engine.state import StateBatch
-from merge_engine.storage import DESCRIPTOR, END_OFFSET, ROW, START_OFFSET, TabletStore, offset_key
+from merge_engine.storage import DESCRIPTOR, END_OFFSET, ROW, START_OFFSET, TabletStore
 from tally.errors import DeleteDisabledError, InvalidInputError, OffsetOutOfRangeError, StorageError
 
 
@@ -207,7 +208,7 @@ class KvTablet:
         records = log.build_records(self.arrow_schema, self.value_positions, before, after,
                                     outcome, end) if len(keys) else None
         if records is not None:
-            batch.put(offset_key(end), log.serialize(records))
+            TabletStore.put_log_entry(batch, end, log.serialize(records), int(time.time() * 1000))
             end += records.num_rows
             TabletStore.put_int(batch, END_OFFSET, end)
         if writer is not None:
@@ -239,15 +240,17 @@ class KvTablet:
             return self.arrow_schema.empty_table()
         return pa.concat_tables(tables).cast(self.arrow_schema)
 
-    def changelog(self, start: int = 0, end: int | None = None) -> pa.Table:
-        """Changelog records with offsets in [start, end) (end defaults to the log end)."""
+    def changelog(self, start: int | None = None, end: int | None = None) -> pa.Table:
+        """Changelog records with offsets in [start, end); start defaults to the log start
+        offset (0 until the log is truncated), end to the log end."""
         schema = log.changelog_schema(self.arrow_schema)
         tables = list(self.iter_changelog(start, end))
         return pa.concat_tables(tables) if tables else schema.empty_table()
 
-    def iter_changelog(self, start: int = 0, end: int | None = None) -> Iterator[pa.Table]:
+    def iter_changelog(self, start: int | None = None, end: int | None = None) -> Iterator[pa.Table]:
         """The records of [start, end) one stored batch at a time: bounded memory for undo."""
         self._check_open()
+        start = self._start if start is None else start
         end = self._end if end is None else end
         if not (self._start <= start <= end <= self._end):
             raise OffsetOutOfRangeError(
@@ -265,6 +268,56 @@ class KvTablet:
     def records_to_state(self, records: pa.Table) -> StateBatch:
         """Row images of changelog records, written bits included (for replay and undo)."""
         return log.state_from_records(records, self.schema.names, self.value_positions)
+
+    # --- retention --------------------------------------------------------------------------
+
+    def truncate_log(self, before: int) -> int:
+        """Drop changelog records below offset `before`; returns the new log start offset.
+
+        Whole stored batches below `before` are deleted; a batch straddling it is kept but
+        its records below `before` are no longer served.
+        """
+        with self._lock:
+            self._check_open()
+            if not isinstance(before, int) or not 0 <= before <= self._end:
+                raise OffsetOutOfRangeError(
+                    f"Cannot truncate {self.path} before offset {before!r}: the log ends at "
+                    f"{self._end}")
+            if before <= self._start:
+                return self._start
+            entries = [first for first, _ in self._store.log_entry_times()]
+            batch = self._store.new_batch()
+            for first, following in zip(entries, entries[1:] + [self._end]):
+                if following <= before:
+                    TabletStore.delete_log_entry(batch, first)
+            TabletStore.put_int(batch, START_OFFSET, before)
+            self._store.commit(batch)
+            self._start = before
+            return before
+
+    def retention_offset(self, now_ms: int | None = None) -> int:
+        """The log start offset the table's retention options ask for (ignoring locks)."""
+        keep = self.descriptor.properties.get("table.log.retention.offsets")
+        max_age = self.descriptor.properties.get("table.log.retention.ms")
+        cut = self._start
+        if keep is not None:
+            cut = max(cut, self._end - int(keep))
+        if max_age is not None:
+            now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+            entries = list(self._store.log_entry_times())
+            for (first, written), nxt in zip(entries, [e[0] for e in entries[1:]] + [self._end]):
+                if now_ms - written > int(max_age):
+                    cut = max(cut, nxt)
+        return min(cut, self._end)
+
+    def enforce_retention(self, floor: int | None = None) -> int:
+        """Truncate to what the retention options allow, but never above `floor` (the oldest
+        offset a live lock or an uncommitted epoch still needs for undo) unless
+        `table.log.retention.ignore-locks` is true. Returns the log start offset."""
+        cut = self.retention_offset()
+        if floor is not None and not self.descriptor.bool_option("table.log.retention.ignore-locks"):
+            cut = min(cut, floor)
+        return self.truncate_log(cut) if cut > self._start else self._start
 
     # --- lifecycle --------------------------------------------------------------------------
 

@@ -118,3 +118,23 @@ def test_partial_undo_restores_own_columns_and_keeps_others(tmp_path_factory, be
             assert {c: got[k][c] for c in A} == expect_a
             if expect_b is not None:
                 assert {c: got[k][c] for c in B} == expect_b
+
+
+def test_truncation_and_retention_refuse_undo_below_the_log_start(tmp_path):
+    s = Schema.builder().column("k", pa.int64()).agg_column("v", pa.int64(), "sum").primary_key("k").build()
+    d = TableDescriptor(s, properties={"table.merge-engine": "aggregation", "table.log.retention.offsets": "3"})
+    with KvTablet.open(str(tmp_path), d) as t:
+        for i in range(4):
+            t.put([{"k": i % 2, "v": 1}])  # offsets: +I, +I, -U +U, -U +U -> end 6
+        assert t.log_end_offset == 6 and t.retention_offset() == 3
+        assert t.enforce_retention(floor=2) == 2  # a live lock still needs offset 2
+        assert t.log_start_offset == 2
+        assert t.changelog(2).column("_offset").to_pylist() == [2, 3, 4, 5]
+        assert t.enforce_retention() == 3
+        with pytest.raises(RecoveryError, match="now starts at 3"):
+            undo_bucket(t, 2)
+        assert t.truncate_log(1) == 3  # never moves back
+        t.close()
+        t2 = KvTablet.open(str(tmp_path), d)
+        assert t2.log_start_offset == 3 and t2.changelog().num_rows == 3
+        t2.close()
