@@ -14,7 +14,11 @@ $(VENV)/.installed: pyproject.toml scripts/setup.sh
 demo: venv
 	$(VENV)/bin/tally demo
 
-test: venv
+# The cluster tests run a real ZooKeeper: setup.sh installs Debian's package when missing (and
+# refreshes the venv), every time, so a machine that lacks it gets it. Idempotent and quick.
+test:
+	bash scripts/setup.sh zookeeper
+	touch $(VENV)/.installed
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 bench: venv

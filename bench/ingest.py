@@ -110,9 +110,13 @@ def run_rss(unique: dict, workload: Workload, scale: int, workdir: Path, progres
     path = workdir / "engine-rss"
     result = _measure("engine", path, larger, progress, f"(b x{scale}) {larger.label}")
     shutil.rmtree(path, ignore_errors=True)
+    progress.step("baseline: interpreter + pyarrow + engine code + one batch")
+    baseline = run_job("baseline", {"workload": _workload_args(workload)})["peak_rss_bytes"] / MB
+    progress.done(f"peak RSS {baseline:.0f} MB")
     small, large = unique["engine_peak_rss_mb"], result["peak_rss_mb"]
     return {
         "kind": "rss",
+        "baseline_mb": baseline,
         "sizes": [
             {"table_rows": workload.rows, "peak_rss_mb": small},
             {"table_rows": larger.rows, "peak_rss_mb": large, "rows_per_s": result["rows_per_s"]},
@@ -125,7 +129,7 @@ def run(rows: int = 1_000_000, keys: int = 100_000, batch: int = 100_000, seed: 
         repeat: int = 1, samples: int = 1000, rss_scale: int = 4, workdir: str | None = None,
         progress: Progress | None = None) -> list[dict]:
     """Run the whole ingest benchmark; return one dict per case plus one for peak RSS."""
-    steps = 2 * repeat * 3 + (1 if rss_scale > 1 else 0)
+    steps = 2 * repeat * 3 + (2 if rss_scale > 1 else 0)
     progress = progress or Progress(steps)
     base = Path(tempfile.mkdtemp(prefix="tally-bench-", dir=workdir))
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 
 HEADERS = ["case", "engine rows/s", "naive rows/s", "ratio", "target", "verified",
@@ -34,6 +35,7 @@ def _rss_line(results: list[dict]) -> str | None:
             return (
                 f"engine peak RSS by table size: {small['table_rows']:,} keys {small['peak_rss_mb']:,.0f} MB, "
                 f"{large['table_rows']:,} keys {large['peak_rss_mb']:,.0f} MB ({r['growth']:+.0%}); "
+                f"baseline before any put {r['baseline_mb']:,.0f} MB; "
                 f"put at the larger size: {large['rows_per_s']:,.0f} rows/s"
             )
     return None
@@ -63,7 +65,7 @@ def format_markdown(results: list[dict], command: str = "tally bench") -> str:
     lines = [
         "# Tally ingest benchmark",
         "",
-        f"Command: `{command}` on {platform.machine()} with Python {platform.python_version()}.",
+        f"Command: `{command}` on {platform.machine()} ({os.cpu_count()} cores), Python {platform.python_version()}.",
         "KvTablet.put of Arrow batches against a naive per-row rocksdict read-modify-write loop "
         "(get, unpickle, merge, pickle, put) on the same data, each run in a fresh process; "
         "rows/s count only the writes.",

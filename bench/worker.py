@@ -41,6 +41,15 @@ def run(job: str, args: dict) -> dict:
         from bench import naive
 
         return naive.ingest(args["path"], workload, report_progress)
+    if job == "baseline":
+        # what any engine process holds before its first put: interpreter, pyarrow, the engine's
+        # code and one input batch; the rest of an engine run's peak is the engine's working set
+        from bench.workload import table_descriptor
+        import merge_engine  # noqa: F401
+
+        table_descriptor()
+        workload.make_batch(0)
+        return {}
     if job == "verify":
         from bench import verify
 

@@ -85,7 +85,12 @@ class Admin:
 
     def list_offsets(self, name: str) -> dict[tuple[str | None, int], int]:
         """{(partition, bucket): end offset} of every bucket, read from the tablet servers."""
-        return {(p, int(b)): int(end) for p, b, end in self._call("list_offsets", name=name)}
+        return {(p, int(b)): int(end) for p, b, _, end in self._call("list_offsets", name=name)}
+
+    def list_log_offsets(self, name: str) -> dict[tuple[str | None, int], tuple[int, int]]:
+        """{(partition, bucket): (log start offset, log end offset)} of every bucket."""
+        return {(p, int(b)): (int(start), int(end))
+                for p, b, start, end in self._call("list_offsets", name=name)}
 
     def list_servers(self) -> list[dict]:
         """Every tablet server the coordinator knows: id, address, live."""

@@ -7,6 +7,7 @@ import concurrent.futures
 import pyarrow as pa
 
 from client.writer import UpsertWriter
+from server.bucketing import bucket_ids
 from tally.errors import InvalidInputError
 
 
@@ -60,8 +61,14 @@ class Table:
             self.connection.invalidate(self.name)
             if not self.meta.has_partition(partition):
                 return None
-        result = self._read(partition, routing.bucket_of(key), {"op": "lookup"}, key_table)
-        rows = result.to_pylist()
+        bucket = int(bucket_ids(key_table, list(routing.bucket_key), routing.bucket_count)[0])
+        conn = self.connection
+
+        def attempt() -> pa.Table:
+            route = conn.route(self.name, partition, bucket)
+            return conn.server(route.address).lookup(route.header(), key_table)
+
+        rows = conn.retry(attempt, refresh=self.name).to_pylist()
         return rows[0] if rows else None
 
     def to_arrow(self) -> pa.Table:

@@ -30,7 +30,7 @@ from client.rows import write_table
 from server.routing import group_rows
 from tally.errors import TallyError
 
-DEFAULT_MAX_REQUEST_BYTES = 8 << 20
+DEFAULT_MAX_REQUEST_BYTES = 4 << 20
 DEFAULT_MAX_PENDING_BYTES = 256 << 20
 
 

@@ -1,13 +1,13 @@
-"""Primary keys as bytes: order-preserving, so RocksDB iterates rows in key order, and stable
-across processes, machines and Python versions, so the bucket of a key is the same everywhere.
+"""Primary keys as bytes: order-preserving, so RocksDB iterates rows in key order.
+
+(Which bucket a key belongs to is decided by server/bucketing.py, the one bucket function that
+clients, servers and the Spark sink share.)
 
 Fixed-width key columns are encoded with numpy in one pass; strings and binary are escaped per
 value (0x00 becomes 0x00 0xFF, and each ends with 0x00 0x01, so a prefix sorts first).
 """
 
 from __future__ import annotations
-
-import zlib
 
 import numpy as np
 import pyarrow as pa
@@ -74,13 +74,3 @@ def encode_keys(key_columns: list[pa.Array]) -> list[bytes]:
             flat, width = f.tobytes(), f.shape[1]
             parts.append([flat[i:i + width] for i in range(0, n * width, width)])
     return [b"".join(row) for row in zip(*parts)]
-
-
-def bucket_of(key: bytes, bucket_count: int) -> int:
-    """The bucket of an encoded key: CRC-32 modulo the bucket count (never Python's hash)."""
-    return zlib.crc32(key) % bucket_count
-
-
-def buckets_of(keys: list[bytes], bucket_count: int) -> np.ndarray:
-    crc = zlib.crc32
-    return np.fromiter((crc(k) % bucket_count for k in keys), dtype=np.int64, count=len(keys))

@@ -44,7 +44,7 @@ def parse_connect_string(connect: str) -> tuple[str, str]:
 class ZooKeeperStore(MetadataStore):
     """A `MetadataStore` in ZooKeeper under a chroot."""
 
-    def __init__(self, connect: str, *, timeout: float = 15.0, session_timeout: float = 10.0):
+    def __init__(self, connect: str, *, timeout: float = 15.0, session_timeout: float = 6.0):
         self.connect_string = connect
         hosts, self._chroot = parse_connect_string(connect)
         retry = dict(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0, deadline=timeout)

@@ -16,7 +16,9 @@ Python's `hash` is salted per process and therefore never used. The function is 
     bucket = hash % bucket_count
 
 The implementation works on whole Arrow columns with numpy (one pass per byte position over the
-rows still that long), so bucketing a million rows costs tens of milliseconds, not seconds.
+rows still that long), so bucketing a million rows costs tens of milliseconds, not seconds; a
+handful of rows (a lookup's key) is hashed with plain Python integers over the same bytes,
+which is faster there. Tests hold both paths to a byte-by-byte reference.
 Null key values are rejected: a primary key is never null.
 """
 
@@ -92,8 +94,9 @@ def _normalize(arr: pa.Array) -> pa.Array:
     return arr
 
 
-def _feed_array(h: np.ndarray, arr: pa.Array, name: str) -> np.ndarray:
-    """Feed one key column (a contiguous Array) into the running hashes `h`."""
+def _canonical(arr: pa.Array, name: str):
+    """A key column's canonical encoding, without copying the data:
+    ("fixed", uint64 values, byte width) or ("var", offsets, bytes)."""
     arr = _normalize(arr)
     t = arr.type
     if arr.null_count:
@@ -101,22 +104,18 @@ def _feed_array(h: np.ndarray, arr: pa.Array, name: str) -> np.ndarray:
         raise InvalidInputError(f"primary-key column '{name}' is null in row {row}")
     n = len(arr)
     if pa.types.is_boolean(t):
-        values = np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.uint64)
-        return _feed_fixed(h, values, 1)
+        return "fixed", np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.uint64), 1
     if pa.types.is_integer(t) or pa.types.is_temporal(t):
         if pa.types.is_temporal(t):
-            width = t.bit_width // 8
-            arr = arr.view(pa.int64() if width == 8 else pa.int32())
+            arr = arr.view(pa.int64() if t.bit_width == 64 else pa.int32())
         values = arr.to_numpy(zero_copy_only=False)
         if values.dtype.kind == "u":
-            values = values.astype(np.uint64)
-        else:
-            values = values.astype(np.int64).view(np.uint64)
-        return _feed_fixed(h, values, 8)
+            return "fixed", values.astype(np.uint64), 8
+        return "fixed", values.astype(np.int64).view(np.uint64), 8
     if pa.types.is_floating(t):
         values = np.asarray(arr.cast(pa.float64()).to_numpy(zero_copy_only=False),
-                            dtype=np.float64).view(np.uint64)
-        return _feed_fixed(h, values, 8)
+                            dtype=np.float64)
+        return "fixed", values.view(np.uint64), 8
     if pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) \
             or pa.types.is_large_binary(t):
         large = pa.types.is_large_string(t) or pa.types.is_large_binary(t)
@@ -125,24 +124,79 @@ def _feed_array(h: np.ndarray, arr: pa.Array, name: str) -> np.ndarray:
         offsets = offsets[arr.offset: arr.offset + n + 1]
         data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None \
             else np.zeros(0, np.uint8)
-        return _feed_variable(h, offsets, data)
+        return "var", offsets, data
     if pa.types.is_fixed_size_binary(t) or pa.types.is_decimal(t):
         width = t.byte_width
         data = np.frombuffer(arr.buffers()[1], dtype=np.uint8)[arr.offset * width:
                                                                (arr.offset + n) * width]
-        offsets = np.arange(n + 1, dtype=np.int64) * width
-        return _feed_variable(h, offsets, data)
+        return "var", np.arange(n + 1, dtype=np.int64) * width, data
     raise InvalidInputError(f"primary-key column '{name}' has type {t}, which cannot be bucketed")
+
+
+def _feed_array(h: np.ndarray, arr: pa.Array, name: str) -> np.ndarray:
+    """Feed one key column (a contiguous Array) into the running hashes `h`."""
+    kind, a, b = _canonical(arr, name)
+    if kind == "fixed":
+        return _feed_fixed(h, a, b)
+    return _feed_variable(h, a, b)
+
+
+# --- a few rows: plain Python over the same canonical bytes (a lookup's single key) ----------
+
+_M64 = (1 << 64) - 1
+SMALL = 8  # below this many rows, Python integers beat numpy's per-call overhead
+
+
+def _row_bytes(columns, i: int) -> bytes:
+    out = bytearray()
+    for kind, a, b in columns:
+        if kind == "fixed":
+            out += b.to_bytes(4, "little") + int(a[i]).to_bytes(8, "little")[:b]
+        else:
+            start, stop = int(a[i]), int(a[i + 1])
+            out += (stop - start).to_bytes(4, "little") + b[start:stop].tobytes()
+    return bytes(out)
+
+
+def _fnv_fmix(data: bytes) -> int:
+    h = 0xCBF29CE484222325
+    for byte in data:
+        h = ((h ^ byte) * 0x100000001B3) & _M64
+    h ^= h >> 33
+    h = (h * 0xFF51AFD7ED558CCD) & _M64
+    h ^= h >> 33
+    h = (h * 0xC4CEB9FE1A85EC53) & _M64
+    return h ^ (h >> 33)
+
+
+def _hash_small(table, key_columns: list[str]) -> np.ndarray:
+    columns = []
+    for name in key_columns:
+        column = table.column(name)
+        if isinstance(column, pa.ChunkedArray):
+            column = column.combine_chunks()
+        columns.append(_canonical(column, name))
+    return np.array([_fnv_fmix(_row_bytes(columns, i)) for i in range(table.num_rows)],
+                    dtype=np.uint64)
 
 
 def hash_keys(table: pa.Table | pa.RecordBatch, key_columns: list[str]) -> np.ndarray:
     """The 64-bit stable hash of each row's key (see the module docstring), as uint64."""
     n = table.num_rows
-    h = np.full(n, FNV_OFFSET, dtype=np.uint64)
     names = table.schema.names
     for name in key_columns:
         if name not in names:
             raise InvalidInputError(f"primary-key column '{name}' is missing from the rows")
+    if n < SMALL:
+        return _hash_small(table, key_columns)
+    return hash_keys_vectorized(table, key_columns)
+
+
+def hash_keys_vectorized(table, key_columns: list[str]) -> np.ndarray:
+    """`hash_keys` through the numpy path whatever the row count (tests compare the paths)."""
+    n = table.num_rows
+    h = np.full(n, FNV_OFFSET, dtype=np.uint64)
+    for name in key_columns:
         column = table.column(name)
         chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
         parts, start = [], 0

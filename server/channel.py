@@ -13,7 +13,8 @@ import threading
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from server.protocol import bearer, dumps, loads, make_ticket, remote_error
+from server.protocol import (bearer, dumps, frame, ipc_to_table, loads, make_ticket,
+                             remote_error)
 from tally.errors import TallyError
 
 DEFAULT_TIMEOUT = 30.0
@@ -47,6 +48,16 @@ class FlightChannel:
         except (flight.FlightError, pa.ArrowException) as e:
             raise remote_error(e, self.address) from None
         return loads(results[0].body.to_pybytes()) if results else None
+
+    def lookup(self, header: dict, key: pa.Table) -> pa.Table:
+        """The binary `lookup` action: a framed header + key in, an Arrow table (0 or 1 row)
+        out."""
+        try:
+            results = list(self._client.do_action(flight.Action("lookup", frame(header, key)),
+                                                  self._options))
+        except (flight.FlightError, pa.ArrowException) as e:
+            raise remote_error(e, self.address) from None
+        return ipc_to_table(results[0].body.to_pybytes())
 
     def put(self, header: dict, rows: pa.Table) -> dict:
         """DoPut `rows` under `header`; the server's JSON acknowledgement."""

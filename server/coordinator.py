@@ -26,6 +26,7 @@ from server.channel import ChannelPool
 from server.membership import (COORDINATOR, EphemeralRegistration, HeartbeatLiveness,
                                ZooKeeperLiveness)
 from server.routing import TableRouting
+from server.settings import SESSION_TIMEOUT
 from tally.errors import (AlreadyExistsError, InvalidInputError, NotFoundError, SchemaError,
                           TallyError, UnavailableError)
 
@@ -38,7 +39,7 @@ class Coordinator:
     """Metadata service of a cluster. `actions` maps DoAction names to handlers."""
 
     def __init__(self, store: MetadataStore, address: str, token: str | None = None,
-                 session_timeout: float = 6.0) -> None:
+                 session_timeout: float = SESSION_TIMEOUT) -> None:
         self.store = store
         self.address = address
         self.catalog = Catalog(store)
@@ -236,15 +237,15 @@ class Coordinator:
 
     # --- offsets ------------------------------------------------------------------------
 
-    def list_offsets(self, name: str) -> dict[tuple[str | None, int], int]:
-        """The current end offset of every bucket of every partition, asked of their servers."""
+    def log_offsets(self, name: str) -> dict[tuple[str | None, int], tuple[int, int]]:
+        """(log start, log end) of every bucket of every partition, asked of their servers."""
         record = self.catalog.get_table(name)
         by_owner: dict[str, list[tuple[PartitionRecord, int]]] = {}
         for p in self.catalog.partitions(record.table_id):
             for bucket, owner in enumerate(p.buckets):
                 by_owner.setdefault(owner, []).append((p, bucket))
         live = self.liveness.live()
-        out: dict[tuple[str | None, int], int] = {}
+        out: dict[tuple[str | None, int], tuple[int, int]] = {}
         for owner, buckets in by_owner.items():
             if owner not in live:
                 raise UnavailableError(
@@ -252,13 +253,19 @@ class Coordinator:
             answer = self.channels.get(live[owner]).action("offsets", {
                 "table_id": record.table_id,
                 "buckets": [[p.partition_id, b] for p, b in buckets]})
-            for (p, bucket), (_start, end) in zip(buckets, answer):
-                out[(p.name, bucket)] = int(end)
+            for (p, bucket), (start, end) in zip(buckets, answer):
+                out[(p.name, bucket)] = (int(start), int(end))
         return out
 
+    def list_offsets(self, name: str) -> dict[tuple[str | None, int], int]:
+        """The current end offset of every bucket (the shape locks and commits record)."""
+        return {key: end for key, (_start, end) in self.log_offsets(name).items()}
+
     def list_offsets_action(self, body: dict) -> list[list]:
-        return [[p, b, end] for (p, b), end in sorted(self.list_offsets(body["name"]).items(),
-                                                      key=lambda kv: (kv[0][0] or "", kv[0][1]))]
+        """[[partition, bucket, start, end], ...] sorted by partition and bucket."""
+        offsets = self.log_offsets(body["name"])
+        return [[p, b, start, end] for (p, b), (start, end) in
+                sorted(offsets.items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))]
 
     def close(self) -> None:
         if self._registration is not None:

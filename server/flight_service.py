@@ -14,7 +14,8 @@ import logging
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from server.protocol import AUTH_HEADER, dumps, loads, parse_ticket, to_flight_error
+from server.protocol import (AUTH_HEADER, dumps, loads, parse_ticket, to_flight_error,
+                             unframe)
 from tally.errors import AuthenticationError, InvalidInputError, TallyError
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ class TallyFlightServer(flight.FlightServerBase):
         self.coordinator = coordinator
         self.tablet_server = tablet_server
         self.actions = {"ping": lambda body: {"ok": True}}
+        self.binary_actions: dict = {}  # name -> handler(header, payload) -> bytes
 
     def attach(self, coordinator=None, tablet_server=None) -> None:
         """Add the roles once they exist (they need this server's bound port first)."""
@@ -52,6 +54,7 @@ class TallyFlightServer(flight.FlightServerBase):
         if tablet_server is not None:
             self.tablet_server = tablet_server
             self.actions.update(tablet_server.actions)
+            self.binary_actions.update(tablet_server.binary_actions)
 
     def call_action(self, name: str, body: dict):
         """Run an action in-process (used by `--role all` instead of a loopback call)."""
@@ -68,6 +71,8 @@ class TallyFlightServer(flight.FlightServerBase):
     # --- Flight calls -----------------------------------------------------------------------
 
     def do_action(self, context, action):
+        if action.type in self.binary_actions:
+            return self._binary_action(action)
         try:
             body = loads(action.body.to_pybytes()) or {}
             if not isinstance(body, dict):
@@ -79,6 +84,19 @@ class TallyFlightServer(flight.FlightServerBase):
         except BaseException as e:  # noqa: BLE001 - every error goes back typed
             raise self._failure(e, action.type)
         return iter([flight.Result(dumps(result))])
+
+    def _binary_action(self, action):
+        try:
+            header, payload = unframe(action.body.to_pybytes())
+            if not isinstance(header, dict):
+                raise InvalidInputError(f"{action.type} must start with a JSON object")
+            result = self.binary_actions[action.type](header, payload)
+        except (KeyError, TypeError, ValueError) as e:
+            raise to_flight_error(InvalidInputError(
+                f"malformed request for action {action.type!r}: {type(e).__name__}: {e}"))
+        except BaseException as e:  # noqa: BLE001
+            raise self._failure(e, action.type)
+        return iter([flight.Result(result)])
 
     def do_put(self, context, descriptor, reader, writer):
         try:

@@ -18,32 +18,13 @@ import sys
 import threading
 
 from server.channel import FlightChannel
+from server.cli import add_serve_arguments
 from server.flight_service import TallyFlightServer
-from server.tablet_server import DEFAULT_MAX_BATCH_BYTES, TabletServer
+from server.tablet_server import TabletServer
 from tally.errors import UnavailableError
 
 log = logging.getLogger("tally.server")
 READY = "TALLY-READY"
-ROLES = ("all", "coordinator", "tablet")
-
-
-def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("--data-dir", required=True, help="where this server keeps its data")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=0, help="port to bind (default: a free one)")
-    parser.add_argument("--zookeeper", metavar="HOST:PORT[/CHROOT]",
-                        help="keep metadata in ZooKeeper (default: embedded in the data dir)")
-    parser.add_argument("--role", choices=ROLES, default="all",
-                        help="all (default: coordinator + one tablet server), coordinator, tablet")
-    parser.add_argument("--coordinator", metavar="URL",
-                        help="the coordinator of a tablet server (not needed with --zookeeper)")
-    parser.add_argument("--auth-token", default=os.environ.get("TALLY_AUTH_TOKEN"),
-                        help="reject requests without this bearer token "
-                             "(default: $TALLY_AUTH_TOKEN)")
-    parser.add_argument("--max-batch-bytes", type=int, default=DEFAULT_MAX_BATCH_BYTES,
-                        help="largest write request a tablet server accepts (default 64 MiB)")
-    parser.add_argument("--log-level", default="INFO")
-    return parser
 
 
 class CoordinatorLink:
@@ -147,6 +128,9 @@ def serve(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         stream=sys.stderr)
     logging.getLogger("kazoo").setLevel(logging.WARNING)
+    # A lookup waiting for the GIL behind a long write would wait the default 5 ms switch
+    # interval; a shorter one bounds the tail latency of reads under concurrent writes.
+    sys.setswitchinterval(0.001)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -9,9 +9,11 @@ Three Flight calls carry everything:
 - **DoPut** `(descriptor = JSON header, Arrow stream) -> JSON ack in app metadata`: one write
   (put or delete) to one bucket. The header names the table id, partition id, bucket, merge
   mode, target columns and the writer's (id, sequence) that makes retries idempotent.
-- **DoGet** `(ticket = JSON header [+ "\\n" + Arrow IPC payload]) -> Arrow stream`: scans,
-  changelog ranges and lookups (the key travels as a one-row Arrow IPC payload so every type
-  survives exactly).
+- **DoGet** `(ticket = JSON header [+ "\\n" + Arrow IPC payload]) -> Arrow stream`: scans and
+  changelog ranges.
+- Point lookups are a *binary* DoAction (`lookup`): body and result are framed the same way
+  (JSON header + Arrow IPC), because a DoAction round trip costs a third of a DoGet stream's.
+  The key travels as a one-row Arrow table, so every type survives exactly.
 
 Errors travel as `FlightServerError` whose `extra_info` is `{"error": class, "message": text}`;
 `raise_remote` turns them back into the same `tally.errors` class on the caller's side.
@@ -94,18 +96,27 @@ def _first_line(exc: BaseException) -> str:
 # --- tickets ------------------------------------------------------------------------------------
 
 
-def make_ticket(header: dict, payload: pa.Table | None = None) -> flight.Ticket:
-    """A DoGet ticket: the JSON header, then optionally '\\n' and an Arrow IPC stream."""
+def frame(header: dict, payload: pa.Table | None = None) -> bytes:
+    """The JSON header, then optionally '\\n' and an Arrow IPC stream (compact JSON has no
+    raw newline, so the first one ends the header)."""
     data = dumps(header)
     if payload is not None:
         data += b"\n" + table_to_ipc(payload)
-    return flight.Ticket(data)
+    return data
+
+
+def unframe(data: bytes) -> tuple[dict, pa.Table | None]:
+    head, sep, rest = data.partition(b"\n")
+    return loads(head), (ipc_to_table(rest) if sep else None)
+
+
+def make_ticket(header: dict, payload: pa.Table | None = None) -> flight.Ticket:
+    """A DoGet ticket: a `frame` of the header and optional payload."""
+    return flight.Ticket(frame(header, payload))
 
 
 def parse_ticket(ticket: flight.Ticket) -> tuple[dict, pa.Table | None]:
-    data = ticket.ticket
-    head, sep, rest = data.partition(b"\n")
-    return loads(head), (ipc_to_table(rest) if sep else None)
+    return unframe(ticket.ticket)
 
 
 def table_to_ipc(table: pa.Table) -> bytes:

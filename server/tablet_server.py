@@ -24,13 +24,14 @@ import pyarrow as pa
 
 from server.bucketing import bucket_ids
 from server.membership import HeartbeatSender
+from server.protocol import table_to_ipc
 from server.routing import TableRouting, partition_names
+from server.settings import DEFAULT_MAX_BATCH_BYTES, HEARTBEAT_INTERVAL
 from server.tablets import HostedTablet, TabletHost, TabletKey
 from tally.errors import InvalidInputError, NotFoundError, StaleMetadataError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_BATCH_BYTES = 64 << 20
 WriteCheck = Callable[[HostedTablet, dict, pa.Table], None]
 
 
@@ -59,7 +60,7 @@ class TabletServer:
 
     def __init__(self, data_dir: str, address: str, coordinator: Callable[[str, dict], object],
                  max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
-                 heartbeat_interval: float = 1.0) -> None:
+                 heartbeat_interval: float = HEARTBEAT_INTERVAL) -> None:
         self.server_id = load_server_id(data_dir)
         self.address = address
         self.max_batch_bytes = max_batch_bytes
@@ -68,6 +69,7 @@ class TabletServer:
         self.write_checks: list[WriteCheck] = []
         self.actions = {"offsets": self.offsets, "drop_tablets": self.drop_tablets,
                         "server_id": lambda body: self.server_id}
+        self.binary_actions = {"lookup": self.lookup}
         self._heartbeat = HeartbeatSender(self.send_heartbeat, heartbeat_interval)
 
     def start(self) -> None:
@@ -174,16 +176,19 @@ class TabletServer:
             start, end = int(header.get("start", 0)), header.get("end")
             with hosted.lock:
                 return hosted.tablet.changelog(start, None if end is None else int(end))
-        if op == "lookup":
-            if payload is None or payload.num_rows != 1:
-                raise InvalidInputError("a lookup carries exactly one key")
-            key = payload.to_pylist()[0]
-            self.check_rows(hosted, payload)
-            with hosted.lock:
-                row = hosted.tablet.lookup(key)
-            schema = hosted.routing.arrow_schema
-            return pa.Table.from_pylist([row] if row is not None else [], schema=schema)
         raise InvalidInputError(f"unknown read operation {op!r}")
+
+    def lookup(self, header: dict, payload: pa.Table | None) -> bytes:
+        """The row of one key (a one-row Arrow table), as Arrow IPC with 0 or 1 row."""
+        if payload is None or payload.num_rows != 1:
+            raise InvalidInputError("a lookup carries exactly one key")
+        hosted = self.tablet(header["table_id"], header["partition_id"], header["bucket"])
+        self.check_rows(hosted, payload)
+        key = payload.to_pylist()[0]
+        with hosted.lock:
+            row = hosted.tablet.lookup(key)
+        schema = hosted.routing.arrow_schema
+        return table_to_ipc(pa.Table.from_pylist([row] if row is not None else [], schema=schema))
 
     # --- actions ----------------------------------------------------------------------------
 

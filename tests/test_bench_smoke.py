@@ -26,7 +26,7 @@ def test_workload_is_deterministic_and_shaped():
 
 def test_ingest_bench_small_run_verifies(tmp_path):
     results = ingest.run(rows=20_000, keys=2_000, batch=5_000, samples=300, rss_scale=2,
-                         workdir=str(tmp_path), progress=Progress(7, stream=None))
+                         workdir=str(tmp_path), progress=Progress(8, stream=None))
     throughput = [r for r in results if r["kind"] == "throughput"]
     assert [r["case"] for r in throughput] == ["a", "b"]
     for r in throughput:
@@ -37,6 +37,7 @@ def test_ingest_bench_small_run_verifies(tmp_path):
     assert throughput[1]["keys"] == 20_000
     rss = next(r for r in results if r["kind"] == "rss")
     assert [s["table_rows"] for s in rss["sizes"]] == [20_000, 40_000]
+    assert 0 < rss["baseline_mb"] <= rss["sizes"][0]["peak_rss_mb"]
     text = format_text(results)
     assert "(a) 20,000 rows over 2,000 keys" in text and "peak RSS" in text
     assert format_markdown(results).startswith("# Tally ingest benchmark")

@@ -161,6 +161,7 @@ def check_reopened(path: Path, seed: int, last_seq: int, last_offset: int,
                    applied_offset: int | None) -> bool:
     """Reopen after a kill and check every invariant; True when the in-flight write landed."""
     from merge_engine import KvTablet
+    from merge_engine.testing.model import ReferenceTable
     from tests.crash_writer import descriptor
 
     with KvTablet.open(path, descriptor()) as tablet:
@@ -169,8 +170,11 @@ def check_reopened(path: Path, seed: int, last_seq: int, last_offset: int,
         assert tablet.log_start_offset == 0
         changelog = tablet.changelog(0)
         assert changelog.column("_offset").to_pylist() == list(range(end)), "changelog offsets have gaps"
-        state = crash_model.table_state(tablet.to_arrow())
+        table = tablet.to_arrow()
+        state = crash_model.table_state(table)
         assert state == crash_model.replay(changelog), "KV state differs from the changelog replay"
+        # the engine's reference model replays it too (it also checks the written bits)
+        assert ReferenceTable(descriptor()).replay(changelog).rows() == table.to_pylist()
         assert state in (acked, with_inflight), (
             f"state after seq {last_seq} is neither the acknowledged writes nor those plus the "
             f"in-flight one: {_diff(state, acked)}"

@@ -1,0 +1,185 @@
+"""Cluster benchmark: the ingest workload through the client against a LocalCluster, side by
+side in the same run with in-process KvTablet puts, then single-key lookup latency over Flight.
+
+Sides (same generated data, bench/workload.py, case (a) of the ingest benchmark by default):
+  in-process   KvTablet.put of every batch in a fresh process (bench.engine, as `tally bench`)
+  cluster      a client in this process writes every batch with one upsert writer to a
+               LocalCluster (`tablet_servers` processes, `buckets` buckets, embedded metadata)
+               and flushes; timed from the first upsert to the flush that acknowledges all
+               (every row durable and readable). Data generation is not timed on either side.
+Then `lookups` single-key lookups of random existing keys give p50/p99 latency, and sampled keys
+are compared between the cluster and the in-process tablet (the run fails on a difference).
+
+`run()` returns a dict of results; `python -m bench.cluster` prints them as a table.
+Targets (issue 3): cluster >= 0.7x in-process throughput; lookup p99 < 2 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.proc import run_job
+from bench.progress import Progress
+from bench.workload import Workload, table_descriptor
+
+THROUGHPUT_TARGET = 0.7
+P99_TARGET_MS = 2.0
+TABLE = "default.bench"
+
+
+def _in_process(path: Path, workload: Workload, progress: Progress) -> dict:
+    progress.step("in-process KvTablet.put")
+    result = run_job("engine", {"path": str(path), "workload": {
+        "rows": workload.rows, "keys": workload.keys, "batch": workload.batch,
+        "seed": workload.seed}}, on_progress=lambda done: progress.rows(done, workload.rows))
+    rate = result["rows"] / result["seconds"]
+    progress.done(f"{rate:,.0f} rows/s")
+    return {"rows": result["rows"], "seconds": result["seconds"], "rows_per_s": rate}
+
+
+def _through_cluster(conn, workload: Workload, buckets: int, progress: Progress) -> dict:
+    descriptor = table_descriptor()
+    descriptor.bucket_count = buckets
+    conn.admin.create_table(TABLE, descriptor)
+    batches = list(workload.batches())  # generated before the clock starts
+    progress.step(f"client upserts to the cluster ({buckets} buckets)")
+    writer = conn.table(TABLE).upsert_writer()
+    started = time.perf_counter()
+    done = 0
+    for batch in batches:
+        writer.upsert(batch)
+        done += batch.num_rows
+        progress.rows(done, workload.rows)
+    offsets = writer.flush()
+    seconds = time.perf_counter() - started
+    writer.close()
+    rate = done / seconds
+    progress.done(f"{rate:,.0f} rows/s")
+    return {"rows": done, "seconds": seconds, "rows_per_s": rate,
+            "log_end_offsets": sum(offsets.values())}
+
+
+def _lookups(conn, workload: Workload, count: int, progress: Progress) -> dict:
+    progress.step(f"{count:,} single-key lookups")
+    table = conn.table(TABLE)
+    ids = workload.sample_ids(min(count, workload.distinct_keys))
+    rng = random.Random(workload.seed)
+    for key_id in ids[:100]:  # warm up channels and caches
+        table.lookup({"id": key_id})
+    latencies = []
+    for _ in range(count):
+        key = {"id": rng.choice(ids)}
+        started = time.perf_counter()
+        found = table.lookup(key)
+        latencies.append(time.perf_counter() - started)
+        assert found is not None
+    p50, p99 = _percentiles(latencies)
+    # The floor on this machine: a no-op Flight round trip to the same tablet server.
+    route = conn.table_meta(TABLE).route(None, 0)
+    channel = conn.server(route.address)
+    floor = []
+    for _ in range(count):
+        started = time.perf_counter()
+        channel.action("ping")
+        floor.append(time.perf_counter() - started)
+    floor50, floor99 = _percentiles(floor)
+    progress.done(f"p50 {p50:.3f} ms, p99 {p99:.3f} ms (no-op round trip: p50 {floor50:.3f} ms, "
+                  f"p99 {floor99:.3f} ms)")
+    return {"count": count, "p50_ms": p50, "p99_ms": p99, "max_ms": max(latencies) * 1e3,
+            "noop_p50_ms": floor50, "noop_p99_ms": floor99}
+
+
+def _percentiles(seconds: list[float]) -> tuple[float, float]:
+    ordered = sorted(seconds)
+    return (ordered[len(ordered) // 2] * 1e3,
+            ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1e3)
+
+
+def _verify(conn, engine_path: Path, workload: Workload, samples: int,
+            progress: Progress) -> dict:
+    from bench.engine import read_rows
+
+    progress.step(f"verify {samples} sampled keys: cluster == in-process")
+    ids = workload.sample_ids(samples)
+    expected = read_rows(str(engine_path), ids)
+    table = conn.table(TABLE)
+    wrong = [i for i in ids if table.lookup({"id": i}) != expected[i]]
+    progress.done("ok" if not wrong else f"{len(wrong)} keys differ, e.g. id {wrong[0]}")
+    return {"samples": len(ids), "mismatches": len(wrong)}
+
+
+def run(rows: int = 1_000_000, keys: int | None = 100_000, batch: int = 100_000, seed: int = 42,
+        tablet_servers: int = 2, buckets: int = 4, lookups: int = 5_000,
+        samples: int = 200, stream=sys.stdout) -> dict:
+    """Run both sides and the lookups; the results as a dict (see `format_text`)."""
+    import client
+    from server import LocalCluster
+
+    workload = Workload(rows=rows, keys=keys, batch=batch, seed=seed)
+    progress = Progress(4, stream)
+    workdir = Path(tempfile.mkdtemp(prefix="tally-bench-cluster-"))
+    try:
+        in_process = _in_process(workdir / "tablet", workload, progress)
+        with LocalCluster(str(workdir / "cluster"), tablet_servers=tablet_servers) as cluster:
+            with client.connect(cluster.url) as conn:
+                through = _through_cluster(conn, workload, buckets, progress)
+                latency = _lookups(conn, workload, lookups, progress)
+                check = _verify(conn, workdir / "tablet", workload, samples, progress)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    ratio = through["rows_per_s"] / in_process["rows_per_s"]
+    return {"workload": workload.label, "tablet_servers": tablet_servers, "buckets": buckets,
+            "in_process": in_process, "cluster": through, "ratio": ratio,
+            "throughput_target": THROUGHPUT_TARGET, "lookup": latency,
+            "p99_target_ms": P99_TARGET_MS, "verify": check,
+            "ok": check["mismatches"] == 0}
+
+
+def format_text(result: dict) -> str:
+    ip, cl, lk = result["in_process"], result["cluster"], result["lookup"]
+    mark = lambda good: "ok" if good else "MISSED"  # noqa: E731
+    lines = [
+        f"cluster benchmark: {result['workload']}, {result['tablet_servers']} tablet servers, "
+        f"{result['buckets']} buckets",
+        f"{'side':<34}{'rows/s':>14}{'seconds':>10}",
+        f"{'in-process KvTablet.put':<34}{ip['rows_per_s']:>14,.0f}{ip['seconds']:>10.2f}",
+        f"{'client -> LocalCluster (Flight)':<34}{cl['rows_per_s']:>14,.0f}{cl['seconds']:>10.2f}",
+        f"ratio cluster / in-process: {result['ratio']:.2f}x "
+        f"(target >= {result['throughput_target']}x: {mark(result['ratio'] >= 0.7)})",
+        f"lookup latency over Flight ({lk['count']:,} lookups): p50 {lk['p50_ms']:.3f} ms, "
+        f"p99 {lk['p99_ms']:.3f} ms, max {lk['max_ms']:.1f} ms "
+        f"(target p99 < {result['p99_target_ms']} ms: {mark(lk['p99_ms'] < 2.0)})",
+        f"  no-op Flight round trip on this machine: p50 {lk['noop_p50_ms']:.3f} ms, "
+        f"p99 {lk['noop_p99_ms']:.3f} ms",
+        f"verification: {result['verify']['samples']} sampled keys, "
+        f"{result['verify']['mismatches']} mismatches",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.cluster", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--keys", type=int, default=100_000, help="0 for unique keys")
+    parser.add_argument("--batch", type=int, default=100_000)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--tablet-servers", type=int, default=2)
+    parser.add_argument("--buckets", type=int, default=4)
+    parser.add_argument("--lookups", type=int, default=5_000)
+    args = parser.parse_args(argv)
+    result = run(rows=args.rows, keys=args.keys or None, batch=args.batch, seed=args.seed,
+                 tablet_servers=args.tablet_servers, buckets=args.buckets, lookups=args.lookups)
+    print()
+    print(format_text(result))
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

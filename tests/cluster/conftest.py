@@ -1,0 +1,43 @@
+"""Cluster fixtures: one LocalCluster per test module and metadata store.
+
+`cluster` is module-scoped and parametrized over the two metadata stores, so every module's
+tests run against both, starting just two clusters per module (a cluster starts in about a
+second; tests use fresh table names instead of fresh clusters).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from server import LocalCluster
+from tests.conftest import METADATA_STORES, zookeeper_chroot
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module", params=METADATA_STORES)
+def cluster(request, tmp_path_factory):
+    zk = None
+    if request.param == "zookeeper":
+        zk = zookeeper_chroot(request.getfixturevalue("zookeeper"))
+    data_dir = tmp_path_factory.mktemp(f"cluster-{request.param}")
+    with LocalCluster(str(data_dir), tablet_servers=2, zookeeper=zk,
+                      max_batch_bytes=6 << 20) as c:
+        c.store_kind = request.param
+        yield c
+
+
+@pytest.fixture
+def conn(cluster):
+    import client
+
+    with client.connect(cluster.url, retry_timeout=60) as c:
+        yield c
+
+
+@pytest.fixture
+def table_name():
+    """A table name no other test of the run uses."""
+    return f"default.t{next(_names)}"

@@ -1,0 +1,118 @@
+"""Crashes and restarts: kill -9 a tablet server mid-write, restart coordinators and clusters."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pyarrow as pa
+
+import client
+from server import LocalCluster
+from tests.cluster import workload
+
+
+def test_kill9_tablet_server_during_writes_loses_no_acknowledged_write(cluster, conn,
+                                                                         table_name):
+    """A writer keeps going while tablet server 0 is killed and restarted: every batch lands
+    exactly once (retries carry the writer's sequence), and the writer never sees an error."""
+    conn.admin.create_table(table_name, workload.descriptor(buckets=4))
+    data = workload.batches(seed=7, count=40, rows=300)
+    acknowledged = []
+    failures = []
+
+    def write():
+        try:
+            writer = conn.table(table_name).upsert_writer()
+            for i, batch in enumerate(data):
+                writer.upsert(batch)
+                writer.flush()
+                acknowledged.append(i)
+                time.sleep(0.01)
+        except Exception as e:  # noqa: BLE001 - reported below
+            failures.append(e)
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    while len(acknowledged) < 5 and thread.is_alive():
+        time.sleep(0.01)
+    cluster.kill_tablet_server(0)
+    killed_at = len(acknowledged)
+    time.sleep(0.5)
+    cluster.start_tablet_server(0)
+    thread.join(timeout=120)
+    assert not failures, failures
+    assert killed_at < len(data), "the kill must land during the writes"
+    assert acknowledged == list(range(len(data)))
+    got = workload.as_state(conn.table(table_name).to_arrow())
+    assert got == workload.fold(data)
+
+
+def test_coordinator_restart_keeps_tables_partitions_and_assignments(cluster, conn,
+                                                                       table_name):
+    conn.admin.create_table(table_name, workload.descriptor(buckets=4))
+    data = workload.batches(seed=3, count=2, rows=200)
+    writer = conn.table(table_name).upsert_writer()
+    writer.upsert(data[0])
+    writer.flush()
+    before = conn.coordinator_action("table_info", {"name": table_name})
+    cluster.restart_coordinator(kill=True)
+    after = conn.coordinator_action("table_info", {"name": table_name})
+    for field in ("table_id", "descriptor", "partitions", "created_at"):
+        assert after[field] == before[field], field
+    assert sorted(conn.admin.list_partitions(table_name)) == workload.REGIONS
+    # The same writer keeps going across the restart (new partitions still get created).
+    writer.upsert(data[1])
+    apac = pa.table({"k": [1], "region": ["apac"], "total": [5], "peak": [None],
+                     "hits": [None], "label": [None]}, schema=data[0].schema)
+    writer.upsert(apac)
+    writer.flush()
+    expected = workload.fold(data + [apac])
+    assert workload.as_state(conn.table(table_name).to_arrow()) == expected
+
+
+def test_cluster_restart_on_the_same_data_dir(tmp_path, request):
+    """Stop a whole cluster and start it again on its data dir: same server identities, same
+    tables and data, new ports (run on both metadata stores)."""
+    for kind in ("embedded", "zookeeper"):
+        zk = None
+        if kind == "zookeeper":
+            from tests.conftest import zookeeper_chroot
+
+            zk = zookeeper_chroot(request.getfixturevalue("zookeeper"))
+        data_dir = str(tmp_path / kind)
+        data = workload.batches(seed=5, count=1, rows=500)
+        with LocalCluster(data_dir, tablet_servers=2, zookeeper=zk) as first:
+            ids = sorted(h.info["server_id"] for h in first.tablet_servers)
+            ports = sorted(h.port for h in first.tablet_servers)
+            with client.connect(first.url) as conn:
+                conn.admin.create_table("default.kept", workload.descriptor(buckets=4))
+                w = conn.table("default.kept").upsert_writer()
+                w.upsert(data[0])
+                offsets = w.flush()
+        with LocalCluster(data_dir) as second:  # tablet count and ZooKeeper come from the dir
+            assert sorted(h.info["server_id"] for h in second.tablet_servers) == ids
+            assert sorted(h.port for h in second.tablet_servers) != ports
+            with client.connect(second.url) as conn:
+                table = conn.table("default.kept")
+                assert workload.as_state(table.to_arrow()) == workload.fold(data)
+                ends = conn.admin.list_offsets("default.kept")
+                assert all(ends[key] == end for key, end in offsets.items())
+
+
+def test_coordinator_notices_tablet_servers_leaving_and_joining(cluster, conn):
+    """Killed: gone once its session times out (ZooKeeper ephemeral node or missed
+    heartbeats); restarted: live again at its new address."""
+    server_id = cluster.tablet_servers[1].info["server_id"]
+
+    def live() -> dict:
+        return {s["server_id"]: s["address"] for s in conn.admin.list_servers() if s["live"]}
+
+    assert server_id in live()
+    cluster.kill_tablet_server(1)
+    deadline = time.monotonic() + 20
+    while server_id in live():
+        assert time.monotonic() < deadline, "the coordinator never noticed the dead server"
+        time.sleep(0.2)
+    cluster.start_tablet_server(1)
+    assert live()[server_id] == cluster.tablet_servers[1].address

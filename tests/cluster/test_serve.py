@@ -1,0 +1,63 @@
+"""`tally serve`: the single-process embedded default (and with ZooKeeper), restart on its dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import client
+from tests.cluster import workload
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def start_serve(data_dir: str, *extra: str) -> tuple[subprocess.Popen, str]:
+    tally = shutil.which("tally", path=os.path.dirname(sys.executable))
+    cmd = [tally] if tally else [sys.executable, "-m", "cli.main"]
+    proc = subprocess.Popen([*cmd, "serve", "--data-dir", data_dir, *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT)
+    deadline = time.monotonic() + 60
+    line = b""
+    while time.monotonic() < deadline and b"\n" not in line:
+        if select.select([proc.stdout], [], [], 0.1)[0]:
+            line += os.read(proc.stdout.fileno(), 4096)
+        assert proc.poll() is None, "tally serve exited"
+    ready = json.loads(line.decode().split(" ", 1)[1])
+    return proc, ready["address"]
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(20) == 0
+    proc.stdout.close()
+
+
+def test_tally_serve_runs_everything_in_one_process(tmp_path, metadata_store):
+    extra = ["--zookeeper", metadata_store] if metadata_store else []
+    data = workload.batches(seed=9, count=2, rows=300)
+    proc, url = start_serve(str(tmp_path), *extra)
+    try:
+        with client.connect(url) as conn:
+            conn.admin.create_table("default.one", workload.descriptor(buckets=3))
+            w = conn.table("default.one").upsert_writer()
+            w.upsert(data[0])
+            w.flush()
+    finally:
+        stop(proc)
+    proc, url = start_serve(str(tmp_path), *extra)  # same data dir, new port
+    try:
+        with client.connect(url) as conn:
+            w = conn.table("default.one").upsert_writer()
+            w.upsert(data[1])
+            w.flush()
+            got = workload.as_state(conn.table("default.one").to_arrow())
+            assert got == workload.fold(data)
+            assert [s["live"] for s in conn.admin.list_servers()] == [True]
+    finally:
+        stop(proc)
