@@ -35,8 +35,10 @@ class Connection:
         self._closed = False
         self._on_close: list[Callable[[], None]] = []
         from client.admin import Admin
+        from client.locks import Locks
 
         self.admin = Admin(self)
+        self.locks = Locks(self)
         self.coordinator_action("ping")  # fail fast on a wrong URL or token
 
     # --- plumbing used by admin, tables and writers -------------------------------------

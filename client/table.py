@@ -33,10 +33,11 @@ class Table:
 
     # --- writes -------------------------------------------------------------------------
 
-    def upsert_writer(self, target_columns=None, mode=None, **options) -> UpsertWriter:
+    def upsert_writer(self, target_columns=None, mode=None, lease=None, **options) -> UpsertWriter:
         """A writer of full rows (or of `target_columns`, which must include the key) in
-        `mode` (MergeMode.AGGREGATE by default)."""
-        return UpsertWriter(self, target_columns, mode, **options)
+        `mode` (MergeMode.AGGREGATE by default). With `lease`, every write carries the lease's
+        owner and fencing token, and fails once the lease is lost."""
+        return UpsertWriter(self, target_columns, mode, lease=lease, **options)
 
     # --- reads --------------------------------------------------------------------------
 

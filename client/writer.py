@@ -51,7 +51,7 @@ class BucketQueue:
 class UpsertWriter:
     """Writes to one table; see the module docstring. Thread-safe; use one per producer."""
 
-    def __init__(self, table, target_columns=None, mode=None, *, workers: int = 8,
+    def __init__(self, table, target_columns=None, mode=None, *, lease=None, workers: int = 8,
                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                  max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES) -> None:
         from merge_engine import MergeMode
@@ -60,6 +60,7 @@ class UpsertWriter:
         self._conn = table.connection
         self.target_columns = list(target_columns) if target_columns is not None else None
         self.mode = MergeMode.parse(mode if mode is not None else MergeMode.AGGREGATE)
+        self.lease = lease
         self.writer_id = f"w-{uuid.uuid4().hex}"
         self._sequence = 0
         self._max_request_bytes = max_request_bytes
@@ -78,12 +79,14 @@ class UpsertWriter:
 
     def upsert(self, rows) -> None:
         """Queue rows (an Arrow Table/RecordBatch or a list of dicts) for their buckets."""
+        self._check_lease()
         meta = self._conn.table_meta(self._table.name)
         table = write_table(meta, rows, self.target_columns, self.mode)
         self._enqueue("put", meta, table)
 
     def delete(self, keys) -> None:
         """Queue deletes of the given keys (dicts or an Arrow table with the key columns)."""
+        self._check_lease()
         meta = self._conn.table_meta(self._table.name)
         table = write_table(meta, keys, self.target_columns, self.mode, keys_only=True)
         self._enqueue("delete", meta, table)
@@ -97,7 +100,12 @@ class UpsertWriter:
             written, self._written = self._written, {}
         if errors:
             raise errors[0]
+        self._check_lease()
         return written
+
+    def _check_lease(self) -> None:
+        if self.lease is not None:
+            self._conn.locks.check(self.lease)
 
     def close(self) -> None:
         """Flush what is queued (errors are dropped: call flush() to see them) and stop."""
@@ -201,6 +209,8 @@ class UpsertWriter:
         header_base = {"op": op, "table": name, "mode": self.mode.name,
                        "target_columns": self.target_columns,
                        "writer": [self.writer_id, sequence]}
+        if self.lease is not None:
+            header_base["lease"] = {"owner_id": self.lease.owner_id, "token": self.lease.token}
 
         def attempt() -> int:
             route = self._conn.route(name, partition, bucket, create_partition=True)

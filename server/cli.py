@@ -69,6 +69,34 @@ def cmd_servers(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_locks(args: argparse.Namespace) -> int:
+    """Print the live column locks of one table, or of every table."""
+    import client
+
+    with client.connect(args.url, token=args.auth_token) as conn:
+        if args.table:
+            tables = [args.table]
+        else:
+            tables = [f"{db}.{t}" for db in conn.admin.list_databases()
+                      for t in conn.admin.list_tables(db)]
+        rows = []
+        for table in tables:
+            for lock in conn.locks.describe(table, include_expired=args.all):
+                offsets = " ".join(f"{p + '/' if p else ''}{b}:{o}"
+                                   for p, b, o in lock["initial_offsets"])
+                state = "EXPIRED" if lock["expired"] else f"{lock['expires_in']:.1f}s"
+                rows.append((table, lock["owner_id"], ",".join(lock["columns"]), state,
+                             str(lock["token"]), offsets))
+        if not rows:
+            print("no column locks")
+            return 0
+        header = ("TABLE", "OWNER", "COLUMNS", "EXPIRES IN", "TOKEN", "INITIAL OFFSETS")
+        widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
+        for r in [header] + rows:
+            print("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
+    return 0
+
+
 def add_commands(commands) -> None:
     """Add the server commands to `tally`'s subparsers."""
     serve = commands.add_parser("serve", help="run a Tally server (coordinator and/or tablets)")
@@ -86,3 +114,11 @@ def add_commands(commands) -> None:
     servers.add_argument("--url", required=True, help="the coordinator's URL")
     servers.add_argument("--auth-token", default=os.environ.get("TALLY_AUTH_TOKEN"))
     servers.set_defaults(func=cmd_servers)
+
+    locks = commands.add_parser("locks", help="show column locks: owner, columns, expiry, "
+                                               "token, initial offsets")
+    locks.add_argument("table", nargs="?", help="'<database>.<table>' (default: every table)")
+    locks.add_argument("--url", required=True, help="the coordinator's URL")
+    locks.add_argument("--all", action="store_true", help="include expired locks")
+    locks.add_argument("--auth-token", default=os.environ.get("TALLY_AUTH_TOKEN"))
+    locks.set_defaults(func=cmd_locks)

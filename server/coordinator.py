@@ -70,6 +70,9 @@ class Coordinator:
             "bucket_info": self.bucket_info,
             "heartbeat": self.heartbeat,
         }
+        from server.locking import CoordinatorLocks
+
+        self.locking = CoordinatorLocks(self)  # adds the lock, commit and retention actions
 
     # --- databases and tables -----------------------------------------------------------
 
@@ -80,6 +83,7 @@ class Coordinator:
         dropped = self.catalog.drop_database(body["name"], bool(body.get("ignore_if_not_exists")),
                                              bool(body.get("cascade")))
         for record in dropped:
+            self.locking.drop_table(record.table_id)
             self._forget_tablets(record.table_id)
 
     @staticmethod
@@ -124,6 +128,7 @@ class Coordinator:
             if body.get("ignore_if_not_exists"):
                 return
             raise
+        self.locking.drop_table(record.table_id)
         self._forget_tablets(record.table_id)
 
     def _forget_tablets(self, table_id: int) -> None:

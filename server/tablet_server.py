@@ -71,6 +71,13 @@ class TabletServer:
                         "server_id": lambda body: self.server_id}
         self.binary_actions = {"lookup": self.lookup}
         self._heartbeat = HeartbeatSender(self.send_heartbeat, heartbeat_interval)
+        from server.fencing import TabletLocks
+
+        self.locks = TabletLocks(self)
+
+    def coordinator(self, action: str, body: dict):
+        """Ask the coordinator (used by the lock and retention helpers)."""
+        return self._coordinator(action, body)
 
     def start(self) -> None:
         self._heartbeat.start()
@@ -128,12 +135,14 @@ class TabletServer:
             raise InvalidInputError(f"unknown write operation {op!r}; expected put or delete")
         hosted = self.tablet(header["table_id"], header["partition_id"], header["bucket"])
         self.check_rows(hosted, rows)
-        for check in self.write_checks:
-            check(hosted, header, rows)
         mode = MergeMode.parse(header.get("mode", "AGGREGATE"))
         targets = header.get("target_columns")
         writer = tuple(header["writer"]) if header.get("writer") else None
         with hosted.lock:
+            # Checks run under the bucket lock so that a lock change pushed meanwhile (which
+            # passes through this lock) cannot land between a write's check and its apply.
+            for check in self.write_checks:
+                check(hosted, header, rows)
             if op == "put":
                 end = hosted.tablet.put(rows, mode=mode, target_columns=targets, writer=writer)
             else:

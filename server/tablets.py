@@ -86,6 +86,11 @@ class TabletHost:
             log.info("opened %s at %s", hosted.label, path)
             return hosted
 
+    def hosted(self, table_id: int) -> list[HostedTablet]:
+        """The open tablets of one table."""
+        with self._lock:
+            return [h for k, h in self._tablets.items() if k.table_id == table_id]
+
     def table_ids(self) -> list[int]:
         """Table ids with tablets open or on disk."""
         ids = {k.table_id for k in self._tablets}

@@ -19,13 +19,15 @@ _names = itertools.count()
 
 @pytest.fixture(scope="module", params=METADATA_STORES)
 def cluster(request, tmp_path_factory):
-    zk = None
+    zk, zk_server = None, None
     if request.param == "zookeeper":
-        zk = zookeeper_chroot(request.getfixturevalue("zookeeper"))
+        zk_server = request.getfixturevalue("zookeeper")
+        zk = zookeeper_chroot(zk_server)
     data_dir = tmp_path_factory.mktemp(f"cluster-{request.param}")
     with LocalCluster(str(data_dir), tablet_servers=2, zookeeper=zk,
                       max_batch_bytes=6 << 20) as c:
         c.store_kind = request.param
+        c.zookeeper_server = zk_server
         yield c
 
 

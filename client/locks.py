@@ -1,0 +1,114 @@
+"""`conn.locks`: column locks, their renewal, commits and epoch baselines, through the coordinator.
+
+`acquire` starts a lease keeper, a daemon thread that renews the lease about every ttl/3 until
+`release(lease)` or `conn.close()`. If a renewal finds the lease lost (expired or superseded),
+the keeper remembers why, and the next write or flush of a writer bound to that lease raises
+LeaseLostError with that reason, so a job learns it was fenced instead of writing on.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from locks.lease import Lease, offsets_from_json, offsets_to_json
+from tally.errors import LeaseLostError, TallyError
+
+
+class LeaseKeeper:
+    """Renews one lease in the background; `check()` raises once the lease is lost."""
+
+    def __init__(self, locks: "Locks", lease: Lease) -> None:
+        self._locks = locks
+        self.lease = lease
+        self.lost: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"tally-lease-{lease.owner_id}")
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(max(self.lease.ttl / 3.0, 0.05)):
+            try:
+                self.lease = self._locks.renew(self.lease)
+            except LeaseLostError as e:
+                self.lost = str(e)
+                return
+            except TallyError:
+                continue  # the coordinator is unreachable for now: try again next period
+
+    def check(self) -> None:
+        if self.lost is not None:
+            raise LeaseLostError(self.lost)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class Locks:
+    def __init__(self, connection) -> None:
+        self._conn = connection
+        self._keepers: dict[tuple[int, str, int], LeaseKeeper] = {}
+        self._lock = threading.Lock()
+        connection.on_close(self._stop_all)
+
+    def _call(self, action: str, **body):
+        return self._conn.coordinator_action(action, body)
+
+    # --- locks --------------------------------------------------------------------------
+
+    def acquire(self, table: str, owner_id: str, columns, ttl: float = 60) -> Lease:
+        """Lock `columns` of `table` for `owner_id` and keep the lease renewed."""
+        lease = Lease.from_json(self._call("lock_acquire", table=table, owner_id=owner_id,
+                                           columns=list(columns), ttl=ttl))
+        keeper = LeaseKeeper(self, lease)
+        with self._lock:
+            self._keepers[_key(lease)] = keeper
+        return lease
+
+    def renew(self, lease: Lease) -> Lease:
+        return Lease.from_json(self._call("lock_renew", lease=lease.to_json()))
+
+    def release(self, lease: Lease) -> bool:
+        """Stop renewing and drop the lock (a superseded lease releases nothing)."""
+        with self._lock:
+            keeper = self._keepers.pop(_key(lease), None)
+        if keeper is not None:
+            keeper.stop()
+        return bool(self._call("lock_release", lease=lease.to_json()))
+
+    def describe(self, table: str, include_expired: bool = False) -> list[dict]:
+        return self._call("lock_describe", table=table, include_expired=include_expired)
+
+    def check(self, lease: Lease) -> None:
+        """Raise LeaseLostError if this connection's keeper found the lease lost."""
+        with self._lock:
+            keeper = self._keepers.get(_key(lease))
+        if keeper is not None:
+            keeper.check()
+
+    # --- commits and baselines ----------------------------------------------------------
+
+    def commit(self, lease: Lease, epoch: int, offsets) -> bool:
+        """Record `epoch` as fully written with these end offsets (moves only forward)."""
+        self.check(lease)
+        return bool(self._call("commit", lease=lease.to_json(), epoch=epoch,
+                               offsets=offsets_to_json(offsets)))
+
+    def last_commit(self, table: str, owner_id: str):
+        """(epoch, {(partition, bucket): end offset}) of the owner's last commit, or None."""
+        found = self._call("last_commit", table=table, owner_id=owner_id)
+        return None if found is None else (int(found[0]), offsets_from_json(found[1]))
+
+    def epoch_baseline(self, lease: Lease, epoch: int):
+        """Every bucket's end offset before `epoch`'s first write (stored on the first call)."""
+        return offsets_from_json(self._call("epoch_baseline", lease=lease.to_json(), epoch=epoch))
+
+    def _stop_all(self) -> None:
+        with self._lock:
+            keepers, self._keepers = list(self._keepers.values()), {}
+        for keeper in keepers:
+            keeper.stop()
+
+
+def _key(lease: Lease) -> tuple[int, str, int]:
+    return lease.table_id, lease.owner_id, lease.token

@@ -1,0 +1,137 @@
+"""The coordinator's lock, commit and retention actions (column locks and undo baselines).
+
+The lock service itself lives in locks/; this module maps it onto DoAction names, resolves table
+names to ids and schemas, supplies the table's current offsets for initial offsets and baselines,
+and pushes every lock change to the tablet servers *before* answering, so that no write under a
+superseded token is accepted once a new lease exists (see docs/locks.md).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from locks import ColumnLockService, CommitLog, Lease, LockTarget, view_from_records
+from locks.lease import offsets_from_json, offsets_to_json
+from tally.errors import RecoveryError, TallyError, UnavailableError
+
+log = logging.getLogger(__name__)
+
+
+class CoordinatorLocks:
+    """Adds the lock actions to a Coordinator."""
+
+    def __init__(self, coordinator) -> None:
+        self.coordinator = coordinator
+        self.catalog = coordinator.catalog
+        self.locks = ColumnLockService(coordinator.store, on_change=self.push_view)
+        self.commits = CommitLog(coordinator.store, self.locks)
+        coordinator.actions.update({
+            "lock_acquire": self.acquire,
+            "lock_renew": self.renew,
+            "lock_release": self.release,
+            "lock_describe": self.describe,
+            "lock_view": self.view_action,
+            "commit": self.commit,
+            "last_commit": self.last_commit,
+            "epoch_baseline": self.epoch_baseline,
+            "retention_floor": self.retention_floor,
+        })
+
+    # --- helpers ------------------------------------------------------------------------
+
+    def target(self, name: str) -> LockTarget:
+        record = self.catalog.get_table(name)
+        return LockTarget(record.name, record.table_id,
+                          self.coordinator.parse_descriptor(record.descriptor).schema)
+
+    def lease(self, body: dict) -> Lease:
+        lease = Lease.from_json(body["lease"])
+        record = self.catalog.get_table(lease.table)
+        if record.table_id != lease.table_id:
+            raise RecoveryError(
+                f"Table {lease.table} was dropped and re-created (id {lease.table_id} is now "
+                f"{record.table_id}): the lease of owner '{lease.owner_id}' is void")
+        return lease
+
+    def view(self, table_id: int):
+        records = [r for r, _ in self.locks.records(table_id).values()]
+        return view_from_records(table_id, records, self.locks.column_tokens(table_id))
+
+    def push_view(self, table_id: int) -> None:
+        """Send the table's lock view to every live tablet server; raise if one is unreachable
+        (the caller's lock change stands, and retrying the call pushes again)."""
+        body = {"view": self.view(table_id).to_json()}
+        failed = []
+        for server_id, address in self.coordinator.liveness.live().items():
+            try:
+                self.coordinator.channels.get(address).action("lock_view", body)
+            except TallyError as e:
+                failed.append(f"{server_id}: {e}")
+        if failed:
+            raise UnavailableError(
+                "the lock change was stored but could not reach every tablet server "
+                f"({'; '.join(failed)}); retry the call")
+
+    # --- actions ------------------------------------------------------------------------
+
+    def acquire(self, body: dict) -> dict:
+        target = self.target(body["table"])
+        lease = self.locks.acquire(
+            target, body["owner_id"], body["columns"], body.get("ttl", 60),
+            lambda: self.coordinator.list_offsets(target.name))
+        return lease.to_json()
+
+    def renew(self, body: dict) -> dict:
+        return self.locks.renew(self.lease(body)).to_json()
+
+    def release(self, body: dict) -> bool:
+        return self.locks.release(Lease.from_json(body["lease"]))
+
+    def describe(self, body: dict) -> list[dict]:
+        return self.locks.describe(self.target(body["table"]),
+                                   include_expired=bool(body.get("include_expired")))
+
+    def view_action(self, body: dict) -> dict:
+        return self.view(int(body["table_id"])).to_json()
+
+    def commit(self, body: dict) -> bool:
+        return self.commits.commit(self.lease(body), int(body["epoch"]),
+                                   offsets_from_json(body["offsets"]))
+
+    def last_commit(self, body: dict):
+        record = self.catalog.get_table(body["table"])
+        found = self.commits.last_commit(record.table_id, body["owner_id"])
+        return None if found is None else [found[0], offsets_to_json(found[1])]
+
+    def epoch_baseline(self, body: dict) -> list:
+        lease = self.lease(body)
+        offsets = self.commits.epoch_baseline(
+            lease, int(body["epoch"]), lambda: self.coordinator.list_offsets(lease.table))
+        return offsets_to_json(offsets)
+
+    def retention_floor(self, body: dict) -> dict:
+        """Per bucket, the oldest offset a live lock (its last commit, else its initial offsets)
+        or an uncommitted epoch baseline still needs for undo: retention must keep it. While a
+        lock is live, a bucket it has no offset for (a partition created since) needs offset 0."""
+        table_id = int(body["table_id"])
+        floor: dict = {}
+
+        def need(offsets):
+            for key, offset in offsets.items():
+                floor[key] = min(floor.get(key, offset), offset)
+
+        now = self.locks.clock()
+        live = 0
+        for record, _ in self.locks.records(table_id).values():
+            if not record.live(now):
+                continue
+            live += 1
+            last = self.commits.last_commit(table_id, record.owner_id)
+            need(last[1] if last else record.initial_offsets)
+            for baseline in self.commits.pending_baselines(table_id, record.owner_id).values():
+                need(baseline)
+        return {"offsets": offsets_to_json(floor), "live_locks": live}
+
+    def drop_table(self, table_id: int) -> None:
+        self.locks.drop_table(table_id)
+        self.commits.drop_table(table_id)

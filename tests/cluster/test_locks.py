@@ -1,0 +1,190 @@
+"""Column locks through a real cluster: conflicts, fencing of zombies, restarts, concurrency."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pyarrow as pa
+import pytest
+
+from locks import Lease
+from merge_engine import Schema, TableDescriptor
+from tally.errors import ColumnLockConflict, LeaseLostError
+
+
+def make_table(conn, name, buckets=2, **props):
+    schema = (Schema.builder().column("k", pa.int64()).agg_column("a", pa.int64(), "sum")
+              .agg_column("b", pa.int64(), "sum").agg_column("c", pa.string(), "string_agg")
+              .primary_key("k").build())
+    conn.admin.create_table(name, TableDescriptor(schema, bucket_count=buckets, properties={
+        "table.merge-engine": "aggregation", **props}))
+    return conn.table(name)
+
+
+def unkept_lease(conn, table, owner, columns, ttl):
+    """A lease whose owner never renews it: a paused (or partitioned) job."""
+    return Lease.from_json(conn.coordinator_action("lock_acquire", {
+        "table": table, "owner_id": owner, "columns": columns, "ttl": ttl}))
+
+
+def rows(table):
+    return {r["k"]: r for r in table.to_arrow().to_pylist()}
+
+
+def test_conflict_names_the_holder_and_disjoint_locks_coexist(conn, table_name):
+    make_table(conn, table_name)
+    a = conn.locks.acquire(table_name, "job-a", ["k", "a", "c"], ttl=30)
+    assert a.columns == ("a", "c") and set(a.initial_offsets) == {(None, 0), (None, 1)}
+    with pytest.raises(ColumnLockConflict, match="locked by owner 'job-a'"):
+        conn.locks.acquire(table_name, "job-x", ["c"], ttl=30)
+    b = conn.locks.acquire(table_name, "job-b", ["b"], ttl=30)
+    assert [d["owner_id"] for d in conn.locks.describe(table_name)] == ["job-a", "job-b"]
+    conn.locks.release(a)
+    conn.locks.release(b)
+    assert conn.locks.describe(table_name) == []
+
+
+def test_writes_to_locked_columns_need_the_lease(conn, table_name):
+    table = make_table(conn, table_name)
+    lease = conn.locks.acquire(table_name, "owner", ["a"], ttl=30)
+    with table.upsert_writer(target_columns=["k", "b"]) as free:  # unlocked column: free
+        free.upsert([{"k": 1, "b": 5}])
+    intruder = table.upsert_writer(target_columns=["k", "a"])
+    intruder.upsert([{"k": 1, "a": 100}])
+    with pytest.raises(ColumnLockConflict, match="locked by owner 'owner'"):
+        intruder.flush()
+    full = table.upsert_writer()  # a full-row write touches every column
+    full.upsert([{"k": 2, "a": 1, "b": 1, "c": "x"}])
+    with pytest.raises(ColumnLockConflict):
+        full.flush()
+    with table.upsert_writer(target_columns=["k", "a"], lease=lease) as owner:
+        owner.upsert([{"k": 1, "a": 7}])
+    assert rows(table) == {1: {"k": 1, "a": 7, "b": 5, "c": None}}
+    conn.locks.release(lease)
+
+
+def test_zombie_is_fenced_after_expiry_and_takeover(conn, table_name):
+    table = make_table(conn, table_name)
+    zombie = unkept_lease(conn, table_name, "A", ["a"], ttl=1.5)
+    a_writer = table.upsert_writer(target_columns=["k", "a"], lease=zombie)
+    a_writer.upsert([{"k": 1, "a": 1}])
+    a_writer.flush()
+    time.sleep(1.8)  # A pauses past its ttl
+    a_writer.upsert([{"k": 1, "a": 1000}])
+    with pytest.raises(LeaseLostError, match="expired"):
+        a_writer.flush()
+    b = conn.locks.acquire(table_name, "B", ["a"], ttl=30)
+    assert b.token > zombie.token and b.initial_offsets[(None, 0)] + b.initial_offsets[(None, 1)] == 1
+    with table.upsert_writer(target_columns=["k", "a"], lease=b) as bw:
+        bw.upsert([{"k": 1, "a": 10}, {"k": 2, "a": 20}])
+    for _ in range(3):  # A resumes: every write is rejected
+        a_writer.upsert([{"k": 2, "a": 5000}])
+        with pytest.raises((LeaseLostError, ColumnLockConflict)):
+            a_writer.flush()
+    assert {k: r["a"] for k, r in rows(table).items()} == {1: 11, 2: 20}
+    conn.locks.release(b)
+
+
+def test_reacquire_fences_the_previous_incarnation(conn, table_name):
+    table = make_table(conn, table_name)
+    old = unkept_lease(conn, table_name, "job", ["a"], ttl=30)
+    old_writer = table.upsert_writer(target_columns=["k", "a"], lease=old)
+    new = conn.locks.acquire(table_name, "job", ["a"], ttl=30)
+    assert new.initial_offsets == old.initial_offsets and new.token > old.token
+    old_writer.upsert([{"k": 1, "a": 1}])
+    with pytest.raises(LeaseLostError, match="fenced|superseded|no longer held"):
+        old_writer.flush()
+    with pytest.raises(LeaseLostError, match="superseded"):
+        conn.locks.renew(old)
+    assert conn.locks.release(old) is False
+    conn.locks.release(new)
+
+
+def test_lost_lease_fails_the_next_write_with_a_clear_error(conn, table_name):
+    table = make_table(conn, table_name)
+    lease = conn.locks.acquire(table_name, "short", ["a"], ttl=0.6)
+    writer = table.upsert_writer(target_columns=["k", "a"], lease=lease)
+    unkept_lease(conn, table_name, "short", ["a"], ttl=30)  # the owner re-acquired elsewhere
+    time.sleep(0.6)  # the keeper's next renewal finds the lease superseded
+    with pytest.raises(LeaseLostError, match="superseded"):
+        writer.upsert([{"k": 1, "a": 1}])
+
+
+def test_disjoint_partial_writers_under_locks_concurrently(conn, table_name):
+    table = make_table(conn, table_name, buckets=4)
+    expected = {}
+    def job(owner, column, values):
+        lease = conn.locks.acquire(table_name, owner, [column], ttl=30)
+        with table.upsert_writer(target_columns=["k", column], lease=lease) as w:
+            for start in range(0, len(values), 50):
+                w.upsert([{"k": k, column: v} for k, v in values[start:start + 50]])
+        conn.locks.release(lease)
+    inputs = {col: [(i % 37, i * (n + 1)) for i in range(400)] for n, col in enumerate(["a", "b"])}
+    for col, values in inputs.items():
+        for k, v in values:
+            expected.setdefault(k, {"k": k, "a": None, "b": None, "c": None})
+            expected[k][col] = (expected[k][col] or 0) + v
+    threads = [threading.Thread(target=job, args=(f"job-{c}", c, v)) for c, v in inputs.items()]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert rows(table) == expected
+
+
+def test_locks_survive_a_coordinator_restart(cluster, table_name):
+    import client
+
+    with client.connect(cluster.url) as conn:
+        make_table(conn, table_name)
+        lease = unkept_lease(conn, table_name, "survivor", ["a"], ttl=60)
+    cluster.restart_coordinator(kill=True)
+    with client.connect(cluster.url, retry_timeout=60) as conn:
+        described = conn.locks.describe(table_name)
+        assert [(d["owner_id"], d["token"]) for d in described] == [("survivor", lease.token)]
+        renewed = conn.locks.renew(lease)
+        assert renewed.token == lease.token and renewed.initial_offsets == lease.initial_offsets
+        with conn.table(table_name).upsert_writer(target_columns=["k", "a"], lease=lease) as w:
+            w.upsert([{"k": 1, "a": 1}])
+        conn.locks.release(lease)
+
+
+def test_column_locks_off_means_writes_are_never_checked(conn, table_name):
+    table = make_table(conn, table_name, **{"table.column-lock.enabled": "false"})
+    conn.locks.acquire(table_name, "holder", ["a"], ttl=30)
+    with table.upsert_writer(target_columns=["k", "a"]) as w:
+        w.upsert([{"k": 1, "a": 1}])
+    assert rows(table)[1]["a"] == 1
+
+
+def test_locks_survive_a_zookeeper_restart(cluster, table_name):
+    if cluster.store_kind != "zookeeper":
+        pytest.skip("the embedded store has no ZooKeeper to restart")
+    import client
+
+    zk = cluster.zookeeper_server
+    with client.connect(cluster.url, retry_timeout=60) as conn:
+        make_table(conn, table_name)
+        lease = conn.locks.acquire(table_name, "zk-survivor", ["a"], ttl=20)
+        zk.stop()
+        time.sleep(1.0)
+        zk.start()
+        renewed = conn.locks.renew(lease)
+        assert renewed.token == lease.token and renewed.initial_offsets == lease.initial_offsets
+        described = conn.locks.describe(table_name)
+        assert [(d["owner_id"], d["token"]) for d in described] == [("zk-survivor", lease.token)]
+        with conn.table(table_name).upsert_writer(target_columns=["k", "a"], lease=lease) as w:
+            w.upsert([{"k": 1, "a": 1}])
+        conn.locks.release(lease)
+
+
+def test_tally_locks_prints_owner_columns_token_and_offsets(cluster, conn, table_name, capsys):
+    from cli.main import main
+
+    make_table(conn, table_name)
+    lease = conn.locks.acquire(table_name, "spark-query-1/default.t/a", ["a"], ttl=30)
+    assert main(["locks", table_name, "--url", cluster.url]) == 0
+    out = capsys.readouterr().out
+    assert "spark-query-1/default.t/a" in out and f"  {lease.token}  " in out and "0:0 1:0" in out
+    conn.locks.release(lease)
+    assert main(["locks", table_name, "--url", cluster.url]) == 0
+    assert "no column locks" in capsys.readouterr().out
