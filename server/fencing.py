@@ -1,6 +1,6 @@
 """Column-lock enforcement on a tablet server.
 
-Each table's `LockView` arrives from the coordinator on every lock change (`lock_view` action)
+Each table's `LockView` arrives from the coordinator on every lock change (`install_lock_view` action)
 and is fetched from it when a table is first written here. Writes are checked under the bucket's
 lock, the same lock the write then holds while applying, and installing a new view passes through
 every bucket lock of that table: once the coordinator's push returns, no write checked against
@@ -24,7 +24,7 @@ class TabletLocks:
         self.server = server
         self._views: dict[int, LockView] = {}
         self._lock = threading.Lock()
-        server.actions["lock_view"] = self.install
+        server.actions["install_lock_view"] = self.install
         server.write_checks.append(self.check)
 
     def install(self, body: dict) -> None:

@@ -64,7 +64,7 @@ class CoordinatorLocks:
         failed = []
         for server_id, address in self.coordinator.liveness.live().items():
             try:
-                self.coordinator.channels.get(address).action("lock_view", body)
+                self.coordinator.channels.get(address).action("install_lock_view", body)
             except TallyError as e:
                 failed.append(f"{server_id}: {e}")
         if failed:
