@@ -92,6 +92,13 @@ class Admin:
         return {(p, int(b)): (int(start), int(end))
                 for p, b, start, end in self._call("list_offsets", name=name)}
 
+    def truncate_log(self, name: str, bucket: int, before: int,
+                     partition: str | None = None) -> int:
+        """Drop one bucket's changelog records below offset `before`; the new log start.
+        Undo from an offset below it becomes impossible (and is refused)."""
+        return int(self._call("truncate_log", name=name, bucket=bucket, before=before,
+                              partition=partition))
+
     def list_servers(self) -> list[dict]:
         """Every tablet server the coordinator knows: id, address, live."""
         return self._call("list_servers")

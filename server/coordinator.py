@@ -69,6 +69,7 @@ class Coordinator:
             "list_servers": self.list_servers,
             "bucket_info": self.bucket_info,
             "heartbeat": self.heartbeat,
+            "truncate_log": self.truncate_log,
         }
         from server.locking import CoordinatorLocks
 
@@ -271,6 +272,23 @@ class Coordinator:
         offsets = self.log_offsets(body["name"])
         return [[p, b, start, end] for (p, b), (start, end) in
                 sorted(offsets.items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))]
+
+    def truncate_log(self, body: dict) -> int:
+        """Forward an admin truncation to the tablet server hosting the bucket."""
+        record = self.catalog.get_table(body["name"])
+        partition = self.catalog.get_partition(record.table_id, body.get("partition"))
+        if partition is None:
+            raise NotFoundError(f"table '{record.name}' has no partition {body.get('partition')!r}")
+        bucket = int(body["bucket"])
+        if not 0 <= bucket < len(partition.buckets):
+            raise NotFoundError(f"table '{record.name}' has no bucket {bucket}")
+        owner = partition.buckets[bucket]
+        address = self.liveness.live().get(owner)
+        if address is None:
+            raise UnavailableError(f"tablet server {owner} hosting that bucket is not live")
+        return self.channels.get(address).action("truncate_log", {
+            "table_id": record.table_id, "partition_id": partition.partition_id,
+            "bucket": bucket, "before": int(body["before"])})
 
     def close(self) -> None:
         if self._registration is not None:

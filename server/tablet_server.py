@@ -60,7 +60,8 @@ class TabletServer:
 
     def __init__(self, data_dir: str, address: str, coordinator: Callable[[str, dict], object],
                  max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
-                 heartbeat_interval: float = HEARTBEAT_INTERVAL) -> None:
+                 heartbeat_interval: float = HEARTBEAT_INTERVAL,
+                 retention_interval: float = 30.0) -> None:
         self.server_id = load_server_id(data_dir)
         self.address = address
         self.max_batch_bytes = max_batch_bytes
@@ -72,8 +73,10 @@ class TabletServer:
         self.binary_actions = {"lookup": self.lookup}
         self._heartbeat = HeartbeatSender(self.send_heartbeat, heartbeat_interval)
         from server.fencing import TabletLocks
+        from server.retention import RetentionKeeper
 
         self.locks = TabletLocks(self)
+        self.retention = RetentionKeeper(self, retention_interval)
 
     def coordinator(self, action: str, body: dict):
         """Ask the coordinator (used by the lock and retention helpers)."""
@@ -81,6 +84,7 @@ class TabletServer:
 
     def start(self) -> None:
         self._heartbeat.start()
+        self.retention.start()
 
     def send_heartbeat(self) -> None:
         answer = self._coordinator("heartbeat", {"server_id": self.server_id,
@@ -216,4 +220,5 @@ class TabletServer:
 
     def close(self) -> None:
         self._heartbeat.close()
+        self.retention.close()
         self.host.close()

@@ -86,6 +86,10 @@ class TabletHost:
             log.info("opened %s at %s", hosted.label, path)
             return hosted
 
+    def all_hosted(self) -> list[HostedTablet]:
+        with self._lock:
+            return list(self._tablets.values())
+
     def hosted(self, table_id: int) -> list[HostedTablet]:
         """The open tablets of one table."""
         with self._lock:

@@ -1,0 +1,111 @@
+"""recover(): bring an owner's columns back to its last commit after a crash.
+
+Baselines come from the owner's last commit; before the first commit, from the lock's initial
+offsets (a failover before the first commit); buckets of partitions created after the baseline
+start from 0. Every bucket whose end offset is past its baseline is undone. Nothing is changed
+when any check fails: the table was re-created, or some bucket's log no longer reaches back to
+its baseline.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from aggfuncs import AggFunction
+from recovery.remote import undo_remote
+from recovery.undo import UndoResult
+from tally.errors import RecoveryError
+
+# Functions whose result is the same when the same rows are written twice.
+REPLAY_IDEMPOTENT = {
+    AggFunction.MAX, AggFunction.MIN, AggFunction.BOOL_AND, AggFunction.BOOL_OR,
+    AggFunction.FIRST_VALUE, AggFunction.FIRST_VALUE_IGNORE_NULLS,
+}
+
+
+@dataclass
+class RecoveryReport:
+    table: str
+    owner_id: str
+    baseline_source: str
+    buckets: list[UndoResult] = field(default_factory=list)
+    skipped: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def keys_restored(self) -> int:
+        return sum(b.keys_restored for b in self.buckets)
+
+    @property
+    def keys_deleted(self) -> int:
+        return sum(b.keys_deleted for b in self.buckets)
+
+    def summary(self) -> str:
+        if self.skipped:
+            return f"undo skipped for {self.owner_id} on {self.table}: {self.skipped}"
+        ranges = ", ".join(
+            f"{'' if b.partition is None else b.partition + '/'}{b.bucket}:[{b.baseline},{b.end})"
+            for b in self.buckets) or "nothing to undo"
+        return (f"undo of {self.owner_id} on {self.table} from {self.baseline_source}: "
+                f"{len(self.buckets)} bucket(s) {ranges}; {self.keys_restored} key(s) restored, "
+                f"{self.keys_deleted} removed, in {self.seconds:.2f}s")
+
+
+def undo_can_be_skipped(schema, target_columns, writer_deletes: bool) -> str | None:
+    """Why undo cannot matter for this writer, or None. Conservative: only when the writer never
+    deletes and every target column's function gives the same result for rows written twice
+    (max, min, bool_and, bool_or, first_value*). This assumes a replay re-sends the same rows,
+    as Spark does for a batch replayed from its recorded offsets."""
+    if writer_deletes:
+        return None
+    names = target_columns or schema.names
+    functions = [schema.column(n).agg for n in names if n not in schema.primary_key]
+    if functions and all(f in REPLAY_IDEMPOTENT for f in functions):
+        return ("every target column is idempotent under replay "
+                f"({', '.join(sorted({f.value for f in functions}))}) and the writer never deletes")
+    return None
+
+
+def recover(conn, table: str, lease, target_columns=None, writer_deletes: bool = True,
+            skip_idempotent: bool = True) -> RecoveryReport:
+    """Undo every change of `lease.owner_id` to `target_columns` of `table` since its last
+    commit (or its lock's initial offsets)."""
+    started = time.monotonic()
+    info = conn.admin.describe_table(table)
+    if info.table_id != lease.table_id:
+        raise RecoveryError(
+            f"Table {table} was dropped and re-created (table id {lease.table_id} recorded with "
+            f"the lock, now {info.table_id}): its changelog is not the one the baselines refer "
+            "to. Nothing was changed; start the job afresh with a new owner id.")
+    conn.locks.check(lease)
+    last = conn.locks.last_commit(table, lease.owner_id)
+    if last is not None:
+        baselines, source = last[1], f"commit of epoch {last[0]}"
+    else:
+        baselines, source = lease.initial_offsets, "the lock's initial offsets (no commit yet)"
+    report = RecoveryReport(table, lease.owner_id, source)
+    reason = skip_idempotent and undo_can_be_skipped(info.descriptor.schema, target_columns,
+                                                     writer_deletes)
+    if reason:
+        report.skipped = reason
+        return report
+    current = conn.admin.list_log_offsets(table)
+    todo = []
+    for (partition, bucket), (start, end) in sorted(current.items(),
+                                                    key=lambda kv: (kv[0][0] or "", kv[0][1])):
+        baseline = baselines.get((partition, bucket), 0)  # a partition made since: from 0
+        if end <= baseline:
+            continue
+        if baseline < start:
+            raise RecoveryError(
+                f"Cannot undo bucket {bucket}{'' if partition is None else f' of partition {partition}'}"
+                f" of {table} from offset {baseline}: its changelog now starts at {start} "
+                "(retention removed the records undo needs). Nothing was changed.")
+        todo.append((partition, bucket, baseline, end))
+    handle = conn.table(table)
+    for partition, bucket, baseline, end in todo:
+        report.buckets.append(undo_remote(handle, bucket, baseline, partition=partition, end=end,
+                                          target_columns=target_columns, lease=lease))
+    report.seconds = time.monotonic() - started
+    return report

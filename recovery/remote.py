@@ -1,0 +1,82 @@
+"""Undo of one bucket of a cluster table, through the client.
+
+`RemoteBucket` gives `BucketUndo` the same small interface an in-process KvTablet offers: log
+offsets, the changelog streamed in bounded chunks, and OVERWRITE puts and deletes, written under
+the owner's lease (the columns being restored are locked by that owner).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pyarrow as pa
+
+from merge_engine.modes import MergeMode
+from recovery.undo import BucketUndo, UndoResult
+
+CHUNK_OFFSETS = 50_000  # changelog records read per request: bounds undo's memory
+
+
+class RemoteBucket:
+    def __init__(self, table, bucket: int, partition: str | None = None, lease=None):
+        self.table = table
+        self.bucket = int(bucket)
+        self.partition = partition
+        self.lease = lease
+        self._writers: dict = {}
+
+    @property
+    def schema(self):
+        return self.table.meta.descriptor.schema
+
+    def _offsets(self) -> tuple[int, int]:
+        return self.table.connection.admin.list_log_offsets(self.table.name)[
+            (self.partition, self.bucket)]
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._offsets()[0]
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._offsets()[1]
+
+    def iter_changelog(self, start: int, end: int) -> Iterator[pa.Table]:
+        for low in range(start, end, CHUNK_OFFSETS):
+            yield self.table.changelog(self.bucket, low, min(low + CHUNK_OFFSETS, end),
+                                       partition=self.partition)
+
+    def _writer(self, target_columns):
+        key = None if target_columns is None else tuple(target_columns)
+        if key not in self._writers:
+            self._writers[key] = self.table.upsert_writer(
+                target_columns=target_columns, mode=MergeMode.OVERWRITE, lease=self.lease)
+        return self._writers[key]
+
+    def put(self, rows, mode=MergeMode.OVERWRITE, target_columns=None) -> None:
+        writer = self._writer(target_columns)
+        writer.upsert(rows)
+        writer.flush()
+
+    def delete(self, keys, mode=MergeMode.OVERWRITE, target_columns=None) -> None:
+        writer = self._writer(target_columns)
+        writer.delete(keys)
+        writer.flush()
+
+    def close(self) -> None:
+        for writer in self._writers.values():
+            writer.close()
+
+
+def undo_remote(table, bucket: int, baseline: int, partition: str | None = None,
+                end: int | None = None, target_columns=None, lease=None) -> UndoResult:
+    """Undo bucket `bucket` (of `partition`) of a cluster table (from `conn.table(name)`) to
+    `baseline` for `target_columns` (with the key; None means full rows). Pass the owner's
+    `lease` when the columns are locked."""
+    remote = RemoteBucket(table, bucket, partition, lease)
+    try:
+        result = BucketUndo(remote, remote.schema, baseline, end, target_columns).run()
+    finally:
+        remote.close()
+    result.bucket, result.partition = int(bucket), partition
+    return result

@@ -1,0 +1,65 @@
+"""Changelog retention on a tablet server, and the admin call that truncates one bucket's log.
+
+Every `interval` seconds each open tablet whose table sets `table.log.retention.offsets` or
+`table.log.retention.ms` is truncated to what those options allow, but never above the floor the
+coordinator reports: the oldest offset a live lock's last commit (or its initial offsets) or an
+uncommitted epoch's baseline still needs for undo. `table.log.retention.ignore-locks = true`
+drops that protection.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from locks.lease import offsets_from_json
+from server.membership import HeartbeatSender
+from tally.errors import TallyError
+
+log = logging.getLogger(__name__)
+
+RETENTION_INTERVAL = 30.0
+_OPTIONS = ("table.log.retention.offsets", "table.log.retention.ms")
+
+
+class RetentionKeeper:
+    def __init__(self, server, interval: float = RETENTION_INTERVAL) -> None:
+        self.server = server
+        server.actions["truncate_log"] = self.truncate
+        server.actions["enforce_retention"] = lambda body: self.enforce()
+        self._loop = HeartbeatSender(self.enforce, interval)
+
+    def start(self) -> None:
+        self._loop.start()
+
+    def close(self) -> None:
+        self._loop.close()
+
+    def truncate(self, body: dict) -> int:
+        hosted = self.server.tablet(body["table_id"], body["partition_id"], body["bucket"])
+        with hosted.lock:
+            return hosted.tablet.truncate_log(int(body["before"]))
+
+    def enforce(self) -> dict:
+        """One retention pass; {bucket label: new log start} for the buckets it truncated."""
+        floors: dict[int, tuple[dict, int]] = {}
+        moved = {}
+        for hosted in self.server.host.all_hosted():
+            properties = hosted.tablet.descriptor.properties
+            if not any(option in properties for option in _OPTIONS):
+                continue
+            table_id = hosted.key.table_id
+            try:
+                if table_id not in floors:
+                    answer = self.server.coordinator("retention_floor", {"table_id": table_id})
+                    floors[table_id] = (offsets_from_json(answer["offsets"]), answer["live_locks"])
+            except TallyError as e:
+                log.info("retention skipped for table id %d: %s", table_id, e)
+                continue
+            offsets, live_locks = floors[table_id]
+            floor = offsets.get((hosted.partition, hosted.key.bucket), 0 if live_locks else None)
+            with hosted.lock:
+                before = hosted.tablet.log_start_offset
+                after = hosted.tablet.enforce_retention(floor)
+            if after != before:
+                moved[hosted.label] = after
+        return moved
