@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-BENCHMARKS = ("ingest", "cluster")
+BENCHMARKS = ("ingest", "cluster", "undo")
 
 
 def run_suite(only: list[str] | None = None, rows: int = 1_000_000, keys: int = 100_000,
@@ -35,6 +35,13 @@ def run_suite(only: list[str] | None = None, rows: int = 1_000_000, keys: int = 
             outcome = cluster.run(rows=rows, keys=keys, batch=batch, seed=seed)
             cluster_texts.append(cluster.format_text(outcome))
             cluster_ok = cluster_ok and outcome["ok"]
+        elif name == "undo":  # issue 5: undo time vs write time, by batch and table size
+            from bench import undo
+
+            print("undo benchmark: a batch written then undone, 1M and 4M-row tables", flush=True)
+            outcome = undo.run()
+            cluster_texts.append(undo.format_text(outcome))
+            cluster_ok = cluster_ok and all(r["verified"] for r in outcome)
     print()
     if results:
         print(format_text(results))

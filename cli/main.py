@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--batch", type=positive_int, default=100_000, help="rows per Arrow batch (default 100,000)")
     bench.add_argument("--repeat", type=positive_int, default=1, help="runs per side; the median counts (default 1)")
     bench.add_argument("--seed", type=int, default=42, help="seed of the generated data (default 42)")
-    bench.add_argument("--only", action="append", choices=["ingest", "cluster"], help="run only this benchmark (repeatable)")
+    bench.add_argument("--only", action="append", choices=["ingest", "cluster", "undo"], help="run only this benchmark (repeatable)")
     bench.add_argument("--report", metavar="FILE", help="also write the results as markdown to FILE")
     bench.set_defaults(func=cmd_bench)
 
