@@ -43,11 +43,34 @@ def float_sort_key(values: pa.Array) -> pa.Array:
     return pa.array(bits ^ ((bits >> 63) & np.int64(0x7FFFFFFFFFFFFFFF)))
 
 
+def _numeric_key(values: pa.Array) -> np.ndarray | None:
+    """int64 keys in the values' order, for numbers numpy can compare exactly; else None."""
+    t = values.type
+    if pa.types.is_floating(t):
+        return float_sort_key(values).to_numpy()
+    if pa.types.is_date(t) or pa.types.is_time(t) or pa.types.is_timestamp(t):
+        values = values.view(pa.int32() if t.bit_width == 32 else pa.int64())  # same buffers
+    elif not pa.types.is_integer(values.type) or t == pa.uint64():
+        return None
+    if values.null_count:
+        values = values.fill_null(pa.scalar(0, values.type))
+    return values.to_numpy(zero_copy_only=False).astype(np.int64)
+
+
 def pick_extreme(
     states: pa.Array, written: np.ndarray, segments: Segments, largest: bool
 ) -> np.ndarray:
-    """Per group, the input index of its largest (or smallest) written non-null value, or -1."""
+    """Per group, the input index of its largest (or smallest) written non-null value, or -1.
+    Ties go to the earliest input."""
     keep = written & valid_mask(states)
+    keys = _numeric_key(states)
+    if keys is not None:
+        # numpy: the extreme key per group, then the first eligible row holding it.
+        bound = np.iinfo(np.int64).min if largest else np.iinfo(np.int64).max
+        masked = np.where(keep, keys, bound)
+        best, _ = segments.reduce(np.maximum if largest else np.minimum, masked)
+        winners = keep & (masked == best[segments.group_ids])
+        return segments.pick(winners, last=False)
     index = np.nonzero(keep)[0]
     sub = segments.filtered(keep)
     values = states.take(pa.array(index, type=pa.int64()))

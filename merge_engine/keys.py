@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tally.errors import InvalidInputError
 
@@ -57,15 +58,55 @@ def _escaped(values: pa.Array) -> list[bytes]:
     return [v.replace(b"\x00", b"\x00\xff") + b"\x00\x01" for v in items]
 
 
+def key_matrix(key_columns: list[pa.Array]) -> np.ndarray | None:
+    """The encoded keys as an (n, width) byte matrix when every key column is fixed-width."""
+    fixed = [_fixed_key_bytes(c) for c in key_columns]
+    if any(f is None for f in fixed):
+        return None
+    return np.hstack(fixed) if len(fixed) > 1 else fixed[0]
+
+
+def rows_as_bytes(matrix: np.ndarray) -> list[bytes]:
+    width = matrix.shape[1]
+    flat = np.ascontiguousarray(matrix).tobytes()
+    return [flat[i:i + width] for i in range(0, len(flat), width)]
+
+
+def group_keys(key_columns: list[pa.Array]):
+    """(distinct encoded keys in key order, each row's group id, each group's first row).
+
+    Fixed-width keys are grouped with one numpy sort, without making a bytes object per row;
+    other keys go through Arrow's hash table.
+    """
+    matrix = key_matrix(key_columns)
+    if matrix is not None:
+        width = matrix.shape[1]
+        if width <= 8:
+            padded = np.zeros((len(matrix), 8), dtype=np.uint8)
+            padded[:, :width] = matrix
+            sortable = padded.view(">u8").ravel().astype(np.uint64)
+        else:
+            sortable = np.ascontiguousarray(matrix).view(np.dtype((np.void, width))).ravel()
+        _, firsts, group_ids = np.unique(sortable, return_index=True, return_inverse=True)
+        return rows_as_bytes(matrix[firsts]), group_ids.astype(np.int64).ravel(), firsts
+    encoded = pa.array(encode_keys(key_columns), type=pa.binary()).dictionary_encode()
+    order = pc.sort_indices(encoded.dictionary).to_numpy()
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    group_ids = rank[encoded.indices.to_numpy(zero_copy_only=False)]
+    firsts = np.empty(len(order), dtype=np.int64)
+    # Assigning in reverse leaves each group's smallest row index (numpy applies repeated
+    # fancy-index assignments in order).
+    firsts[group_ids[::-1]] = np.arange(len(group_ids) - 1, -1, -1)
+    return encoded.dictionary.take(pa.array(order)).to_pylist(), group_ids, firsts
+
+
 def encode_keys(key_columns: list[pa.Array]) -> list[bytes]:
     """One bytes key per row for the given primary-key columns (no nulls allowed)."""
     n = len(key_columns[0])
     fixed = [_fixed_key_bytes(c) for c in key_columns]
     if all(f is not None for f in fixed):
-        matrix = np.hstack(fixed) if len(fixed) > 1 else fixed[0]
-        width = matrix.shape[1]
-        flat = matrix.tobytes()
-        return [flat[i:i + width] for i in range(0, n * width, width)]
+        return rows_as_bytes(np.hstack(fixed) if len(fixed) > 1 else fixed[0])
     parts = []
     for column, f in zip(key_columns, fixed):
         if f is None:

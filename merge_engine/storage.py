@@ -7,7 +7,6 @@ bucket is either before or after the write, never in between.
 
 from __future__ import annotations
 
-import itertools
 import os
 import struct
 from typing import Iterator
@@ -38,41 +37,10 @@ def offset_of(key: bytes) -> int:
     return _U64.unpack(key[len(LOG):])[0]
 
 
-class RowCache:
-    """The stored bytes of recently written or read keys, capped in size.
-
-    Aggregation tables rewrite the same hot keys batch after batch; serving their stored rows
-    from memory skips most of RocksDB's multi-get. It is filled and updated only after a write
-    batch commits, so it never holds a row RocksDB does not. When full, the oldest half goes
-    (insertion order; rewriting a key moves it to the back), which bounds memory whatever the
-    table size.
-    """
-
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self.rows: dict[bytes, bytes] = {}
-
-    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
-        get = self.rows.get
-        return [get(k) for k in keys]
-
-    def update(self, written: dict[bytes, bytes | None]) -> None:
-        if self.capacity <= 0:
-            return
-        rows = self.rows
-        for key, value in written.items():
-            rows.pop(key, None)
-            if value is not None:
-                rows[key] = value
-        if len(rows) > self.capacity:
-            for key in list(itertools.islice(rows, len(rows) - self.capacity // 2)):
-                del rows[key]
-
-
 class TabletStore:
     """Thin, typed access to the bucket's RocksDB."""
 
-    def __init__(self, path: str, sync: bool = False, cache_rows: int = 262144):
+    def __init__(self, path: str, sync: bool = False):
         os.makedirs(path, exist_ok=True)
         options = Options(raw_mode=True)
         options.create_if_missing(True)
@@ -87,7 +55,6 @@ class TabletStore:
             raise StorageError(f"Cannot open the tablet at {path}: {exc}") from None
         self.write_options = WriteOptions()
         self.write_options.sync = sync
-        self.cache = RowCache(cache_rows)
 
     def close(self) -> None:
         self.db.close()
@@ -98,13 +65,7 @@ class TabletStore:
         """Stored row bytes per key (None for absent keys); keys in key order read fastest."""
         if not keys:
             return []
-        rows = self.cache.get_many(keys)
-        misses = [i for i, row in enumerate(rows) if row is None]
-        if misses:
-            found = self.db.get([ROW + keys[i] for i in misses])
-            for i, row in zip(misses, found):
-                rows[i] = row
-        return rows
+        return self.db.get([ROW + k for k in keys])
 
     def scan_rows(self, chunk: int = 65536) -> Iterator[list[bytes]]:
         """Stored rows in key order, `chunk` at a time."""
@@ -179,8 +140,5 @@ class TabletStore:
     def put_writer(batch: WriteBatch, writer_id: str, sequence: int, end_offset: int) -> None:
         batch.put(WRITER + writer_id.encode(), _WRITER_STATE.pack(sequence, end_offset))
 
-    def commit(self, batch: WriteBatch, rows: dict[bytes, bytes | None] | None = None) -> None:
-        """Apply `batch` atomically; `rows` ({key: new bytes or None}) are its row changes."""
+    def commit(self, batch: WriteBatch) -> None:
         self.db.write(batch, self.write_options)
-        if rows:
-            self.cache.update(rows)

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from merge_engine import changelog as log
 from merge_engine.descriptor import KV_SYNC, TableDescriptor
 from merge_engine.input import WriteInput, prepare_write
-from merge_engine.keys import encode_keys
+from merge_engine.keys import encode_keys, group_keys
 from merge_engine.mergers import AggregateRowMerger, DeleteMerger, OverwriteRowMerger
 from merge_engine.modes import DeleteBehavior, MergeMode
 from merge_engine.rowcodec import RowCodec
@@ -154,18 +154,7 @@ class KvTablet:
         """The write's distinct encoded keys in key order, each row's group id (its key's
         position), and each group's first row. Key order makes RocksDB's multi-get and
         memtable inserts sequential, which is several times faster than random order."""
-        encoded = pa.array(encode_keys(write.key_columns(self.schema)), type=pa.binary())
-        dictionary = encoded.dictionary_encode()
-        order = pc.sort_indices(dictionary.dictionary).to_numpy()
-        rank = np.empty(len(order), dtype=np.int64)
-        rank[order] = np.arange(len(order))
-        group_ids = rank[dictionary.indices.to_numpy(zero_copy_only=False)]
-        firsts = np.empty(len(order), dtype=np.int64)
-        # Assigning in reverse leaves each group's smallest row index (numpy applies repeated
-        # fancy-index assignments in order).
-        firsts[group_ids[::-1]] = np.arange(len(group_ids) - 1, -1, -1)
-        keys = dictionary.dictionary.take(pa.array(order)).to_pylist()
-        return keys, group_ids, firsts
+        return group_keys(write.key_columns(self.schema))
 
     def _load(self, keys: list[bytes], write: WriteInput, firsts: np.ndarray):
         """The stored state of each key (an empty row for new keys) and the stored bytes."""
@@ -197,13 +186,11 @@ class KvTablet:
 
     def _commit(self, keys, before, after, outcome, new_rows, writer) -> int:
         batch = self._store.new_batch()
-        changed: dict[bytes, bytes | None] = {}
+        put = batch.put
         for i in np.nonzero((outcome == log.INSERTED) | (outcome == log.UPDATED))[0].tolist():
-            batch.put(ROW + keys[i], new_rows[i])
-            changed[keys[i]] = new_rows[i]
+            put(ROW + keys[i], new_rows[i])
         for i in np.nonzero(outcome == log.REMOVED)[0].tolist():
             batch.delete(ROW + keys[i])
-            changed[keys[i]] = None
         end = self._end
         records = log.build_records(self.arrow_schema, self.value_positions, before, after,
                                     outcome, end) if len(keys) else None
@@ -214,7 +201,7 @@ class KvTablet:
         if writer is not None:
             TabletStore.put_writer(batch, writer[0], writer[1], end)
         if not batch.is_empty():
-            self._store.commit(batch, changed)
+            self._store.commit(batch)
         self._end = end
         return end
 
