@@ -9,6 +9,7 @@ import pyarrow.compute as pc
 from aggfuncs.base import Aggregator, parse_bool, valid_mask
 from aggfuncs.functions import AggFunction
 from aggfuncs.segments import Segments
+from aggfuncs.string_agg import _last_index
 from aggfuncs.tokens import first_occurrences
 
 
@@ -22,6 +23,23 @@ class ArrayAggAggregator(Aggregator):
     parameters = {"distinct": parse_bool}
     defaults = {"distinct": False}
     accepts = staticmethod(_is_list)
+    retractable = True
+
+    def step(self, acc, value, sign):
+        """Elements so far; a retraction removes the last occurrence of each retracted element."""
+        if value is None:
+            return acc
+        items = list(acc or [])
+        for element in value:
+            if sign > 0:
+                if not (self.params["distinct"] and element in items):
+                    items.append(element)
+            else:
+                items.pop(_last_index(items, element, self.column))
+        return items
+
+    def finish(self, acc):
+        return acc if acc else None  # no elements left: the empty state
 
     def input_type(self, given: pa.DataType) -> pa.DataType:
         return self.type if _is_list(given) else self.type.value_type
@@ -55,6 +73,6 @@ class ArrayAggAggregator(Aggregator):
             picked = first_occurrences(owner, elements)
             elements, owner = elements.take(pa.array(picked, type=pa.int64())), owner[picked]
         lengths = np.bincount(owner, minlength=sub.count)
-        has = sub.lengths > 0
+        has = lengths > 0  # no elements at all is the empty state (null), as in SQL
         offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]), type=self._offset_type())
         return self._list_class().from_arrays(offsets, elements, mask=pa.array(~has))

@@ -16,7 +16,10 @@ import pyarrow.compute as pc
 
 from aggfuncs.functions import AggFunction
 from aggfuncs.segments import Segments
-from tally.errors import InvalidAggFunctionError, InvalidInputError
+from tally.errors import InvalidAggFunctionError, InvalidInputError, RetractionError
+
+
+IGNORE_RETRACT = "ignore-retract"
 
 
 def parse_bool(name: str, value: Any) -> bool:
@@ -39,6 +42,11 @@ class Aggregator:
     type_names: ClassVar[str] = "any type"
     parameters: ClassVar[dict[str, Callable[[str, Any], Any]]] = {}
     defaults: ClassVar[dict[str, Any]] = {}
+    # Can a write take back an earlier contribution exactly (see `fold_signed`)?
+    retractable: ClassVar[bool] = False
+    # Does the state need a count of contributions to know when it is empty again (a sum back
+    # at 0 after +5 -5 is empty, one at 0 after +0 is not)?
+    counts_contributions: ClassVar[bool] = False
 
     def __init__(self, column: str, arrow_type: pa.DataType, params: dict | None = None):
         self.column = column
@@ -55,11 +63,13 @@ class Aggregator:
         return self.function.value
 
     def _parse_params(self, given: dict) -> dict:
-        parsed = dict(self.defaults)
+        parsed = {**self.defaults, IGNORE_RETRACT: False}
+        accepted = {**self.parameters, IGNORE_RETRACT: parse_bool}
         for key, value in given.items():
-            parser = self.parameters.get(key)
+            key = IGNORE_RETRACT if key in ("ignore-retract", "ignore_retract") else key
+            parser = accepted.get(key)
             if parser is None:
-                supported = sorted(self.parameters) or "none"
+                supported = sorted(accepted)
                 raise InvalidAggFunctionError(
                     f"Parameter '{key}' is not supported for aggregation function '{self.name}' "
                     f"(column '{self.column}'). Supported parameters: {supported}"
@@ -69,7 +79,8 @@ class Aggregator:
 
     def explicit_params(self) -> dict:
         """Parameters that differ from the defaults, as JSON-friendly values."""
-        return {k: v for k, v in self.params.items() if self.defaults.get(k) != v}
+        defaults = {**self.defaults, IGNORE_RETRACT: False}
+        return {k: v for k, v in self.params.items() if defaults.get(k) != v}
 
     # --- type rules -------------------------------------------------------------------------
 
@@ -113,6 +124,48 @@ class Aggregator:
         `written[i]` says whether row i targeted this column; unwritten rows are skipped.
         """
         raise NotImplementedError
+
+    # --- retraction -------------------------------------------------------------------------
+
+    def fold_signed(self, states: pa.Array, written: np.ndarray, segments: Segments,
+                    signs: np.ndarray) -> pa.Array:
+        """`fold` where rows with a negative sign take back a contribution.
+
+        Groups without retractions fold with the vectorised `fold`; groups with retractions
+        (CDC updates and deletes: the rarer case) fold row by row with `step`, in order.
+        """
+        retracting = written & (signs < 0)
+        if not retracting.any():
+            return self.fold(states, written, segments)
+        if not self.retractable:
+            raise RetractionError(
+                f"Column '{self.column}' ({self.name}) cannot take back a contribution exactly; "
+                f"set 'fields.{self.column}.ignore-retract' = 'true' to ignore retractions for it")
+        slow = segments.any(retracting)
+        slow_rows = slow[segments.group_ids]
+        fast = self.fold(states, written & ~slow_rows, segments)
+        groups = np.nonzero(slow)[0]
+        values = states.to_pylist()
+        results = []
+        for g in groups:
+            rows = segments.order[segments.starts[g]:segments.starts[g] + segments.lengths[g]]
+            acc = None
+            for i in rows:
+                if written[i]:
+                    acc = self.step(acc, values[i], int(signs[i]))
+            results.append(self.finish(acc))
+        index = np.arange(segments.count)
+        index[groups] = segments.count + np.arange(len(groups))
+        slow_values = pa.array(results, type=fast.type)
+        return pa.concat_arrays([fast, slow_values]).take(pa.array(index, type=pa.int64()))
+
+    def step(self, acc, value, sign: int):
+        """One contribution (sign 1) or retraction (sign -1) applied to a Python state."""
+        raise NotImplementedError
+
+    def finish(self, acc):
+        """The stored value of a Python state built by `step`."""
+        return acc
 
 
 def cast_column(values: pa.Array, target: pa.DataType, agg: Aggregator) -> pa.Array:

@@ -38,6 +38,13 @@ class CountAggregator(Aggregator):
     def _as_int64(self, values: pa.Array) -> pa.Array:
         return cast_column(values, pa.int64(), self)
 
+    retractable = True
+
+    def fold_signed(self, states, written, segments, signs) -> pa.Array:
+        """A retraction decrements (by its partial count in MERGE_STATE mode)."""
+        signed = pc.multiply(states, pa.array(signs.astype(np.int64)))
+        return self.fold(signed, written, segments)
+
     def empty(self, n: int) -> pa.Array:
         return pa.array(np.zeros(n, dtype=np.int64))
 

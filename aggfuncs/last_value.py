@@ -14,6 +14,13 @@ class LastValueAggregator(Aggregator):
     """A null input overwrites: the last write wins, whatever it holds."""
 
     function = AggFunction.LAST_VALUE
+    retractable = True
+
+    def step(self, acc, value, sign):
+        """A retraction of the current value clears it; of any other value, does nothing."""
+        if sign < 0:
+            return None if acc == value else acc
+        return value
 
     def fold(self, states: pa.Array, written: np.ndarray, segments: Segments) -> pa.Array:
         return take_or_null(states, segments.pick(written, last=True))
@@ -23,6 +30,12 @@ class LastValueIgnoreNullsAggregator(Aggregator):
     """A null input keeps the stored value: the default for columns without a function."""
 
     function = AggFunction.LAST_VALUE_IGNORE_NULLS
+    retractable = True
+
+    def step(self, acc, value, sign):
+        if sign < 0:
+            return None if value is not None and acc == value else acc
+        return acc if value is None else value
 
     def fold(self, states: pa.Array, written: np.ndarray, segments: Segments) -> pa.Array:
         return take_or_null(states, segments.pick(written & valid_mask(states), last=True))

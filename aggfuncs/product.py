@@ -10,7 +10,8 @@ import pyarrow as pa
 
 from aggfuncs.base import Aggregator, valid_mask
 from aggfuncs.functions import AggFunction
-from aggfuncs.numeric import NUMERIC_TYPE_NAMES, fold_numeric, is_numeric
+from aggfuncs.numeric import NUMERIC_TYPE_NAMES, fold_numeric, integer_bounds, is_numeric
+from tally.errors import AggregateOverflowError, RetractionError
 from aggfuncs.segments import Segments
 
 
@@ -18,6 +19,62 @@ class ProductAggregator(Aggregator):
     function = AggFunction.PRODUCT
     type_names = NUMERIC_TYPE_NAMES
     accepts = staticmethod(is_numeric)
+    retractable = True
+    counts_contributions = True
+
+    def step(self, acc, value, sign):
+        """Multiply, or for a retraction divide, exactly for integers and decimals."""
+        if value is None:
+            return acc
+        if sign > 0:
+            result = value if acc is None else acc * value
+            if pa.types.is_floating(self.type) and acc is not None:
+                dtype = self.type.to_pandas_dtype()
+                result = float(dtype(acc) * dtype(value))
+            if pa.types.is_decimal(self.type):
+                result = self._multiply_decimal(acc, value) if acc is not None else value
+        else:
+            if value == 0:
+                raise RetractionError(
+                    f"product column '{self.column}' cannot retract 0: dividing by zero")
+            base = 1 if acc is None else acc
+            if pa.types.is_floating(self.type):
+                dtype = self.type.to_pandas_dtype()  # divide in the column's own precision
+                result = float(dtype(base) / dtype(value))
+            elif pa.types.is_decimal(self.type):
+                result = self._divide_decimal(base, value)
+            else:
+                if base % value:
+                    raise RetractionError(
+                        f"product column '{self.column}' cannot retract {value}: {base} is not "
+                        f"divisible by it")
+                result = base // value
+        self._check_range(result)
+        return result
+
+    def _divide_decimal(self, base, value):
+        quantum = decimal.Decimal(1).scaleb(-self.type.scale)
+        with decimal.localcontext() as ctx:
+            ctx.prec = 2 * self.type.precision + 10
+            exact = base / value
+            if exact.quantize(quantum) != exact:
+                raise RetractionError(
+                    f"product column '{self.column}' cannot retract {value}: {base} / {value} "
+                    f"is not exact at scale {self.type.scale}")
+            return exact.quantize(quantum)
+
+    def _check_range(self, result) -> None:
+        if pa.types.is_integer(self.type):
+            low, high = integer_bounds(self.type)
+            if not low <= result <= high:
+                raise AggregateOverflowError(
+                    f"product column '{self.column}' overflows {self.type}: the result {result} "
+                    f"is outside [{low}, {high}]. The whole write was rejected.")
+        elif pa.types.is_decimal(self.type):
+            if abs(result) >= decimal.Decimal(10) ** (self.type.precision - self.type.scale):
+                raise AggregateOverflowError(
+                    f"product column '{self.column}' overflows {self.type}: the result {result} "
+                    "needs more digits. The whole write was rejected.")
 
     def fold(self, states: pa.Array, written: np.ndarray, segments: Segments) -> pa.Array:
         keep = written & valid_mask(states)

@@ -12,7 +12,15 @@ from aggfuncs.base import Aggregator, parse_bool, valid_mask
 from aggfuncs.functions import AggFunction
 from aggfuncs.segments import Segments
 from aggfuncs.tokens import first_occurrences
-from tally.errors import InvalidAggFunctionError
+from tally.errors import InvalidAggFunctionError, RetractionError
+
+
+def _last_index(items: list, item, column: str) -> int:
+    for i in range(len(items) - 1, -1, -1):
+        if items[i] == item:
+            return i
+    raise RetractionError(
+        f"Column '{column}' cannot retract {item!r}: it holds no such contribution")
 
 
 def parse_delimiter(name: str, value: Any) -> str:
@@ -30,9 +38,27 @@ class StringAggAggregator(Aggregator):
     parameters = {"delimiter": parse_delimiter, "distinct": parse_bool}
     defaults = {"delimiter": ",", "distinct": False}
 
+    retractable = True
+
     @staticmethod
     def accepts(arrow_type: pa.DataType) -> bool:
         return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
+
+    def step(self, acc, value, sign):
+        """Tokens so far (a list); a retraction removes the last occurrence of each token."""
+        if value is None:
+            return acc
+        tokens = list(acc or [])
+        for token in value.split(self.params["delimiter"]):
+            if sign > 0:
+                if not (self.params["distinct"] and token in tokens):
+                    tokens.append(token)
+            else:
+                tokens.pop(_last_index(tokens, token, self.column))
+        return tokens
+
+    def finish(self, acc):
+        return self.params["delimiter"].join(acc) if acc else None
 
     def fold(self, states: pa.Array, written: np.ndarray, segments: Segments) -> pa.Array:
         keep = written & valid_mask(states)

@@ -9,7 +9,10 @@ import pyarrow as pa
 
 from aggfuncs.base import Aggregator, valid_mask
 from aggfuncs.functions import AggFunction
-from aggfuncs.numeric import NUMERIC_TYPE_NAMES, fold_numeric, is_numeric
+import pyarrow.compute as pc
+
+from aggfuncs.numeric import NUMERIC_TYPE_NAMES, fold_numeric, integer_bounds, is_numeric
+from tally.errors import AggregateOverflowError
 from aggfuncs.segments import Segments
 
 
@@ -17,6 +20,32 @@ class SumAggregator(Aggregator):
     function = AggFunction.SUM
     type_names = NUMERIC_TYPE_NAMES
     accepts = staticmethod(is_numeric)
+    retractable = True
+    counts_contributions = True
+
+    def fold_signed(self, states, written, segments, signs) -> pa.Array:
+        """A retraction subtracts: negate the retracted values and sum as usual."""
+        retracting = written & (signs < 0)
+        if not retracting.any() or pa.types.is_unsigned_integer(self.type):
+            return super().fold_signed(states, written, segments, signs)  # unsigned: row by row
+        try:
+            negated = pc.negate_checked(states)
+        except pa.ArrowInvalid:
+            raise AggregateOverflowError(
+                f"sum column '{self.column}': a retracted value cannot be negated in "
+                f"{self.type}. The whole write was rejected.") from None
+        return self.fold(pc.if_else(pa.array(retracting), negated, states), written, segments)
+
+    def step(self, acc, value, sign):
+        if value is None:
+            return acc
+        result = (acc or 0) + sign * value
+        low, high = integer_bounds(self.type)
+        if not low <= result <= high:
+            raise AggregateOverflowError(
+                f"sum column '{self.column}' overflows {self.type}: the result {result} is "
+                f"outside [{low}, {high}]. The whole write was rejected.")
+        return result
 
     def fold(self, states: pa.Array, written: np.ndarray, segments: Segments) -> pa.Array:
         # Null rule: nulls and unwritten cells contribute nothing; a group of only those is null.

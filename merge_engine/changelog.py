@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from merge_engine.input import UNWRITTEN
+from merge_engine.input import CONTRIBUTIONS, UNWRITTEN
 from merge_engine.state import StateBatch
 
 OFFSET = "_offset"
@@ -27,11 +27,13 @@ def changelog_schema(arrow_schema: pa.Schema) -> pa.Schema:
               pa.field(CHANGE_TYPE, pa.string(), nullable=False)]
     fields += [pa.field(f.name, f.type) for f in arrow_schema]
     fields.append(pa.field(UNWRITTEN, pa.list_(pa.string())))
+    fields.append(pa.field(CONTRIBUTIONS, pa.list_(pa.int64())))
     return pa.schema(fields)
 
 
-def build_records(schema: pa.Schema, value_positions: list[int], before: StateBatch,
-                  after: StateBatch, outcome: np.ndarray, start_offset: int) -> pa.Table | None:
+def build_records(schema: pa.Schema, value_positions: list[int], counted: list[int],
+                  before: StateBatch, after: StateBatch, outcome: np.ndarray,
+                  start_offset: int) -> pa.Table | None:
     """The changelog records of one write, or None when nothing changed.
 
     `before` and `after` hold one row per key (aligned); `outcome` says per key whether it was
@@ -56,7 +58,16 @@ def build_records(schema: pa.Schema, value_positions: list[int], before: StateBa
               pa.array(change, type=pa.string())]
     arrays += images.columns
     arrays.append(_unwritten_lists(images.written, value_positions, schema.names))
+    arrays.append(contribution_lists(images.counts(), counted))
     return pa.Table.from_arrays(arrays, schema=changelog_schema(schema))
+
+
+def contribution_lists(counts: np.ndarray, counted: list[int]) -> pa.Array:
+    """Per row, the contribution counts of the counted (sum, product) columns, in schema order."""
+    n = len(counts)
+    flat = counts[:, counted].ravel() if counted else np.zeros(0, dtype=np.int64)
+    offsets = np.arange(n + 1, dtype=np.int32) * len(counted)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, type=pa.int64()))
 
 
 def _unwritten_lists(written: np.ndarray, value_positions: list[int], names: list[str]):
@@ -81,8 +92,9 @@ def deserialize(data: bytes) -> pa.Table:
     return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
 
 
-def state_from_records(records: pa.Table, names: list[str], value_positions: list[int]) -> StateBatch:
-    """Row images of changelog records as a StateBatch (written bits restored)."""
+def state_from_records(records: pa.Table, names: list[str], value_positions: list[int],
+                       counted: list[int]) -> StateBatch:
+    """Row images of changelog records as a StateBatch (written bits and counts restored)."""
     columns = [records.column(n).combine_chunks() for n in names]
     written = np.ones((records.num_rows, len(names)), dtype=bool)
     unwritten = records.column(UNWRITTEN).to_pylist()
@@ -90,4 +102,8 @@ def state_from_records(records: pa.Table, names: list[str], value_positions: lis
     for row, missing in enumerate(unwritten):
         for name in missing or ():
             written[row, position[name]] = False
-    return StateBatch(columns, written)
+    counts = np.zeros(written.shape, dtype=np.int64)
+    if counted and records.num_rows:
+        flat = records.column(CONTRIBUTIONS).combine_chunks().flatten().to_numpy()
+        counts[:, counted] = flat.reshape(records.num_rows, len(counted))
+    return StateBatch(columns, written, counts)

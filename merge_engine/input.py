@@ -15,6 +15,9 @@ from merge_engine.schema import Schema
 from tally.errors import InvalidInputError
 
 UNWRITTEN = "_unwritten"
+CONTRIBUTIONS = "_contributions"
+CHANGE_TYPE = "_change_type"
+_SIGNS = {"+I": 1, "+U": 1, "-U": -1, "-D": -1}
 
 
 @dataclass
@@ -26,6 +29,8 @@ class WriteInput:
     target: np.ndarray
     rows: int
     unwritten: list | None = None
+    signs: np.ndarray | None = None  # +1 contributes, -1 retracts (a `_change_type` of -U/-D)
+    contributions: list | None = None  # per row, counts of the counted columns (or None)
 
     def key_columns(self, schema: Schema) -> list[pa.Array]:
         return [self.columns[k] for k in schema.primary_key]
@@ -92,30 +97,32 @@ def _first_bad(values: list, arrow_type: pa.DataType):
 
 
 def prepare_write(rows, schema: Schema, aggregators, target_columns=None,
-                  allow_unwritten: bool = False, keys_only: bool = False) -> WriteInput:
+                  allow_unwritten: bool = False, keys_only: bool = False,
+                  allow_retractions: bool = False) -> WriteInput:
     """Validate a write against the schema and return its columns, or raise InvalidInputError.
 
     `keys_only` is for deletes: only the primary key is read and other schema columns are
-    ignored.
+    ignored. Hidden input columns: `_unwritten` and `_contributions` restore an image's
+    bookkeeping (OVERWRITE; `_contributions` also carries partial counts in MERGE_STATE);
+    `_change_type` marks retractions (-U, -D) in AGGREGATE and MERGE_STATE writes.
     """
     data = _to_table(rows)
     targets = _target_names(schema, target_columns)
     wanted = list(schema.primary_key) if keys_only else targets
     by_name = {a.column: a for a in aggregators}
     columns: dict[str, pa.Array] = {}
-    unwritten = None
+    hidden = {UNWRITTEN: allow_unwritten, CONTRIBUTIONS: allow_unwritten or allow_retractions,
+              CHANGE_TYPE: allow_retractions}
+    allowed = set(schema.names if keys_only else targets) | {h for h, ok in hidden.items() if ok}
     if isinstance(data, list):
         names = set().union(*(r.keys() for r in data)) if data else set()
-        allowed = set(schema.names if keys_only else targets) | ({UNWRITTEN} if allow_unwritten else set())
         _reject_unknown(names - allowed, schema, targets, keys_only)
         for name in wanted:
             columns[name] = _from_python([r.get(name) for r in data], schema.column(name))
-        if UNWRITTEN in names:
-            unwritten = [r.get(UNWRITTEN) or () for r in data]
+        extra = {h: [r.get(h) for r in data] for h in hidden if h in names}
         n = len(data)
     else:
         names = set(data.column_names)
-        allowed = set(schema.names if keys_only else targets) | ({UNWRITTEN} if allow_unwritten else set())
         _reject_unknown(names - allowed, schema, targets, keys_only)
         missing = [c for c in wanted if c not in names]
         if missing:
@@ -124,13 +131,25 @@ def prepare_write(rows, schema: Schema, aggregators, target_columns=None,
             raise InvalidInputError(f"The written rows lack columns {missing}{hint}")
         for name in wanted:
             columns[name] = data.column(name).combine_chunks()
-        if UNWRITTEN in names:
-            unwritten = [v or () for v in data.column(UNWRITTEN).to_pylist()]
+        extra = {h: data.column(h).to_pylist() for h in hidden if h in names}
         n = data.num_rows
     for key in schema.primary_key:
         columns[key] = _key_column(columns[key], schema.column(key), by_name[key])
     target = np.array([name in targets for name in schema.names], dtype=bool)
-    return WriteInput(columns, target, n, unwritten)
+    unwritten = [v or () for v in extra[UNWRITTEN]] if UNWRITTEN in extra else None
+    signs = _signs(extra[CHANGE_TYPE]) if CHANGE_TYPE in extra else None
+    return WriteInput(columns, target, n, unwritten, signs, extra.get(CONTRIBUTIONS))
+
+
+def _signs(change_types: list) -> np.ndarray | None:
+    """+1 per contributing row, -1 per retraction; None when nothing is retracted."""
+    try:
+        signs = np.array([_SIGNS[c] if c is not None else 1 for c in change_types], dtype=np.int8)
+    except KeyError as missing:
+        raise InvalidInputError(
+            f"Unknown _change_type {missing.args[0]!r}: use +I or +U to add a row's "
+            "contribution, -U or -D to take it back") from None
+    return signs if (signs < 0).any() else None
 
 
 def _reject_unknown(unknown: set, schema: Schema, targets: list[str], keys_only: bool) -> None:

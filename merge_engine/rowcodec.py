@@ -2,8 +2,8 @@
 
 Layout of one row (all little-endian):
 
-    version (1 byte) | written bits | null bits | fixed-width values | uint32 length per
-    variable-width column | variable-width bytes
+    version (1 byte) | written bits | null bits | fixed-width values | int64 contribution count
+    per sum/product column | uint32 length per variable-width column | variable-width bytes
 
 Fixed-width columns (integers, floats, decimals, dates, times, timestamps, booleans) take their
 Arrow buffer bytes; strings and binaries their UTF-8/raw bytes; nested columns (array_agg's
@@ -50,8 +50,9 @@ def _gather_index(src_starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 class RowCodec:
     """Encodes StateBatches of one schema to row bytes and back."""
 
-    def __init__(self, arrow_schema: pa.Schema):
+    def __init__(self, arrow_schema: pa.Schema, counted: list[int] | None = None):
         self.schema = arrow_schema
+        self.counted = list(counted or [])  # positions whose contribution counts are stored
         self.types = [f.type for f in arrow_schema]
         self.kinds = [_kind(t) for t in self.types]
         self.ncols = len(self.types)
@@ -62,6 +63,8 @@ class RowCodec:
             if kind in ("fixed", "bool"):
                 self.fixed_offsets[i] = offset
                 offset += width
+        self.counts_offset = offset
+        offset += 8 * len(self.counted)
         self.var_columns = [i for i, (k, _) in enumerate(self.kinds) if k in ("var", "object")]
         self.lengths_offset = offset
         self.prefix = offset + 4 * len(self.var_columns)
@@ -79,16 +82,21 @@ class RowCodec:
             np.packbits(valid, axis=1, bitorder="little"),
         ]
         var_parts = []
+        fixed_blocks = []
         for i, column in enumerate(batch.columns):
             kind, width = self.kinds[i]
             if kind == "bool":
-                blocks.append(_bool_bytes(column))
+                fixed_blocks.append(_bool_bytes(column))
             elif kind == "fixed":
-                blocks.append(_fixed_bytes(column, width, valid[:, i]))
+                fixed_blocks.append(_fixed_bytes(column, width, valid[:, i]))
             elif kind == "var":
                 var_parts.append(_var_parts(column, width))
             else:
                 var_parts.append(_var_parts(_pickled(column), 4))
+        blocks += fixed_blocks
+        if self.counted:
+            counts = np.ascontiguousarray(batch.counts()[:, self.counted].astype("<i8"))
+            blocks.append(counts.view(np.uint8).reshape(n, -1))
         lengths = np.column_stack([p[1] for p in var_parts]) if var_parts else np.zeros((n, 0))
         blocks.append(lengths.astype("<u4").view(np.uint8).reshape(n, -1))
         prefix = np.hstack(blocks)
@@ -114,7 +122,8 @@ class RowCodec:
         n = len(rows)
         if n == 0:
             return StateBatch([pa.array([], type=t) for t in self.types],
-                              np.zeros((0, self.ncols), dtype=bool))
+                              np.zeros((0, self.ncols), dtype=bool),
+                              np.zeros((0, self.ncols), dtype=np.int64))
         lens = np.fromiter(map(len, rows), dtype=np.int64, count=n)
         buf = np.frombuffer(b"".join(rows), dtype=np.uint8)
         starts = np.cumsum(lens) - lens
@@ -148,7 +157,12 @@ class RowCodec:
             else:
                 data = pa.py_buffer(raw.tobytes())
             columns[i] = pa.Array.from_buffers(self.types[i], n, [_validity(valid[:, i]), data])
-        return StateBatch(columns, written.astype(bool))
+        counts = np.zeros((n, self.ncols), dtype=np.int64)
+        if self.counted:
+            raw = np.ascontiguousarray(
+                prefix[:, self.counts_offset:self.counts_offset + 8 * len(self.counted)])
+            counts[:, self.counted] = raw.view("<i8")
+        return StateBatch(columns, written.astype(bool), counts)
 
 
 def _valid(column: pa.Array) -> np.ndarray:

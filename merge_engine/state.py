@@ -1,4 +1,4 @@
-"""StateBatch: rows as stored, i.e. column values plus one written bit per cell."""
+"""StateBatch: rows as stored, i.e. column values plus per-cell bookkeeping."""
 
 from __future__ import annotations
 
@@ -10,23 +10,35 @@ import pyarrow as pa
 
 @dataclass
 class StateBatch:
-    """`columns` are in schema order; `written[i, j]` says whether a write ever targeted cell
-    (i, j). Key columns are always written."""
+    """`columns` are in schema order. Per cell: `written[i, j]` says whether a write ever
+    targeted it (key columns always are); `contributions[i, j]` counts the contributions a sum
+    or product cell holds (retractions subtract), so it knows when it is empty again. Only those
+    columns' counts are stored; the others stay 0. None means all zeros."""
 
     columns: list[pa.Array]
     written: np.ndarray
+    contributions: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.written)
 
+    def counts(self) -> np.ndarray:
+        if self.contributions is None:
+            return np.zeros(self.written.shape, dtype=np.int64)
+        return self.contributions
+
     def take(self, indices: np.ndarray) -> "StateBatch":
         index = pa.array(np.asarray(indices, dtype=np.int64), type=pa.int64())
-        return StateBatch([c.take(index) for c in self.columns], self.written[indices])
+        counts = None if self.contributions is None else self.contributions[indices]
+        return StateBatch([c.take(index) for c in self.columns], self.written[indices], counts)
 
     @staticmethod
     def concat(first: "StateBatch", second: "StateBatch") -> "StateBatch":
         columns = [pa.concat_arrays([a, b.cast(a.type)]) for a, b in zip(first.columns, second.columns)]
-        return StateBatch(columns, np.concatenate([first.written, second.written]))
+        counts = None
+        if first.contributions is not None or second.contributions is not None:
+            counts = np.concatenate([first.counts(), second.counts()])
+        return StateBatch(columns, np.concatenate([first.written, second.written]), counts)
 
     def to_table(self, names: list[str]) -> pa.Table:
         return pa.Table.from_arrays(self.columns, names=names)

@@ -40,12 +40,16 @@ class KvTablet:
         names = self.schema.names
         self.key_positions = {names.index(k) for k in self.schema.primary_key}
         self.value_positions = [i for i in range(len(names)) if i not in self.key_positions]
-        self.codec = RowCodec(self.arrow_schema)
-        merger_args = (self.aggregators, self.key_positions)
+        # Sum and product cells also store how many contributions they hold (retraction).
+        self.counted = [i for i in self.value_positions
+                        if descriptor.is_aggregation and self.aggregators[i].counts_contributions]
+        self.codec = RowCodec(self.arrow_schema, self.counted)
+        self.remove_on_empty = descriptor.bool_option("table.agg.remove-record-on-empty")
+        merger_args = (self.aggregators, self.key_positions, self.counted)
         self._overwrite = OverwriteRowMerger(*merger_args)
         self._engine = AggregateRowMerger(*merger_args) if descriptor.is_aggregation \
             else self._overwrite
-        self._deletes = DeleteMerger(*merger_args)
+        self._deletes = DeleteMerger(self.aggregators, self.key_positions)
         self._store = store
         self._lock = threading.RLock()
         self._end = store.get_int(END_OFFSET)
@@ -94,7 +98,8 @@ class KvTablet:
             if replayed is not None:
                 return replayed
             write = prepare_write(rows, self.schema, self.aggregators, target_columns,
-                                  allow_unwritten=mode is MergeMode.OVERWRITE)
+                                  allow_unwritten=mode is MergeMode.OVERWRITE,
+                                  allow_retractions=mode is not MergeMode.OVERWRITE)
             if write.rows == 0:
                 return self._commit([], None, None, np.zeros(0, dtype=np.int8), [], writer)
             keys, group_ids, firsts = self._group(write)
@@ -106,6 +111,8 @@ class KvTablet:
                 (log.INSERTED if old is None else log.UPDATED if old != new else log.UNCHANGED
                  for old, new in zip(old_rows, new_rows)),
                 dtype=np.int8, count=len(keys))
+            if self.remove_on_empty and mode is not MergeMode.OVERWRITE:
+                outcome = self._remove_empty(after, outcome, old_rows)
             return self._commit(keys, before, after, outcome, new_rows, writer)
 
     def delete(self, keys, mode: MergeMode = MergeMode.AGGREGATE, target_columns=None,
@@ -137,6 +144,18 @@ class KvTablet:
             outcome = np.select([existed & removed, existed & changed], [log.REMOVED, log.UPDATED],
                                 log.UNCHANGED).astype(np.int8)
             return self._commit(unique, before, after, outcome, new_rows, writer)
+
+    def _remove_empty(self, after: StateBatch, outcome: np.ndarray, old_rows) -> np.ndarray:
+        """`table.agg.remove-record-on-empty`: a row whose every aggregate is back to its empty
+        state is removed (-D), and a new key that would be empty is never stored."""
+        empty = np.ones(len(after), dtype=bool)
+        for i in self.value_positions:
+            empty &= self.aggregators[i].is_empty(after.columns[i])
+        existed = np.array([old is not None for old in old_rows], dtype=bool)
+        outcome = outcome.copy()
+        outcome[empty & existed] = log.REMOVED
+        outcome[empty & ~existed] = log.UNCHANGED
+        return outcome
 
     def _replayed(self, writer) -> int | None:
         """The recorded end offset if this (writer id, sequence) was already applied."""
@@ -182,7 +201,7 @@ class KvTablet:
                 columns.append(agg.empty(len(rows)))
         written = np.zeros((len(rows), len(columns)), dtype=bool)
         written[:, sorted(self.key_positions)] = True
-        return StateBatch(columns, written)
+        return StateBatch(columns, written, np.zeros(written.shape, dtype=np.int64))
 
     def _commit(self, keys, before, after, outcome, new_rows, writer) -> int:
         batch = self._store.new_batch()
@@ -192,8 +211,8 @@ class KvTablet:
         for i in np.nonzero(outcome == log.REMOVED)[0].tolist():
             batch.delete(ROW + keys[i])
         end = self._end
-        records = log.build_records(self.arrow_schema, self.value_positions, before, after,
-                                    outcome, end) if len(keys) else None
+        records = log.build_records(self.arrow_schema, self.value_positions, self.counted,
+                                    before, after, outcome, end) if len(keys) else None
         if records is not None:
             TabletStore.put_log_entry(batch, end, log.serialize(records), int(time.time() * 1000))
             end += records.num_rows
@@ -254,7 +273,8 @@ class KvTablet:
 
     def records_to_state(self, records: pa.Table) -> StateBatch:
         """Row images of changelog records, written bits included (for replay and undo)."""
-        return log.state_from_records(records, self.schema.names, self.value_positions)
+        return log.state_from_records(records, self.schema.names, self.value_positions,
+                                      self.counted)
 
     # --- retention --------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from merge_engine.changelog import CHANGE_TYPE, DELETE, INSERT, UPDATE_AFTER, UPDATE_BEFORE
-from merge_engine.input import UNWRITTEN
+from merge_engine.input import CONTRIBUTIONS, UNWRITTEN
 from merge_engine.keys import encode_keys
 from merge_engine.modes import MergeMode
 from tally.errors import RecoveryError
@@ -129,6 +129,7 @@ class BucketUndo:
                 for names in images.column(UNWRITTEN).to_pylist()
             ]
             rows = rows.append_column(UNWRITTEN, pa.array(unwritten, type=pa.list_(pa.string())))
+            rows = rows.append_column(CONTRIBUTIONS, images.column(CONTRIBUTIONS))
             self.bucket.put(rows, mode=MergeMode.OVERWRITE, target_columns=self.target_columns)
             result.keys_restored += len(pending.restore)
         if pending.delete:

@@ -42,11 +42,14 @@ def test_offsets_count_records_and_noop_writes_consume_none(tmp_path):
     with open_tablet(tmp_path) as t:
         assert t.put([{"id": "a", "total": 1}, {"id": "b", "total": 2}]) == 2  # two +I
         assert t.put([{"id": "a", "total": 5}]) == 4  # -U, +U
-        # max-like no-op: a count with null input and a sum of 0 change nothing.
-        assert t.put([{"id": "a", "total": 0, "n": None}], target_columns=["id", "total", "n"]) == 4
+        # No-ops: a count with a null input, a first_value already written (as null: the full-row
+        # writes above wrote it). A sum of 0 is not one: it adds a contribution, which
+        # retraction needs to know about.
+        assert t.put([{"id": "a", "n": None, "first": "x"}], target_columns=["id", "n", "first"]) == 4
+        assert t.put([{"id": "a", "total": 0}], target_columns=["id", "total"]) == 6
         log = t.changelog()
-        assert log.column("_offset").to_pylist() == [0, 1, 2, 3]
-        assert log.column("_change_type").to_pylist() == ["+I", "+I", "-U", "+U"]
+        assert log.column("_offset").to_pylist() == [0, 1, 2, 3, 4, 5]
+        assert log.column("_change_type").to_pylist() == ["+I", "+I", "-U", "+U", "-U", "+U"]
         assert t.changelog(2, 3).column("total").to_pylist() == [1]
 
 

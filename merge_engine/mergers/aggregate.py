@@ -3,37 +3,82 @@
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from aggfuncs import Aggregator, Segments
+from aggfuncs.base import IGNORE_RETRACT, valid_mask
 from merge_engine.input import WriteInput
 from merge_engine.modes import MergeMode
 from merge_engine.state import StateBatch
+from tally.errors import RetractionError
 
 
 class AggregateRowMerger:
     """AGGREGATE folds raw inputs (after each function's to_state); MERGE_STATE folds inputs
-    that already are partial states. Either way the stored state comes first in each group."""
+    that already are partial states. Either way the stored state comes first in each group.
+    Rows marked as retractions take their contribution back (see Aggregator.fold_signed)."""
 
-    def __init__(self, aggregators: list[Aggregator], key_positions: set[int]):
+    def __init__(self, aggregators: list[Aggregator], key_positions: set[int], counted: list[int]):
         self.aggregators = aggregators
         self.key_positions = key_positions
+        self.counted = counted
 
     def merge(self, stored: StateBatch, write: WriteInput, group_ids: np.ndarray,
               mode: MergeMode) -> StateBatch:
-        m = len(stored)
+        m, n = len(stored), write.rows
         segments = Segments(np.concatenate([np.arange(m), group_ids]), m)
+        input_groups = Segments(group_ids, m)
         columns = list(stored.columns)
         written = stored.written.copy()
+        counts = stored.counts().copy()
+        signs = write.signs
         for i, agg in enumerate(self.aggregators):
             if i in self.key_positions or not write.target[i]:
                 continue
             values = agg.cast_input(write.columns[agg.column])
             states = agg.to_state(values) if mode is MergeMode.AGGREGATE \
                 else agg.from_merge_state(values)
-            both = StateBatch.concat(
-                StateBatch([stored.columns[i]], stored.written[:, i:i + 1]),
-                StateBatch([states], np.ones((write.rows, 1), dtype=bool)),
-            )
-            columns[i] = agg.fold(both.columns[0], both.written[:, 0], segments)
-            written[:, i] = True  # every key of the put has at least one row targeting i
-        return StateBatch(columns, written)
+            takes = self._taking_rows(agg, signs, n)
+            all_states = pa.concat_arrays([stored.columns[i], states.cast(stored.columns[i].type)])
+            all_written = np.concatenate([stored.written[:, i], takes])
+            if signs is None:
+                columns[i] = agg.fold(all_states, all_written, segments)
+            else:
+                all_signs = np.concatenate([np.ones(m, dtype=np.int8), signs])
+                columns[i] = agg.fold_signed(all_states, all_written, segments, all_signs)
+            if i in self.counted:
+                columns[i] = self._count(agg, i, counts, columns[i], states, takes, write, group_ids)
+            written[:, i] |= input_groups.any(takes)
+        return StateBatch(columns, written, counts)
+
+    @staticmethod
+    def _taking_rows(agg: Aggregator, signs: np.ndarray | None, n: int) -> np.ndarray:
+        """Which input rows reach the column: all, except retractions a column ignores."""
+        if signs is None or agg.retractable:
+            return np.ones(n, dtype=bool)
+        if not agg.params.get(IGNORE_RETRACT):
+            raise RetractionError(
+                f"Column '{agg.column}' ({agg.name}) cannot take back a contribution exactly; "
+                f"set 'fields.{agg.column}.ignore-retract' = 'true' to ignore retractions for it. "
+                "Nothing was applied.")
+        return signs > 0
+
+    def _count(self, agg, i, counts, folded, states, takes, write, group_ids) -> pa.Array:
+        """Update the contribution counts of column i; a cell with none left is empty (null)."""
+        if write.contributions is not None:
+            slot = self.counted.index(i)
+            each = np.array([1 if c is None else int(c[slot]) for c in write.contributions])
+        else:
+            each = valid_mask(states).astype(np.int64)
+        signs = np.ones(len(each), dtype=np.int64) if write.signs is None else write.signs
+        delta = np.bincount(group_ids, weights=each * signs * takes, minlength=len(counts))
+        counts[:, i] += delta.astype(np.int64)
+        if (counts[:, i] < 0).any():
+            raise RetractionError(
+                f"{agg.name} column '{agg.column}': a retraction takes back more contributions "
+                "than the key holds (nothing earlier matches it). Nothing was applied.")
+        empty = counts[:, i] == 0
+        if empty.any():
+            folded = pc.if_else(pa.array(empty), pa.nulls(len(folded), folded.type), folded)
+        return folded

@@ -23,6 +23,7 @@ class DeleteMerger:
         m = len(stored)
         columns = list(stored.columns)
         written = stored.written.copy()
+        counts = stored.counts().copy()
         others_empty = np.ones(m, dtype=bool)
         for i, agg in enumerate(self.aggregators):
             if i in self.key_positions:
@@ -30,6 +31,7 @@ class DeleteMerger:
             if target[i]:
                 columns[i] = agg.empty(m)
                 written[:, i] = False
+                counts[:, i] = 0
             else:
                 others_empty &= agg.is_empty(stored.columns[i])
-        return StateBatch(columns, written), others_empty
+        return StateBatch(columns, written, counts), others_empty

@@ -13,20 +13,27 @@ from aggfuncs import Aggregator, Segments
 from merge_engine.input import WriteInput
 from merge_engine.modes import MergeMode
 from merge_engine.state import StateBatch
+from tally.errors import RetractionError
 
 
 class OverwriteRowMerger:
-    def __init__(self, aggregators: list[Aggregator], key_positions: set[int]):
+    def __init__(self, aggregators: list[Aggregator], key_positions: set[int], counted: list[int]):
         self.aggregators = aggregators
         self.key_positions = key_positions
+        self.counted = counted
 
     def merge(self, stored: StateBatch, write: WriteInput, group_ids: np.ndarray,
               mode: MergeMode) -> StateBatch:
         m = len(stored)
         last = Segments(group_ids, m).pick(np.ones(len(group_ids), dtype=bool), last=True)
         take = pa.array(last, type=pa.int64())
+        if write.signs is not None:
+            raise RetractionError(
+                "An OVERWRITE write cannot carry retractions (-U/-D rows): it replaces values. "
+                "Nothing was applied.")
         columns = list(stored.columns)
         written = stored.written.copy()
+        counts = stored.counts().copy()
         unwritten = self._unwritten_names(write, last)
         for i, agg in enumerate(self.aggregators):
             if i in self.key_positions or not write.target[i]:
@@ -37,7 +44,18 @@ class OverwriteRowMerger:
                 written[:, i] = True
             else:
                 written[:, i] = [agg.column not in names for names in unwritten]
-        return StateBatch(columns, written)
+            if i in self.counted:
+                counts[:, i] = self._counts(i, columns[i], write, last)
+        return StateBatch(columns, written, counts)
+
+    def _counts(self, i: int, values: pa.Array, write: WriteInput, last: np.ndarray) -> np.ndarray:
+        """An overwritten value counts as one contribution, unless the image says otherwise."""
+        default = values.is_valid().to_numpy(zero_copy_only=False).astype(np.int64)
+        if write.contributions is None:
+            return default
+        slot = self.counted.index(i)
+        given = [write.contributions[r] for r in last]
+        return np.array([d if c is None else int(c[slot]) for d, c in zip(default, given)])
 
     @staticmethod
     def _unwritten_names(write: WriteInput, last: np.ndarray) -> list[set] | None:
