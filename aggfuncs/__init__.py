@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from aggfuncs.array_agg import ArrayAggAggregator
 from aggfuncs.base import Aggregator
+from aggfuncs.bitmap import Rbm32Aggregator, Rbm64Aggregator, bitmap_ids, build_bitmap
 from aggfuncs.bool_agg import BoolAndAggregator, BoolOrAggregator
 from aggfuncs.count import CountAggregator
 from aggfuncs.first_value import FirstValueAggregator, FirstValueIgnoreNullsAggregator
@@ -38,6 +39,8 @@ AGGREGATORS: dict[AggFunction, type[Aggregator]] = {
         ArrayAggAggregator,
         BoolAndAggregator,
         BoolOrAggregator,
+        Rbm32Aggregator,
+        Rbm64Aggregator,
     )
 }
 
@@ -56,6 +59,8 @@ __all__ = [
     "AggFunction",
     "Aggregator",
     "Segments",
+    "bitmap_ids",
+    "build_bitmap",
     "make_aggregator",
     "supported_names",
 ]

@@ -27,6 +27,8 @@ class AggFunction(enum.Enum):
     ARRAY_AGG = "array_agg"
     BOOL_AND = "bool_and"
     BOOL_OR = "bool_or"
+    RBM32 = "rbm32"
+    RBM64 = "rbm64"
 
     @classmethod
     def parse(cls, name: "str | AggFunction", column: str | None = None) -> "AggFunction":

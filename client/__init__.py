@@ -11,6 +11,7 @@ Rows are bucketed here, by the stable bucket function `bucket_ids` / `TableRouti
 (server/bucketing.py documents its exact definition), so the Spark sink can bucket the same way.
 """
 
+from aggfuncs import bitmap_ids, build_bitmap
 from client.admin import Admin, TableInfo
 from client.connection import Connection, connect
 from client.table import Table
@@ -18,6 +19,6 @@ from client.writer import UpsertWriter
 from server.bucketing import bucket_ids, bucket_of_key, hash_keys
 from server.routing import TableRouting, group_rows, partition_names
 
-__all__ = ["Admin", "Connection", "Table", "TableInfo", "TableRouting", "UpsertWriter",
+__all__ = ["bitmap_ids", "build_bitmap", "Admin", "Connection", "Table", "TableInfo", "TableRouting", "UpsertWriter",
            "bucket_ids", "bucket_of_key", "connect", "group_rows", "hash_keys",
            "partition_names"]

@@ -13,21 +13,31 @@ import pyarrow as pa
 UNWRITTEN = "_unwritten"
 
 
-def write_table(meta, rows, target_columns, mode, keys_only: bool = False) -> pa.Table:
-    """The validated Arrow rows of one upsert (or, with `keys_only`, the keys of a delete)."""
+def write_table(meta, rows, target_columns, mode, keys_only: bool = False,
+                retract: bool = False) -> pa.Table:
+    """The validated Arrow rows of one upsert (or, with `keys_only`, the keys of a delete).
+
+    With `retract`, every row takes back its contribution (sent with a `_change_type` of -U).
+    """
     from merge_engine import MergeMode
-    from merge_engine.input import prepare_write
+    from merge_engine.input import CHANGE_TYPE, CONTRIBUTIONS, prepare_write
 
     descriptor = meta.descriptor
     schema = descriptor.schema
     aggregators = _aggregators(meta)
-    write = prepare_write(rows, schema, aggregators, target_columns,
-                          allow_unwritten=MergeMode.parse(mode) == MergeMode.OVERWRITE,
-                          keys_only=keys_only)
+    overwrite = MergeMode.parse(mode) == MergeMode.OVERWRITE
+    write = prepare_write(rows, schema, aggregators, target_columns, allow_unwritten=overwrite,
+                          keys_only=keys_only, allow_retractions=not overwrite)
     columns = {name: write.columns[name] for name in schema.names if name in write.columns}
     if write.unwritten is not None:
         columns[UNWRITTEN] = pa.array([list(u) for u in write.unwritten],
                                       pa.list_(pa.string()))
+    if write.contributions is not None:
+        columns[CONTRIBUTIONS] = pa.array(write.contributions, pa.list_(pa.int64()))
+    if retract or write.signs is not None:
+        signs = write.signs if write.signs is not None else [1] * write.rows
+        columns[CHANGE_TYPE] = pa.array(["-U" if retract or s < 0 else "+U" for s in signs],
+                                        pa.string())
     return pa.table(columns) if columns else pa.table({})
 
 

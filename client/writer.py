@@ -84,6 +84,15 @@ class UpsertWriter:
         table = write_table(meta, rows, self.target_columns, self.mode)
         self._enqueue("put", meta, table)
 
+    def retract(self, rows) -> None:
+        """Queue rows whose contributions are taken back (a refund, an edited order's old
+        values): sum subtracts, count decrements, array_agg/string_agg remove one occurrence,
+        last_value clears a matching value. Not a delete: the keys stay."""
+        self._check_lease()
+        meta = self._conn.table_meta(self._table.name)
+        table = write_table(meta, rows, self.target_columns, self.mode, retract=True)
+        self._enqueue("put", meta, table)
+
     def delete(self, keys) -> None:
         """Queue deletes of the given keys (dicts or an Arrow table with the key columns)."""
         self._check_lease()
@@ -155,8 +164,9 @@ class UpsertWriter:
             return None
         op = queue.parts[0].op
         tables, size = [], 0
-        while queue.parts and queue.parts[0].op == op:
-            part = queue.parts[0]
+        while queue.parts and queue.parts[0].op == op and \
+                (not tables or queue.parts[0].rows.schema.equals(tables[0].schema)):
+            part = queue.parts[0]  # coalesce only parts of one shape (retractions carry more)
             if tables and size + part.rows.nbytes > self._max_request_bytes:
                 break
             if not tables and part.rows.nbytes > self._max_request_bytes:

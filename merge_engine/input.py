@@ -68,13 +68,18 @@ def _target_names(schema: Schema, target_columns) -> list[str]:
     return [n for n in schema.names if n in targets]
 
 
-def _from_python(values: list, column) -> pa.Array:
+def _from_python(values: list, column, aggregator) -> pa.Array:
     """An Arrow array of the column's type from Python values.
 
     List columns (array_agg) also take single elements: those become one-element lists.
+    Bitmap columns (rbm32/rbm64) also take integer ids: those become one-id bitmaps.
     """
     if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
         values = [v if v is None or isinstance(v, (list, tuple)) else [v] for v in values]
+    if column.agg in (AggFunction.RBM32, AggFunction.RBM64) and \
+            any(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        values = [aggregator.to_state(pa.array([v])).to_pylist()[0]
+                  if isinstance(v, int) and not isinstance(v, bool) else v for v in values]
     try:
         return pa.array(values, type=column.type)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
@@ -118,7 +123,8 @@ def prepare_write(rows, schema: Schema, aggregators, target_columns=None,
         names = set().union(*(r.keys() for r in data)) if data else set()
         _reject_unknown(names - allowed, schema, targets, keys_only)
         for name in wanted:
-            columns[name] = _from_python([r.get(name) for r in data], schema.column(name))
+            columns[name] = _from_python([r.get(name) for r in data], schema.column(name),
+                                         by_name[name])
         extra = {h: [r.get(h) for r in data] for h in hidden if h in names}
         n = len(data)
     else:
