@@ -76,6 +76,13 @@ class Locks:
             keeper.stop()
         return bool(self._call("lock_release", lease=lease.to_json()))
 
+    def register_attempt(self, lease: Lease, bucket: int) -> int:
+        """A new attempt number for this owner's writes to `bucket` (in every partition). When
+        it returns, tablet servers reject the owner's writes to that bucket from any earlier
+        attempt (or without one): a retried task fences the attempt it replaces."""
+        self.check(lease)
+        return int(self._call("register_attempt", lease=lease.to_json(), bucket=bucket))
+
     def describe(self, table: str, include_expired: bool = False) -> list[dict]:
         return self._call("lock_describe", table=table, include_expired=include_expired)
 

@@ -33,11 +33,13 @@ class Table:
 
     # --- writes -------------------------------------------------------------------------
 
-    def upsert_writer(self, target_columns=None, mode=None, lease=None, **options) -> UpsertWriter:
+    def upsert_writer(self, target_columns=None, mode=None, lease=None, attempt=None,
+                      **options) -> UpsertWriter:
         """A writer of full rows (or of `target_columns`, which must include the key) in
         `mode` (MergeMode.AGGREGATE by default). With `lease`, every write carries the lease's
-        owner and fencing token, and fails once the lease is lost."""
-        return UpsertWriter(self, target_columns, mode, lease=lease, **options)
+        owner and fencing token, and fails once the lease is lost; `attempt` (from
+        `conn.locks.register_attempt`) fences this writer when a later attempt registers."""
+        return UpsertWriter(self, target_columns, mode, lease=lease, attempt=attempt, **options)
 
     # --- reads --------------------------------------------------------------------------
 

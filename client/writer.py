@@ -51,7 +51,8 @@ class BucketQueue:
 class UpsertWriter:
     """Writes to one table; see the module docstring. Thread-safe; use one per producer."""
 
-    def __init__(self, table, target_columns=None, mode=None, *, lease=None, workers: int = 8,
+    def __init__(self, table, target_columns=None, mode=None, *, lease=None, attempt=None,
+                 workers: int = 8,
                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                  max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES) -> None:
         from merge_engine import MergeMode
@@ -61,6 +62,7 @@ class UpsertWriter:
         self.target_columns = list(target_columns) if target_columns is not None else None
         self.mode = MergeMode.parse(mode if mode is not None else MergeMode.AGGREGATE)
         self.lease = lease
+        self.attempt = attempt
         self.writer_id = f"w-{uuid.uuid4().hex}"
         self._sequence = 0
         self._max_request_bytes = max_request_bytes
@@ -220,7 +222,8 @@ class UpsertWriter:
                        "target_columns": self.target_columns,
                        "writer": [self.writer_id, sequence]}
         if self.lease is not None:
-            header_base["lease"] = {"owner_id": self.lease.owner_id, "token": self.lease.token}
+            header_base["lease"] = {"owner_id": self.lease.owner_id, "token": self.lease.token,
+                                    "attempt": self.attempt}
 
         def attempt() -> int:
             route = self._conn.route(name, partition, bucket, create_partition=True)

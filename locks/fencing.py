@@ -22,6 +22,7 @@ class HeldLock:
     column_names: tuple
     token: int
     expires_at: float
+    attempts: dict = field(default_factory=dict)  # bucket -> newest registered attempt
 
 
 @dataclass
@@ -37,7 +38,9 @@ class LockView:
             "table_id": self.table_id,
             "locks": [{"owner_id": l.owner_id, "columns": sorted(l.column_ids),
                        "column_names": list(l.column_names), "token": l.token,
-                       "expires_at": l.expires_at} for l in self.locks],
+                       "expires_at": l.expires_at,
+                       "attempts": {str(b): n for b, n in l.attempts.items()}}
+                      for l in self.locks],
             "column_tokens": {str(k): v for k, v in self.column_tokens.items()},
         }
 
@@ -46,14 +49,16 @@ class LockView:
         return cls(
             table_id=int(d["table_id"]),
             locks=[HeldLock(l["owner_id"], frozenset(int(c) for c in l["columns"]),
-                            tuple(l["column_names"]), int(l["token"]), float(l["expires_at"]))
+                            tuple(l["column_names"]), int(l["token"]), float(l["expires_at"]),
+                            {int(b): int(n) for b, n in l.get("attempts", {}).items()})
                    for l in d.get("locks", [])],
             column_tokens={int(k): int(v) for k, v in d.get("column_tokens", {}).items()},
         )
 
     def check_write(self, column_ids: set[int], owner_id: str | None = None,
                     token: int | None = None, now: float | None = None,
-                    table: str = "") -> None:
+                    table: str = "", bucket: int | None = None,
+                    attempt: int | None = None) -> None:
         """Raise unless a write of `column_ids` by (owner_id, token) may be applied now."""
         now = time.time() if now is None else now
         for lock in self.locks:
@@ -80,6 +85,12 @@ class LockView:
             raise LeaseLostError(
                 f"Write under token {token} by owner '{owner_id}' rejected: the lease expired "
                 f"{now - own.expires_at:.1f}s ago on table {table or self.table_id}")
+        newest = own.attempts.get(bucket) if bucket is not None else None
+        if newest is not None and (attempt is None or attempt < newest):
+            raise LeaseLostError(
+                f"Write by owner '{owner_id}' to bucket {bucket} of table "
+                f"{table or self.table_id} rejected: it comes from attempt {attempt}, and "
+                f"attempt {newest} has registered since (a retried task replaced this one)")
 
 
 def view_from_records(table_id: int, records, column_tokens: dict[int, int]) -> LockView:
@@ -87,7 +98,7 @@ def view_from_records(table_id: int, records, column_tokens: dict[int, int]) -> 
     judges expiry itself at write time)."""
     return LockView(
         table_id,
-        [HeldLock(r.owner_id, frozenset(r.column_ids), r.column_names, r.token, r.expires_at)
-         for r in records],
+        [HeldLock(r.owner_id, frozenset(r.column_ids), r.column_names, r.token, r.expires_at,
+                  dict(r.attempts)) for r in records],
         dict(column_tokens),
     )

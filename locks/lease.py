@@ -72,6 +72,9 @@ class LockRecord:
     token: int
     initial_offsets: Offsets
     created_at: float
+    # bucket -> newest registered task attempt (in-job fencing: a Spark task retry registers
+    # before undoing its bucket, and earlier attempts of the owner may no longer write there)
+    attempts: dict = dataclasses.field(default_factory=dict)
 
     def live(self, now: float) -> bool:
         return self.expires_at > now
@@ -83,6 +86,7 @@ class LockRecord:
             "ttl": self.ttl, "expires_at": self.expires_at, "token": self.token,
             "initial_offsets": offsets_to_json(self.initial_offsets),
             "created_at": self.created_at,
+            "attempts": {str(b): n for b, n in self.attempts.items()},
         }
 
     @classmethod
@@ -94,6 +98,7 @@ class LockRecord:
             expires_at=float(d["expires_at"]), token=int(d["token"]),
             initial_offsets=offsets_from_json(d["initial_offsets"]),
             created_at=float(d["created_at"]),
+            attempts={int(b): int(n) for b, n in d.get("attempts", {}).items()},
         )
 
     def lease(self, table: str) -> Lease:

@@ -146,6 +146,7 @@ class ColumnLockService:
             ttl=ttl, expires_at=now + ttl, token=token,
             initial_offsets=mine[0].initial_offsets if same_columns else dict(current_offsets()),
             created_at=mine[0].created_at if same_columns else now,
+            attempts=dict(mine[0].attempts) if mine else {},  # attempt numbers only grow
         )
         path = lock_path(target.table_id, owner_id)
         ops = [self._guard_op(guard, target.table_id,
@@ -198,6 +199,24 @@ class ColumnLockService:
             self.on_change(lease.table_id)
             return renewed.lease(lease.table)
         raise VersionConflictError(f"Could not renew the lease on {lease.table}; try again")
+
+    def register_attempt(self, lease: Lease, bucket: int) -> int:
+        """A new attempt number for the owner's writes to `bucket` (of every partition): once
+        this returns, tablet servers reject the owner's writes there from older attempts."""
+        if not isinstance(bucket, int) or bucket < 0:
+            raise InvalidInputError(f"A bucket is a non-negative integer, got {bucket!r}")
+        for _ in range(100):
+            record, version = self.current(lease)
+            number = record.attempts.get(bucket, 0) + 1
+            updated = dataclasses.replace(record, attempts={**record.attempts, bucket: number})
+            try:
+                self.store.transaction([("set", lock_path(lease.table_id, lease.owner_id),
+                                         updated.to_json(), version)])
+            except _RACES:
+                continue
+            self.on_change(lease.table_id)
+            return number
+        raise VersionConflictError(f"Could not register an attempt on {lease.table}; try again")
 
     def release(self, lease: Lease) -> bool:
         """Drop the lock if `lease` is still its newest token; a superseded lease does nothing."""

@@ -18,8 +18,10 @@ CHUNK_OFFSETS = 50_000  # changelog records read per request: bounds undo's memo
 
 
 class RemoteBucket:
-    def __init__(self, table, bucket: int, partition: str | None = None, lease=None):
+    def __init__(self, table, bucket: int, partition: str | None = None, lease=None,
+                 attempt: int | None = None):
         self.table = table
+        self.attempt = attempt
         self.bucket = int(bucket)
         self.partition = partition
         self.lease = lease
@@ -50,7 +52,8 @@ class RemoteBucket:
         key = None if target_columns is None else tuple(target_columns)
         if key not in self._writers:
             self._writers[key] = self.table.upsert_writer(
-                target_columns=target_columns, mode=MergeMode.OVERWRITE, lease=self.lease)
+                target_columns=target_columns, mode=MergeMode.OVERWRITE, lease=self.lease,
+                attempt=self.attempt)
         return self._writers[key]
 
     def put(self, rows, mode=MergeMode.OVERWRITE, target_columns=None) -> None:
@@ -69,11 +72,12 @@ class RemoteBucket:
 
 
 def undo_remote(table, bucket: int, baseline: int, partition: str | None = None,
-                end: int | None = None, target_columns=None, lease=None) -> UndoResult:
+                end: int | None = None, target_columns=None, lease=None,
+                attempt: int | None = None) -> UndoResult:
     """Undo bucket `bucket` (of `partition`) of a cluster table (from `conn.table(name)`) to
     `baseline` for `target_columns` (with the key; None means full rows). Pass the owner's
-    `lease` when the columns are locked."""
-    remote = RemoteBucket(table, bucket, partition, lease)
+    `lease` when the columns are locked, and the task's `attempt` once it registered one."""
+    remote = RemoteBucket(table, bucket, partition, lease, attempt)
     try:
         result = BucketUndo(remote, remote.schema, baseline, end, target_columns).run()
     finally:

@@ -56,4 +56,4 @@ class TabletLocks:
         lease = header.get("lease") or {}
         self.view(hosted.key.table_id).check_write(
             columns, lease.get("owner_id"), lease.get("token"), now=time.time(),
-            table=hosted.routing.name)
+            table=hosted.routing.name, bucket=hosted.key.bucket, attempt=lease.get("attempt"))

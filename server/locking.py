@@ -29,6 +29,8 @@ class CoordinatorLocks:
             "lock_acquire": self.acquire,
             "lock_renew": self.renew,
             "lock_release": self.release,
+            "register_attempt": lambda body: self.locks.register_attempt(
+                self.lease(body), int(body["bucket"])),
             "lock_describe": self.describe,
             "lock_view": self.view_action,
             "commit": self.commit,

@@ -188,3 +188,31 @@ def test_tally_locks_prints_owner_columns_token_and_offsets(cluster, conn, table
     conn.locks.release(lease)
     assert main(["locks", table_name, "--url", cluster.url]) == 0
     assert "no column locks" in capsys.readouterr().out
+
+
+def test_task_attempts_fence_earlier_attempts_of_the_same_bucket(conn, table_name):
+    table = make_table(conn, table_name, buckets=2)
+    lease = conn.locks.acquire(table_name, "spark", ["a"], ttl=30)
+    key0 = next(k for k in range(100) if table.bucket_of({"k": k})[1] == 0)
+    key1 = next(k for k in range(100) if table.bucket_of({"k": k})[1] == 1)
+    first = conn.locks.register_attempt(lease, 0)
+    old = table.upsert_writer(target_columns=["k", "a"], lease=lease, attempt=first)
+    old.upsert([{"k": key0, "a": 1}])
+    old.flush()
+    second = conn.locks.register_attempt(lease, 0)  # the task was retried
+    assert second > first
+    old.upsert([{"k": key0, "a": 100}])
+    with pytest.raises(LeaseLostError, match=f"attempt {first}, and attempt {second}"):
+        old.flush()
+    unnumbered = table.upsert_writer(target_columns=["k", "a"], lease=lease)
+    unnumbered.upsert([{"k": key0, "a": 100}])
+    with pytest.raises(LeaseLostError, match="attempt None"):
+        unnumbered.flush()
+    with table.upsert_writer(target_columns=["k", "a"], lease=lease) as other_bucket:
+        other_bucket.upsert([{"k": key1, "a": 5}])  # bucket 1 registered no attempt: free
+    again = conn.locks.acquire(table_name, "spark", ["a"], ttl=30)  # a restarted job
+    assert conn.locks.register_attempt(again, 0) == second + 1  # attempt numbers only grow
+    with table.upsert_writer(target_columns=["k", "a"], lease=again, attempt=second + 1) as new:
+        new.upsert([{"k": key0, "a": 10}])
+    assert {r["k"]: r["a"] for r in table.to_arrow().to_pylist()} == {key0: 11, key1: 5}
+    conn.locks.release(again)
