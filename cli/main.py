@@ -41,9 +41,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from sink.demo import run
+    from demo.run import run
 
-    return run()
+    return run(zookeeper=args.zookeeper)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--report", metavar="FILE", help="also write the results as markdown to FILE")
     bench.set_defaults(func=cmd_bench)
 
-    demo = commands.add_parser("demo", help="the end-to-end exactly-once demo (describes it until the Spark sink lands)")
+    demo = commands.add_parser("demo", help="the end-to-end exactly-once demo: a Spark streaming job, a crash, an undo, a check")
+    demo.add_argument("--zookeeper", metavar="HOST:PORT", help="keep the cluster's metadata in this ZooKeeper")
     demo.set_defaults(func=cmd_demo)
 
     from server.cli import add_commands as add_server_commands  # serve, local-cluster, servers

@@ -104,8 +104,14 @@ def recover(conn, table: str, lease, target_columns=None, writer_deletes: bool =
                 "(retention removed the records undo needs). Nothing was changed.")
         todo.append((partition, bucket, baseline, end))
     handle = conn.table(table)
+    attempts: dict[int, int] = {}
     for partition, bucket, baseline, end in todo:
+        if bucket not in attempts:
+            # A new attempt for the bucket first: any task of the crashed run that still
+            # writes is fenced before the undo starts.
+            attempts[bucket] = conn.locks.register_attempt(lease, bucket)
         report.buckets.append(undo_remote(handle, bucket, baseline, partition=partition, end=end,
-                                          target_columns=target_columns, lease=lease))
+                                          target_columns=target_columns, lease=lease,
+                                          attempt=attempts[bucket]))
     report.seconds = time.monotonic() - started
     return report

@@ -1,0 +1,1 @@
+"""`tally demo`: the end-to-end exactly-once demo (a cluster, a Spark streaming job, a crash)."""

@@ -1,0 +1,60 @@
+"""The demo's Spark streaming job, run as its own process so the demo can crash and restart it.
+
+    python -m demo.job URL TABLE SOURCE_DIR CHECKPOINT_DIR
+
+Reads the order files one per micro-batch and writes them through TallySink. With the
+environment variable TALLY_DEMO_CRASH_EPOCH set, the job kills itself inside that micro-batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from demo.crash import CRASH_EPOCH, JOB_PIDS
+from demo.orders import ORDER_SCHEMA
+
+
+def main() -> int:
+    url, table, source, checkpoint = sys.argv[1:5]
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stdout)
+    logging.getLogger("tally.sink").setLevel(logging.INFO)
+    from pyspark.sql import SparkSession
+    from pyspark.sql.types import StructType
+
+    spark = (SparkSession.builder.master("local[2,4]").appName("tally-demo")
+             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
+             .config("spark.driver.memory", "1g").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    if os.environ.get(CRASH_EPOCH) and os.environ.get(JOB_PIDS):
+        jvm_pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+        with open(os.environ[JOB_PIDS], "w") as f:
+            f.write(f"{os.getpid()} {jvm_pid}")
+    from sink import TallySink
+
+    schema = StructType.fromJson({"type": "struct", "fields": [
+        {"name": f.name, "type": _spark_type(f.type), "nullable": True, "metadata": {}}
+        for f in ORDER_SCHEMA]})
+    orders = (spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).json(source)
+              .withColumnRenamed("amount", "revenue").withColumnRenamed("price", "max_price")
+              .selectExpr("product", "revenue", "order_id as orders", "max_price", "tags",
+                          "order_id as order_ids", "status", "order_id"))
+    sink = TallySink(url, table, options={"sequence-column": "order_id"},
+                     fail_hook="demo.crash:kill_in_epoch" if os.environ.get(CRASH_EPOCH) else None)
+    query = sink.start(orders, checkpoint, trigger={"availableNow": True})
+    query.awaitTermination()
+    spark.stop()
+    return 0
+
+
+def _spark_type(arrow_type) -> str:
+    import pyarrow as pa
+
+    if pa.types.is_decimal(arrow_type):
+        return f"decimal({arrow_type.precision},{arrow_type.scale})"
+    return {"int64": "long", "string": "string"}[str(arrow_type)]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
