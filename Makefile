@@ -2,6 +2,10 @@
 # Each installs what it needs: Debian packages when missing, the venv, the project.
 VENV := .venv
 PY := $(VENV)/bin/python
+# Spark's Python workers must run the venv's Python (it has pyarrow, pandas and Tally).
+export PYSPARK_PYTHON := $(abspath $(PY))
+# The Spark sink's tests and the demo run a JVM.
+JAVA_PKG := openjdk-17-jre-headless
 
 .PHONY: demo test venv bench
 
@@ -11,13 +15,15 @@ $(VENV)/.installed: pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
 	touch $@
 
-demo: venv
+demo:
+	bash scripts/setup.sh $(JAVA_PKG)
+	touch $(VENV)/.installed
 	$(VENV)/bin/tally demo
 
 # The cluster tests run a real ZooKeeper: setup.sh installs Debian's package when missing (and
 # refreshes the venv), every time, so a machine that lacks it gets it. Idempotent and quick.
 test:
-	bash scripts/setup.sh zookeeper
+	bash scripts/setup.sh zookeeper $(JAVA_PKG)
 	touch $(VENV)/.installed
 	$(PY) -m pytest -q -p no:cacheprovider tests
 

@@ -1,0 +1,17 @@
+"""Spark sinks: exactly-once aggregate and partial updates from PySpark jobs into Tally tables.
+
+`TallySink` is the foreachBatch callable (with `start` for streaming and `write` for batch
+jobs); `register(spark)` registers the `format("tally")` data source. See docs/spark.md.
+"""
+
+from sink.options import SinkOptions
+from sink.tally_sink import TallySink
+
+__all__ = ["SinkOptions", "TallySink", "register"]
+
+
+def register(spark):
+    """Register the "tally" Python data source on this SparkSession (see sink.datasource)."""
+    from sink.datasource import register as _register
+
+    return _register(spark)

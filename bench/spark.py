@@ -1,0 +1,301 @@
+"""Spark benchmark: one streaming job shape into Tally, PostgreSQL and a pypaimon table.
+
+    python -m bench.spark [--rows N] [--keys K] [--files F] [--per-batch B]
+
+The same Structured Streaming job (a Parquet file source read `--per-batch` files per
+micro-batch, availableNow) aggregates `k` -> sum(v), sum(c) into:
+
+- Tally, through TallySink (exactly once: lock, baselines, one task per bucket, MERGE_STATE);
+- PostgreSQL 15 (Debian's package, installed when missing), a private server on a free loopback
+  port in a temporary directory run as the `postgres` user: foreachBatch -> foreachPartition,
+  each partition folded per key in Python, then psycopg `executemany` of INSERT ... ON CONFLICT
+  (k) DO UPDATE SET v = t.v + EXCLUDED.v, in key order (no deadlocks between partitions);
+- a pypaimon primary-key table with `merge-engine=aggregation` (sum): foreachBatch collects the
+  batch as Arrow and writes + commits it (pypaimon has no Spark writer; its merge happens on read).
+
+All three are verified against a plain-Python fold. `run()` returns the structured result for
+`tally bench`; rows/s are source rows over the streaming query's wall time (start to end).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+PG_BIN = "/usr/lib/postgresql/15/bin"
+
+
+# --- setup -----------------------------------------------------------------------------------
+
+def _pip(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                    *args], check=True)
+
+
+def ensure_python_packages() -> None:
+    """psycopg and pypaimon, installed when missing. pypaimon pins pyarrow<20 although it runs
+    on newer ones: the venv's pyarrow is put back after installing it."""
+    try:
+        importlib.import_module("psycopg")
+    except ImportError:
+        _pip("psycopg[binary]>=3.1")
+    try:
+        importlib.import_module("pypaimon")
+    except ImportError:
+        _pip("pypaimon")
+        if pa.__version__ != importlib.metadata.version("pyarrow"):
+            _pip(f"pyarrow=={pa.__version__}")
+    importlib.invalidate_caches()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class PrivatePostgres:
+    """A throwaway PostgreSQL server: installed from Debian when missing, initdb'd in a temp dir
+    owned by `postgres` (root may not run it), on a free loopback port; stopped and removed."""
+
+    def __init__(self):
+        if not os.path.exists(os.path.join(PG_BIN, "pg_ctl")):
+            subprocess.run(["apt-get", "update", "-qq"], check=True)
+            subprocess.run(["apt-get", "install", "-y", "-qq", "postgresql"], check=True,
+                           env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        self.dir = tempfile.mkdtemp(prefix="tally-bench-pg-")
+        self.port = free_port()
+        self.as_postgres = ["runuser", "-u", "postgres", "--"] if os.getuid() == 0 else []
+        if self.as_postgres:
+            shutil.chown(self.dir, "postgres", "postgres")
+
+    def __enter__(self) -> "PrivatePostgres":
+        data = os.path.join(self.dir, "data")
+        run = lambda *a: subprocess.run([*self.as_postgres, *a], check=True,  # noqa: E731
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        run(f"{PG_BIN}/initdb", "-D", data, "-A", "trust", "-U", "postgres")
+        run(f"{PG_BIN}/pg_ctl", "-D", data, "-w", "-l", os.path.join(self.dir, "log"),
+            "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 "
+                  "-c fsync=off -c synchronous_commit=off", "start")
+        self.data = data
+        return self
+
+    @property
+    def dsn(self) -> str:
+        return f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres"
+
+    def __exit__(self, *exc) -> None:
+        subprocess.run([*self.as_postgres, f"{PG_BIN}/pg_ctl", "-D", self.data, "-m", "immediate",
+                        "stop"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# --- workload --------------------------------------------------------------------------------
+
+def make_source(directory: str, rows: int, keys: int, files: int, seed: int) -> dict:
+    """Parquet files of (k, v, c); returns the reference fold {k: (sum v, sum c)}."""
+    rng = np.random.default_rng(seed)
+    os.makedirs(directory, exist_ok=True)
+    total_v = np.zeros(keys, np.int64)
+    total_c = np.zeros(keys, np.int64)
+    per = rows // files
+    first = time.time() - 10 * files
+    for f in range(files):
+        k = rng.integers(0, keys, per)
+        v = rng.integers(-100, 1000, per)
+        c = np.ones(per, np.int64)
+        np.add.at(total_v, k, v)
+        np.add.at(total_c, k, c)
+        path = os.path.join(directory, f"part-{f:04d}.parquet")
+        pq.write_table(pa.table({"k": k, "v": v, "c": c}), path)
+        os.utime(path, (first + 10 * f, first + 10 * f))
+    seen = np.flatnonzero(total_c)
+    return {int(i): (int(total_v[i]), int(total_c[i])) for i in seen}
+
+
+def _stream(spark, source: str, per_batch: int):
+    return (spark.readStream.schema("k long, v long, c long")
+            .option("maxFilesPerTrigger", per_batch).parquet(source))
+
+
+def _timed(query) -> float:
+    started = time.monotonic()
+    query.awaitTermination()
+    if query.exception() is not None:
+        raise RuntimeError(str(query.exception()))
+    return time.monotonic() - started
+
+
+# --- the three sinks -------------------------------------------------------------------------
+
+def run_tally(spark, source, per_batch, work, buckets, expected) -> dict:
+    import client
+    from server import LocalCluster
+    from sink import TallySink
+
+    with LocalCluster(os.path.join(work, "tally"), tablet_servers=2) as cluster:
+        sink = TallySink(cluster.url, "bench.totals", options={
+            "create-table": "true", "primary-key": "k", "bucket.num": str(buckets),
+            "fields.v.agg": "sum", "fields.c.agg": "sum"})
+        seconds = _timed(sink.start(_stream(spark, source, per_batch), os.path.join(work, "ck-t"),
+                                    trigger={"availableNow": True}))
+        with client.connect(cluster.url) as conn:
+            got = {r["k"]: (r["v"], r["c"]) for r in conn.table("bench.totals").to_arrow()
+                   .to_pylist()}
+    return {"system": "tally", "seconds": seconds, "verified": got == expected}
+
+
+def _pg_partition(dsn: str):
+    def write(rows):
+        import psycopg
+
+        totals: dict = {}
+        for r in rows:
+            v, c = totals.get(r.k, (0, 0))
+            totals[r.k] = (v + r.v, c + r.c)
+        if not totals:
+            return
+        with psycopg.connect(dsn, autocommit=False) as conn, conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO totals AS t (k, v, c) VALUES (%s, %s, %s) ON CONFLICT (k) DO "
+                "UPDATE SET v = t.v + EXCLUDED.v, c = t.c + EXCLUDED.c",
+                [(k, v, c) for k, (v, c) in sorted(totals.items())])
+            conn.commit()
+    return write
+
+
+def run_postgres(spark, source, per_batch, work, expected) -> dict:
+    import psycopg
+
+    with PrivatePostgres() as pg:
+        with psycopg.connect(pg.dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE totals (k BIGINT PRIMARY KEY, v BIGINT, c BIGINT)")
+        write = _pg_partition(pg.dsn)
+        query = (_stream(spark, source, per_batch).writeStream
+                 .foreachBatch(lambda df, _: df.foreachPartition(write))
+                 .option("checkpointLocation", os.path.join(work, "ck-pg"))
+                 .trigger(availableNow=True).start())
+        seconds = _timed(query)
+        with psycopg.connect(pg.dsn) as conn:
+            got = {k: (v, c) for k, v, c in conn.execute("SELECT k, v, c FROM totals")}
+    return {"system": "postgresql", "seconds": seconds, "verified": got == expected}
+
+
+def run_paimon(spark, source, per_batch, work, buckets, expected) -> dict:
+    from pypaimon import CatalogFactory, Schema
+
+    catalog = CatalogFactory.create({"warehouse": os.path.join(work, "paimon")})
+    catalog.create_database("bench", True)
+    arrow = pa.schema([pa.field("k", pa.int64(), nullable=False), ("v", pa.int64()),
+                       ("c", pa.int64())])
+    catalog.create_table("bench.totals", Schema.from_pyarrow_schema(
+        arrow, primary_keys=["k"], options={
+            "merge-engine": "aggregation", "fields.v.aggregate-function": "sum",
+            "fields.c.aggregate-function": "sum", "bucket": str(buckets)}), False)
+    table = catalog.get_table("bench.totals")
+
+    def write(df, _):
+        batch = df.toArrow().cast(arrow)
+        if batch.num_rows == 0:
+            return
+        builder = table.new_batch_write_builder()
+        writer, commit = builder.new_write(), builder.new_commit()
+        writer.write_arrow(batch)
+        commit.commit(writer.prepare_commit())
+        writer.close()
+        commit.close()
+
+    query = (_stream(spark, source, per_batch).writeStream.foreachBatch(write)
+             .option("checkpointLocation", os.path.join(work, "ck-paimon"))
+             .trigger(availableNow=True).start())
+    seconds = _timed(query)
+    read = table.new_read_builder()
+    rows = read.new_read().to_arrow(read.new_scan().plan().splits()).to_pylist()
+    got = {r["k"]: (r["v"], r["c"]) for r in rows}
+    return {"system": "pypaimon", "seconds": seconds, "verified": got == expected}
+
+
+def legs_of(spark, source, per_batch, work, buckets, expected) -> list[dict]:
+    os.makedirs(work, exist_ok=True)
+    return [run_tally(spark, source, per_batch, work, buckets, expected),
+            run_postgres(spark, source, per_batch, work, expected),
+            run_paimon(spark, source, per_batch, work, buckets, expected)]
+
+
+# --- driver ----------------------------------------------------------------------------------
+
+def run(rows: int = 800_000, keys: int = 20_000, files: int = 8, per_batch: int = 2,
+        buckets: int = 4, seed: int = 7, master: str = "local[2]") -> dict:
+    """Run the three legs in one SparkSession; rows/s and ratios (Tally over the others)."""
+    ensure_python_packages()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    work = tempfile.mkdtemp(prefix="tally-bench-spark-")
+    spark = (SparkSession.builder.master(master).appName("tally-bench-spark")
+             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        # Warm-up: every leg once on a small source, so no leg pays the JVM's and the Python
+        # workers' first-use costs in its timed run.
+        small = make_source(os.path.join(work, "warm"), 4_000, 500, 2, seed)
+        legs_of(spark, os.path.join(work, "warm"), 1, os.path.join(work, "w"), buckets, small)
+        expected = make_source(os.path.join(work, "source"), rows, keys, files, seed)
+        legs = legs_of(spark, os.path.join(work, "source"), per_batch, os.path.join(work, "m"),
+                       buckets, expected)
+    finally:
+        spark.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    total = (rows // files) * files
+    for leg in legs:
+        leg["rows"] = total
+        leg["rows_per_s"] = total / leg["seconds"]
+    tally = legs[0]["rows_per_s"]
+    ratios = {leg["system"]: tally / leg["rows_per_s"] for leg in legs[1:]}
+    return {"benchmark": "spark", "rows": total, "keys": keys, "micro_batches": files // per_batch,
+            "legs": legs, "tally_over": ratios, "target_vs_postgresql": 2.0,
+            "ok": all(leg["verified"] for leg in legs)}
+
+
+def format_text(outcome: dict) -> str:
+    lines = [f"Spark streaming job: {outcome['rows']:,} rows, {outcome['keys']:,} keys, "
+             f"{outcome['micro_batches']} micro-batches (sum(v), sum(c) per key)"]
+    for leg in outcome["legs"]:
+        lines.append(f"  {leg['system']:<11} {leg['rows_per_s']:>12,.0f} rows/s  "
+                     f"({leg['seconds']:.1f} s)  verified={leg['verified']}")
+    for system, ratio in outcome["tally_over"].items():
+        lines.append(f"  tally / {system}: {ratio:.2f}x")
+    pg = outcome["tally_over"].get("postgresql", 0.0)
+    lines.append(f"  target >= {outcome['target_vs_postgresql']:.1f}x PostgreSQL: "
+                 f"{'met' if pg >= outcome['target_vs_postgresql'] else 'MISSED'}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=800_000)
+    parser.add_argument("--keys", type=int, default=20_000)
+    parser.add_argument("--files", type=int, default=8)
+    parser.add_argument("--per-batch", type=int, default=2)
+    parser.add_argument("--buckets", type=int, default=4)
+    args = parser.parse_args(argv)
+    outcome = run(args.rows, args.keys, args.files, args.per_batch, args.buckets)
+    print(format_text(outcome))
+    return 0 if outcome["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""`format("tally")`: the sink as a registered Python data source, for batch and streaming.
+
+    sink.register(spark)
+    df.write.format("tally").option("url", url).option("table", "db.t").mode("append").save()
+    df.writeStream.format("tally").option("url", url).option("table", "db.t")
+        .option("checkpointLocation", ckpt).start()
+
+Tasks validate, bucket-check and fold their rows and return them in commit messages; the commit
+(one process, winning attempts only) writes them with the epoch protocol (sink.funnel). Batch
+writes: one epoch under `client.column-lock.owner-id` (default: the application id captured by
+`register`); a re-run with the same owner undoes a crashed run's partial writes first. Streaming
+writes: the epoch is the micro-batch id, the owner the query id (read from the tasks), so a
+replayed micro-batch is skipped or undone and rewritten. Only `append` (batch) and the Append
+output mode (streaming) are supported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+
+from sink.options import SinkOptions
+from sink.owner import batch_owner_id, streaming_owner_id
+from tally.errors import InvalidOptionError
+
+
+@dataclasses.dataclass
+class TallyCommitMessage(WriterCommitMessage):
+    part: object  # sink.funnel.FoldedPart
+
+
+class TallyDataSource(DataSource):
+    _app_id: str | None = None
+
+    @classmethod
+    def name(cls) -> str:
+        return "tally"
+
+    def _refuse_overwrite(self, overwrite: bool) -> None:
+        if overwrite:
+            raise InvalidOptionError(
+                "The tally data source only appends (aggregates into the table): use "
+                "mode('append') for batch writes and the Append output mode for streams")
+
+    def writer(self, schema, overwrite: bool):
+        self._refuse_overwrite(overwrite)
+        return TallyBatchWriter(dict(self.options), schema, self._app_id)
+
+    def streamWriter(self, schema, overwrite: bool):
+        self._refuse_overwrite(overwrite)
+        return TallyStreamWriter(dict(self.options), schema)
+
+
+def _plan(options: SinkOptions, schema):
+    from sink import remote
+    from sink.plan import build_plan, resolve_table
+
+    conn = remote.connect(options.url, options.token)
+    try:
+        return build_plan(resolve_table(conn, options, schema), options, schema)
+    finally:
+        conn.close()
+
+
+class _TaskSide:
+    """What both writers do in a task: rename, bucket-check keys, fold, return the part."""
+
+    def _fold(self, batches, query_id):
+        from pyspark import TaskContext
+
+        from sink.bucketing import BucketAssigner
+        from sink.funnel import fold_part
+        from sink.task import SEQUENCE_COLUMN
+
+        plan = self.plan
+        names = dict(zip(plan.input_columns, plan.table_columns))
+        if plan.sequence_column and plan.sequence_column not in names:
+            names[plan.sequence_column] = SEQUENCE_COLUMN
+
+        def renamed():
+            for b in batches:
+                yield b.select(list(names)).rename_columns(list(names.values()))
+
+        label = "batch write" if query_id is None else f"micro-batch of query {query_id}"
+        out = list(BucketAssigner(plan, label)(renamed()))
+        data = pa.Table.from_batches(out) if out else None
+        partition = TaskContext.get().partitionId()
+        if data is None or data.num_rows == 0:
+            return TallyCommitMessage(part=None if query_id is None else
+                                      _empty(partition, query_id))
+        return TallyCommitMessage(part=fold_part(data, plan, partition, query_id))
+
+
+def _empty(partition: int, query_id: str):
+    from sink.funnel import FoldedPart
+
+    return FoldedPart(partition, 0, b"", True, query_id)
+
+
+class TallyBatchWriter(_TaskSide, DataSourceArrowWriter):
+    def __init__(self, options: dict, schema, app_id: str | None):
+        self.options = SinkOptions.parse(options)
+        self.plan = _plan(self.options, schema)
+        self.owner_id = self.options.owner_id or (
+            batch_owner_id(None, app_id, self.plan.table, self.plan.lock_columns)
+            if app_id else None)
+        if self.owner_id is None:
+            raise InvalidOptionError(
+                "The tally data source needs 'client.column-lock.owner-id' when it was not "
+                "registered with sink.register(spark) (which records the application id)")
+
+    def write(self, iterator):
+        return self._fold(iterator, None)
+
+    def commit(self, messages):
+        from sink.funnel import FunnelWriter
+
+        writer = FunnelWriter(self.options, self.plan, self.owner_id)
+        try:
+            writer.write_epoch(self.options.epoch, [m.part for m in messages if m is not None])
+        except BaseException:
+            writer.abandon()
+            raise
+        writer.release()
+
+    def abort(self, messages):
+        pass  # tasks write nothing: there is nothing to take back
+
+
+class TallyStreamWriter(_TaskSide, DataSourceStreamArrowWriter):
+    def __init__(self, options: dict, schema):
+        self.options = SinkOptions.parse(options)
+        self.plan = _plan(self.options, schema)
+
+    def write(self, iterator):
+        from pyspark import TaskContext
+
+        query_id = TaskContext.get().getLocalProperty("sql.streaming.queryId")
+        return self._fold(iterator, query_id or "")
+
+    def commit(self, messages, batchId):
+        from sink.funnel import FunnelWriter
+
+        parts = [m.part for m in messages if m is not None and m.part is not None]
+        query_id = next((p.query_id for p in parts if p.query_id), None) or \
+            _checkpoint_query_id(self.options.checkpoint_location)
+        owner = streaming_owner_id(self.options.owner_id, query_id, self.plan.table,
+                                   self.plan.lock_columns)
+        FunnelWriter.for_stream(self.options, self.plan, owner).write_epoch(int(batchId), parts)
+
+    def abort(self, messages, batchId):
+        pass  # nothing was written; the failed query's restart replays the batch
+
+
+def _checkpoint_query_id(location: str | None) -> str:
+    """The query id from `<checkpoint>/metadata` (a micro-batch with no input partitions)."""
+    import json
+    import os
+
+    path = (location or "").removeprefix("file:")
+    try:
+        with open(os.path.join(path, "metadata")) as f:
+            return json.loads(f.readline())["id"]
+    except (OSError, ValueError, KeyError):
+        raise InvalidOptionError(
+            "Cannot tell which streaming query this micro-batch belongs to; set the option "
+            "'client.column-lock.owner-id'") from None
+
+
+def register(spark):
+    """Register `format("tally")` on this session, remembering the application id (the
+    default owner of batch writes: the data source's own processes cannot see it)."""
+    source = type("TallyDataSource", (TallyDataSource,),
+                  {"_app_id": spark.sparkContext.applicationId, "__module__": __name__})
+    spark.dataSource.register(source)
+    return source

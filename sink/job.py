@@ -1,0 +1,46 @@
+"""The Spark job of one epoch: select and rename, assign buckets, one task per bucket, write.
+
+    df ─select─▶ table-named columns ─mapInArrow(BucketAssigner)─▶ + bucket, position
+       ─repartitionById(bucket_count, bucket)─▶ partition i = bucket i
+       ─mapInArrow(BucketWriter)─▶ one result row per task and per (partition, bucket) offset
+       ─collect─▶ driver
+
+One action per epoch, so the micro-batch is evaluated once.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import functions as F
+from pyspark.sql.types import IntegerType, LongType, StructField, StructType
+
+from sink.bucketing import BucketAssigner
+from sink.plan import BUCKET_COLUMN, ORDER_COLUMN, WritePlan
+from sink.task import RESULT_DDL, SEQUENCE_COLUMN, BucketWriter, EpochContext
+
+
+def _column(name: str):
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
+def bucketed(df, plan: WritePlan, label: str):
+    """The DataFrame the write stage reads: partition i holds exactly bucket i's rows."""
+    columns = [_column(src).alias(dst) for src, dst in zip(plan.input_columns, plan.table_columns)]
+    if plan.sequence_column is not None and plan.sequence_column not in plan.input_columns:
+        columns.append(_column(plan.sequence_column).alias(SEQUENCE_COLUMN))
+    selected = df.select(*columns)
+    schema = StructType(selected.schema.fields + [
+        StructField(BUCKET_COLUMN, IntegerType(), False),
+        StructField(ORDER_COLUMN, LongType(), False)])
+    assigned = selected.mapInArrow(BucketAssigner(plan, label), schema)
+    return assigned.repartitionById(plan.bucket_count, BUCKET_COLUMN)
+
+
+def run_write_job(df, plan: WritePlan, epoch: EpochContext, label: str) -> list:
+    """Run the epoch's write stage; the collected result rows (see sink.task.RESULT_SCHEMA)."""
+    spark = df.sparkSession
+    spark.sparkContext.setJobDescription(f"tally sink: {label} into {plan.table}")
+    try:
+        return bucketed(df, plan, label).mapInArrow(BucketWriter(plan, epoch), RESULT_DDL) \
+            .collect()
+    finally:
+        spark.sparkContext.setJobDescription(None)

@@ -1,0 +1,173 @@
+"""The sink's options: one parser for TallySink(options=...), `.option(...)` on the data source,
+and the defaults that make a job run with nothing but `url` and `table`.
+
+Spark lower-cases every option key it hands a Python data source (`fields.Revenue.agg` arrives as
+`fields.revenue.agg`), so keys are matched case-insensitively everywhere and column names named
+inside keys are resolved against the DataFrame's columns case-insensitively too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from merge_engine import MergeMode
+from merge_engine.descriptor import parse_bool_option
+from tally.errors import InvalidOptionError
+
+URL = "url"
+TABLE = "table"
+TOKEN = "token"
+COLUMNS = "columns"
+MERGE_MODE = "merge-mode"
+CREATE_TABLE = "create-table"
+PRIMARY_KEY = "primary-key"
+PARTITION_KEY = "partition-key"
+BUCKET_NUM = "bucket.num"
+OWNER_ID = "client.column-lock.owner-id"
+LOCK_TTL = "client.column-lock.ttl"
+SEQUENCE_COLUMN = "sequence-column"
+EPOCH = "epoch"
+
+DEFAULT_TTL = 60.0
+
+# Keys the sink itself understands; `fields.*` and `table.*` are table options for create-table.
+SINK_KEYS = {URL, TABLE, TOKEN, COLUMNS, MERGE_MODE, CREATE_TABLE, PRIMARY_KEY, PARTITION_KEY,
+             BUCKET_NUM, OWNER_ID, LOCK_TTL, SEQUENCE_COLUMN, EPOCH}
+# Keys Spark adds to a data source's options on its own.
+SPARK_KEYS = {"path", "checkpointlocation"}
+
+
+def _split_list(value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    items = [v.strip() for v in str(value).split(",")]
+    items = [v for v in items if v]
+    return items or None
+
+
+@dataclasses.dataclass(frozen=True)
+class SinkOptions:
+    """Parsed, validated sink options. Picklable: executors receive a copy."""
+
+    url: str
+    table: str
+    token: str | None = None
+    columns: tuple[str, ...] | None = None      # partial-update targets (key added later)
+    merge_mode: MergeMode = MergeMode.AGGREGATE  # what the DataFrame's values are
+    create_table: bool = False
+    primary_key: tuple[str, ...] = ()
+    partition_key: tuple[str, ...] = ()
+    bucket_num: int | None = None
+    owner_id: str | None = None
+    ttl: float = DEFAULT_TTL
+    sequence_column: str | None = None
+    epoch: int | None = None
+    table_options: tuple[tuple[str, str], ...] = ()   # fields.* and table.* for create-table
+    checkpoint_location: str | None = None
+
+    @property
+    def database(self) -> str:
+        return self.table.split(".", 1)[0]
+
+    @classmethod
+    def parse(cls, options: dict | None, url: str | None = None, table: str | None = None,
+              columns=None) -> "SinkOptions":
+        raw = {str(k).strip().lower(): v for k, v in (options or {}).items()}
+        if url is not None:
+            raw[URL] = url
+        if table is not None:
+            raw[TABLE] = table
+        if columns is not None:
+            raw[COLUMNS] = ",".join(columns) if not isinstance(columns, str) else columns
+        unknown = sorted(k for k in raw if k not in SINK_KEYS and k not in SPARK_KEYS
+                         and not k.startswith("fields.") and not k.startswith("table."))
+        if unknown:
+            raise InvalidOptionError(
+                f"Unknown Tally sink option(s) {unknown}. Known options: {sorted(SINK_KEYS)}, "
+                "fields.<column>.agg, fields.<column>.<function>.<parameter> and table.*")
+        for required in (URL, TABLE):
+            if not raw.get(required):
+                raise InvalidOptionError(f"The Tally sink needs the option '{required}'")
+        name = str(raw[TABLE]).strip()
+        if name.count(".") != 1 or not all(name.split(".")):
+            raise InvalidOptionError(
+                f"Option 'table' must name a table as '<database>.<table>', got {name!r}")
+        return cls(
+            url=str(raw[URL]).strip(),
+            table=name,
+            token=raw.get(TOKEN) or None,
+            columns=tuple(_split_list(raw.get(COLUMNS)) or ()) or None,
+            merge_mode=_merge_mode(raw.get(MERGE_MODE)),
+            create_table=parse_bool_option(CREATE_TABLE, raw.get(CREATE_TABLE, "false")),
+            primary_key=tuple(_split_list(raw.get(PRIMARY_KEY)) or ()),
+            partition_key=tuple(_split_list(raw.get(PARTITION_KEY)) or ()),
+            bucket_num=_positive_int(BUCKET_NUM, raw.get(BUCKET_NUM)),
+            owner_id=_owner_id(raw.get(OWNER_ID)),
+            ttl=_ttl(raw.get(LOCK_TTL)),
+            sequence_column=(str(raw[SEQUENCE_COLUMN]).strip() or None)
+            if raw.get(SEQUENCE_COLUMN) is not None else None,
+            epoch=_non_negative_int(EPOCH, raw.get(EPOCH)),
+            table_options=tuple(sorted((k, str(v)) for k, v in raw.items()
+                                       if k.startswith("fields.") or k.startswith("table."))),
+            checkpoint_location=raw.get("checkpointlocation"),
+        )
+
+
+def _merge_mode(value) -> MergeMode:
+    if value is None:
+        return MergeMode.AGGREGATE
+    mode = MergeMode.parse(str(value))
+    return mode
+
+
+def _positive_int(key: str, value) -> int | None:
+    if value is None:
+        return None
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise InvalidOptionError(f"Option '{key}' must be a positive integer, got {value!r}")
+    return number
+
+
+def _non_negative_int(key: str, value) -> int | None:
+    if value is None:
+        return None
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise InvalidOptionError(f"Option '{key}' must be a non-negative integer, got {value!r}")
+    return number
+
+
+def _ttl(value) -> float:
+    if value is None:
+        return DEFAULT_TTL
+    text = str(value).strip().lower()
+    scale = 1.0
+    for suffix, factor in (("ms", 0.001), ("s", 1.0), ("min", 60.0)):
+        if text.endswith(suffix):
+            text, scale = text[: -len(suffix)].strip(), factor
+            break
+    try:
+        ttl = float(text) * scale
+    except ValueError:
+        ttl = 0.0
+    if ttl <= 0:
+        raise InvalidOptionError(
+            f"Option '{LOCK_TTL}' must be a positive duration in seconds (e.g. 60, 30s, "
+            f"500ms), got {value!r}")
+    return ttl
+
+
+def _owner_id(value) -> str | None:
+    if value is None:
+        return None
+    text = str(value).strip()
+    if not text:
+        raise InvalidOptionError(f"Option '{OWNER_ID}' must not be empty")
+    return text

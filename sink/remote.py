@@ -1,0 +1,96 @@
+"""Every call the sink makes into the client, the lock service and recovery, in one place.
+
+The sink runs on both sides of Spark: the driver (locks, commits, baselines, recovery) and the
+executors (bucket undo and writes). Keeping these calls here means one module to read to know
+what the sink needs from the rest of Tally (docs/sink-needs.md lists the same).
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+
+from merge_engine import MergeMode
+
+_connections: dict[tuple[str, str | None], object] = {}
+_connections_lock = threading.Lock()
+
+
+def connect(url: str, token: str | None):
+    """A fresh connection (the driver owns and closes its own)."""
+    import client
+
+    return client.connect(url, token)
+
+
+def shared_connection(url: str, token: str | None):
+    """One connection per Python worker process and cluster, reused by every task it runs
+    (Spark reuses Python workers), so a task does not pay for a new connection."""
+    key = (url, token)
+    with _connections_lock:
+        conn = _connections.get(key)
+        if conn is None or getattr(conn, "_closed", False):
+            conn = connect(url, token)
+            _connections[key] = conn
+        return conn
+
+
+# --- locks, commits, baselines (driver) -----------------------------------------------------
+
+def acquire(conn, table: str, owner_id: str, columns, ttl: float):
+    return conn.locks.acquire(table, owner_id, list(columns), ttl=ttl)
+
+
+def release(conn, lease) -> None:
+    conn.locks.release(lease)
+
+
+def last_commit(conn, table: str, owner_id: str):
+    """(epoch, offsets) of the owner's last commit, or None."""
+    return conn.locks.last_commit(table, owner_id)
+
+
+def epoch_baseline(conn, lease, epoch: int) -> dict:
+    return conn.locks.epoch_baseline(lease, epoch)
+
+
+def commit(conn, lease, epoch: int, offsets: dict) -> bool:
+    return conn.locks.commit(lease, epoch, offsets)
+
+
+def recover(conn, table: str, lease, target_columns):
+    """Undo everything of the owner since its last commit (or the lock's initial offsets).
+
+    Never skipped for replay-idempotent functions: a replay need not send the same rows (a
+    batch job re-run, a non-deterministic source), so the sink always undoes.
+    """
+    import recovery
+
+    kwargs = {}
+    params = inspect.signature(recovery.recover).parameters
+    if "skip_idempotent" in params:
+        kwargs["skip_idempotent"] = False
+    if "writer_deletes" in params:
+        kwargs["writer_deletes"] = False
+    return recovery.recover(conn, table, lease, target_columns, **kwargs)
+
+
+# --- buckets (executors) --------------------------------------------------------------------
+
+def register_attempt(conn, lease, bucket: int) -> int:
+    """Register this task attempt as the owner's only writer of `bucket` (in every partition);
+    from then on tablet servers reject the owner's writes to that bucket from any earlier
+    attempt, so an executor that lost contact but still runs cannot write after this one's
+    undo. Returns the attempt's number, carried by its undo and its writes."""
+    return conn.locks.register_attempt(lease, bucket)
+
+
+def undo_bucket(table, bucket: int, baseline: int, partition, target_columns, lease, attempt):
+    import recovery
+
+    return recovery.undo_remote(table, bucket, baseline, partition=partition,
+                                target_columns=target_columns, lease=lease, attempt=attempt)
+
+
+def bucket_writer(table, target_columns, mode: MergeMode, lease, attempt):
+    return table.upsert_writer(target_columns, mode, lease=lease, attempt=attempt)

@@ -1,0 +1,213 @@
+"""TallySink: exactly-once aggregate and partial writes from PySpark streaming and batch jobs.
+
+    sink = TallySink(url, "db.metrics", target_columns=["clicks"], options={...})
+    query = sink.start(events_df, checkpoint_location="/ckpt/metrics")   # streaming
+    df.writeStream.foreachBatch(sink).option("checkpointLocation", ...).start()  # the same
+    sink.write(df)                                                     # a batch job
+
+Each streaming query run gets its own `WriterRun` (sink.protocol), created at its first
+micro-batch, when the query id (the owner id's root) is known. A StreamingQueryListener ends the
+run when the query terminates: a clean stop between batches releases the lock; a failure, or a
+stop in the middle of a batch, leaves the lock to expire (or to be re-acquired by a restart).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from sink import remote
+from sink.options import SinkOptions
+from sink.owner import batch_owner_id, streaming_owner_id
+from sink.plan import build_plan, resolve_table
+from sink.protocol import EpochResult, WriterRun
+from tally.errors import InvalidInputError, InvalidOptionError
+
+log = logging.getLogger("tally.sink")
+
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+RUN_ID_PROPERTY = "spark.jobGroup.id"
+
+
+def check_speculation(spark) -> None:
+    """Refuse speculative execution: two attempts of one bucket's task would write at once."""
+    refuse_speculation(spark.sparkContext.getConf().get("spark.speculation", "false"))
+
+
+def refuse_speculation(value) -> None:
+    if str(value).strip().lower() == "true":
+        raise InvalidOptionError(
+            "The Tally sink refuses to run with spark.speculation=true: a speculative copy of "
+            "a bucket's task would write the bucket at the same time as the original. Set "
+            "spark.speculation=false for this job.")
+
+
+class TallySink:
+    """A foreachBatch callable plus `start` (streaming) and `write` (batch); see module doc.
+
+    `fail_hook` is for tests only: "module:function" called by each write task after it has
+    written half of its folded rows (the function may raise to fail the attempt).
+    """
+
+    def __init__(self, url: str, table: str, target_columns=None, options: dict | None = None,
+                 *, fail_hook: str | None = None):
+        self.options = SinkOptions.parse(options, url=url, table=table, columns=target_columns)
+        self.fail_hook = fail_hook
+        self._runs: dict[tuple[str, str], WriterRun] = {}
+        self._lock = threading.Lock()
+        self._session = None  # the session that started the query (start() sets it)
+
+    # --- planning -----------------------------------------------------------------------
+
+    def _plan(self, conn, df):
+        info = resolve_table(conn, self.options, df.schema)
+        return build_plan(info, self.options, df.schema)
+
+    def validate(self, df) -> None:
+        """Check the DataFrame against the table (creating it if asked) without writing."""
+        conn = remote.connect(self.options.url, self.options.token)
+        try:
+            self._plan(conn, df)
+        finally:
+            conn.close()
+
+    # --- streaming ----------------------------------------------------------------------
+
+    def start(self, df, checkpoint_location: str, trigger: dict | None = None):
+        """Start a streaming query writing `df` through this sink; returns the StreamingQuery."""
+        if not df.isStreaming:
+            raise InvalidInputError("TallySink.start needs a streaming DataFrame; use write(df)")
+        check_speculation(df.sparkSession)
+        self.validate(df)
+        self._session = df.sparkSession
+        writer = df.writeStream.foreachBatch(self).option("checkpointLocation",
+                                                          checkpoint_location)
+        if trigger:
+            writer = writer.trigger(**trigger)
+        return writer.start()
+
+    def __call__(self, df, batch_id: int) -> None:
+        spark = df.sparkSession
+        context = spark.sparkContext
+        query_id = context.getLocalProperty(QUERY_ID_PROPERTY)
+        if not query_id:
+            raise InvalidInputError(
+                "TallySink was called outside a streaming query; for a batch DataFrame use "
+                "sink.write(df)")
+        run = self._run_for(df, query_id, context.getLocalProperty(RUN_ID_PROPERTY) or "")
+        result = run.write_epoch(df, int(batch_id), f"micro-batch {batch_id} of query {query_id}")
+        log.info("tally sink: %s", result)
+
+    def _run_for(self, df, query_id: str, run_id: str) -> WriterRun:
+        with self._lock:
+            run = self._runs.get((query_id, run_id))
+        if run is not None:
+            return run
+        check_speculation(df.sparkSession)
+        _QueryEnds.watch(self._owning_session(), self)
+        conn = remote.connect(self.options.url, self.options.token)
+        try:
+            plan = self._plan(conn, df)
+            owner = streaming_owner_id(self.options.owner_id, query_id, plan.table,
+                                       plan.lock_columns)
+            run = WriterRun(conn, self.options, plan, owner, self.fail_hook).open()
+        except BaseException:
+            conn.close()
+            raise
+        with self._lock:
+            self._runs[(query_id, run_id)] = run
+        return run
+
+    def _owning_session(self):
+        """The session whose StreamingQueryManager runs the query: foreachBatch hands the
+        function a clone of it, whose listeners never hear of the query."""
+        if self._session is not None:
+            return self._session
+        from pyspark.sql import SparkSession
+
+        return SparkSession.builder.getOrCreate()
+
+    def query_ended(self, query_id: str, run_id: str, failed: bool) -> None:
+        with self._lock:
+            run = self._runs.pop((query_id, run_id), None)
+        if run is None:
+            return
+        if failed or run.in_epoch:
+            run.abandon()
+        else:
+            run.release()
+
+    def owner_ids(self) -> list[str]:
+        with self._lock:
+            return [run.owner_id for run in self._runs.values()]
+
+    # --- batch --------------------------------------------------------------------------
+
+    def write(self, df) -> EpochResult:
+        """Write a batch DataFrame exactly once (see docs/spark.md for re-runs and `epoch`)."""
+        if df.isStreaming:
+            raise InvalidInputError("TallySink.write takes a batch DataFrame; use start(df, ...)")
+        spark = df.sparkSession
+        check_speculation(spark)
+        conn = remote.connect(self.options.url, self.options.token)
+        try:
+            plan = self._plan(conn, df)
+            owner = batch_owner_id(self.options.owner_id, spark.sparkContext.applicationId,
+                                   plan.table, plan.lock_columns)
+            run = WriterRun(conn, self.options, plan, owner, self.fail_hook).open()
+        except BaseException:
+            conn.close()
+            raise
+        try:
+            committed = run.last_committed()
+            epoch = self.options.epoch if self.options.epoch is not None else \
+                0 if committed is None else committed + 1
+            result = run.write_epoch(df, epoch, f"batch write (epoch {epoch}) by {owner}")
+        except BaseException:
+            run.abandon()
+            raise
+        run.release()
+        return result
+
+
+class _QueryEnds:
+    """One StreamingQueryListener per SparkSession, telling sinks when their queries end."""
+
+    _by_session: dict[int, "_QueryEnds"] = {}
+    _guard = threading.Lock()
+
+    def __init__(self):
+        self.sinks: list[TallySink] = []
+
+    @classmethod
+    def watch(cls, spark, sink: TallySink) -> None:
+        with cls._guard:
+            ends = cls._by_session.get(id(spark))
+            if ends is None:
+                ends = cls._by_session[id(spark)] = cls()
+                spark.streams.addListener(_listener(ends))
+            if sink not in ends.sinks:
+                ends.sinks.append(sink)
+
+    def ended(self, query_id: str, run_id: str, failed: bool) -> None:
+        for sink in list(self.sinks):
+            sink.query_ended(query_id, run_id, failed)
+
+
+def _listener(ends: _QueryEnds):
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    class TallyQueryListener(StreamingQueryListener):
+        def onQueryStarted(self, event):
+            pass
+
+        def onQueryProgress(self, event):
+            pass
+
+        def onQueryIdle(self, event):
+            pass
+
+        def onQueryTerminated(self, event):
+            ends.ended(str(event.id), str(event.runId), event.exception is not None)
+
+    return TallyQueryListener()

@@ -1,0 +1,70 @@
+"""Fixtures of the Spark sink tests: one SparkSession for the whole run, one Tally cluster.
+
+The SparkSession is `local[2,4]` (2 cores; a task may fail 3 times and be retried, so injected
+task failures are retried as on a real cluster), with the UI off. Spark's Python workers run
+the venv's Python (PYSPARK_PYTHON) and can import this repository (PYTHONPATH), so test hooks
+in tests/spark/hooks.py run inside tasks. Streaming jobs that get killed run in subprocesses
+(tests/spark/stream_job.py) with their own JVM, since a SIGKILL must not take the session down.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import uuid
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+if shutil.which("java") is None:
+    pytest.skip("the Spark sink tests need Java (make test installs openjdk-17-jre-headless)",
+                allow_module_level=True)
+
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+os.environ["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
+
+
+def spark_builder(master: str = "local[2,4]"):
+    from pyspark.sql import SparkSession
+
+    return (SparkSession.builder.master(master)
+            .appName("tally-sink-tests")
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.default.parallelism", "2")
+            .config("spark.sql.streaming.stopTimeout", "10s")
+            .config("spark.driver.extraJavaOptions", "-Xss4m")
+            .config("spark.python.worker.faulthandler.enabled", "true"))
+
+
+@pytest.fixture(scope="session")
+def spark():
+    session = spark_builder().getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    from server import LocalCluster
+
+    with LocalCluster(str(tmp_path_factory.mktemp("spark-cluster")), tablet_servers=2) as c:
+        yield c
+
+
+@pytest.fixture
+def conn(cluster):
+    import client
+
+    connection = client.connect(cluster.url)
+    yield connection
+    connection.close()
+
+
+@pytest.fixture
+def table_name():
+    return f"sparktest.t_{uuid.uuid4().hex[:10]}"

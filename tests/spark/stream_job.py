@@ -1,0 +1,83 @@
+"""A streaming job into Tally, run as a subprocess so tests can SIGKILL it and restart it.
+
+    python -m tests.spark.stream_job '<json spec>'
+
+spec: url, table, source (a directory of JSON-lines files, one file per micro-batch), checkpoint,
+columns (target columns or null), options (sink options), kill (null or {"point", "epoch"}):
+  point "task":          SIGKILL from inside a write task of that epoch, after half its writes
+  point "before_commit": SIGKILL on the driver after every task wrote, before the sink commits
+  point "after_commit":  SIGKILL after the sink's commit, before Spark's own commit log
+The job processes every file present (availableNow, one file per trigger) and exits 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import tempfile
+
+
+def main(spec: dict) -> int:
+    kill = spec.get("kill")
+    kill_file = None
+    if kill:
+        kill_file = os.path.join(tempfile.mkdtemp(prefix="tally-kill-"), "kill.json")
+        os.environ["TALLY_TEST_KILL_FILE"] = kill_file
+    from tests.spark.conftest import spark_builder
+
+    spark = spark_builder(spec.get("master", "local[2,4]")).getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    pids = [os.getpid(), int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())]
+    if kill:
+        with open(kill_file, "w") as f:
+            json.dump({**kill, "pids": pids}, f)
+        if kill["point"] in ("before_commit", "after_commit"):
+            _kill_around_commit(kill, pids)
+
+    from sink import TallySink
+
+    sink = TallySink(spec["url"], spec["table"], target_columns=spec.get("columns"),
+                     options=spec.get("options") or {},
+                     fail_hook="tests.spark.hooks:kill_job" if kill else None)
+    frame = (spark.readStream.schema(spec["schema"]).option("maxFilesPerTrigger", 1)
+             .json(spec["source"]))
+    if spec.get("select"):
+        frame = frame.select(*spec["select"])
+    query = sink.start(frame, spec["checkpoint"], trigger={"availableNow": True})
+    try:
+        query.awaitTermination()
+    except Exception:  # noqa: BLE001 - reported below through query.exception()
+        pass
+    if query.exception() is not None:
+        print(f"query failed: {query.exception()}", file=sys.stderr)
+        return 2
+    print(json.dumps({"query_id": str(query.id), "owners": sink.owner_ids()}))
+    spark.stop()
+    return 0
+
+
+def _kill_around_commit(kill: dict, pids: list[int]) -> None:
+    from sink import remote
+
+    real_commit = remote.commit
+
+    def commit(conn, lease, epoch, offsets):
+        if epoch == kill["epoch"] and kill["point"] == "before_commit":
+            _kill(pids)
+        done = real_commit(conn, lease, epoch, offsets)
+        if epoch == kill["epoch"] and kill["point"] == "after_commit":
+            _kill(pids)
+        return done
+
+    remote.commit = commit
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in reversed(pids):  # the JVM first, then this driver process
+        os.kill(pid, signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    sys.exit(main(json.loads(sys.argv[1])))

@@ -1,0 +1,103 @@
+"""In-process exactly-once tests on the shared SparkSession: injected task failures, two
+concurrent streaming jobs on disjoint columns plus a third overlapping one, a batch job that
+fails mid-way and is re-run with the same owner id, and the lock lifecycle of a clean stop."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from sink import TallySink
+from tests.spark import workload
+from tests.spark.test_kill_restart import run_job
+
+FAIL_FIRST = "tests.spark.hooks:fail_first_attempt"
+
+
+def stream(spark, source):
+    return (spark.readStream.schema(workload.SCHEMA_DDL).option("maxFilesPerTrigger", 1)
+            .json(source))
+
+
+def wait_for_locks(conn, table, count, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        locks = conn.locks.describe(table)
+        if len(locks) == count or time.monotonic() > deadline:
+            return locks
+        time.sleep(0.2)
+
+
+def test_injected_task_failures_are_applied_once(spark, cluster, conn, tmp_path, table_name):
+    workload.create_table(conn, table_name)
+    files = workload.write_source_files(str(tmp_path / "src"), 3, 40, 12, seed=5)
+    sink = TallySink(cluster.url, table_name, fail_hook=FAIL_FIRST)
+    query = sink.start(stream(spark, str(tmp_path / "src")), str(tmp_path / "ckpt"),
+                       trigger={"availableNow": True})
+    query.awaitTermination()
+    assert query.exception() is None
+    rows = [r for f in files for r in f]
+    assert workload.table_state(conn, table_name) == workload.expected(rows)
+    # a clean stop between batches releases the lock
+    assert wait_for_locks(conn, table_name, 0) == []
+
+
+def test_concurrent_jobs_on_disjoint_columns_and_an_overlapping_one(
+        spark, cluster, conn, tmp_path, table_name):
+    workload.create_table(conn, table_name)
+    files = workload.write_source_files(str(tmp_path / "src"), 4, 40, 12, seed=7)
+    rows = [r for f in files for r in f]
+    one = TallySink(cluster.url, table_name, target_columns=["v", "s"])
+    two = TallySink(cluster.url, table_name, target_columns=["c", "a", "l"])
+    source = stream(spark, str(tmp_path / "src"))
+    q1 = one.start(source.select("k", "v", "s"), str(tmp_path / "ck1"),
+                   trigger={"processingTime": "200 milliseconds"})
+    q2 = two.start(source.select("k", "c", "a", "l"), str(tmp_path / "ck2"),
+                   trigger={"processingTime": "200 milliseconds"})
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and len(conn.locks.describe(table_name)) < 2:
+            time.sleep(0.2)
+        # a third job overlapping column 's' fails fast with the lock conflict
+        spec = {"url": cluster.url, "table": table_name, "source": str(tmp_path / "src"),
+                "checkpoint": str(tmp_path / "ck3"), "schema": workload.SCHEMA_DDL,
+                "columns": ["s", "l"], "select": ["k", "s", "l"], "options": {}}
+        started = time.monotonic()
+        third = run_job(spec, timeout=120)
+        assert third.returncode == 2, third.stderr[-2000:]
+        assert "locked by owner 'spark-query:" in third.stderr
+        assert time.monotonic() - started < 60
+        for q in (q1, q2):
+            q.processAllAvailable()
+    finally:
+        q1.stop()
+        q2.stop()
+    state = workload.table_state(conn, table_name)
+    assert workload.project(state, ("v", "s")) == workload.project(
+        workload.expected(rows, ("v", "s")), ("v", "s"))
+    assert workload.project(state, ("c", "a", "l")) == workload.project(
+        workload.expected(rows, ("c", "a", "l")), ("c", "a", "l"))
+    assert wait_for_locks(conn, table_name, 0) == []
+
+
+def test_failed_batch_job_rerun_with_same_owner_is_exactly_once(
+        spark, cluster, conn, table_name):
+    workload.create_table(conn, table_name)
+    rows = workload.make_rows(200, 20, seed=3)
+    df = spark.createDataFrame(rows, workload.SCHEMA_DDL)
+    options = {"client.column-lock.owner-id": "nightly-rollup-2024-05-17",
+               "client.column-lock.ttl": "20"}
+    crashing = TallySink(cluster.url, table_name, options=options,
+                         fail_hook="tests.spark.hooks:fail_always")
+    with pytest.raises(Exception, match="injected failure"):
+        crashing.write(df)
+    assert conn.table(table_name).to_arrow().num_rows > 0  # half-written before the failure
+    result = TallySink(cluster.url, table_name, options=options).write(df)
+    assert not result.skipped
+    assert workload.table_state(conn, table_name) == workload.expected(rows)
+    assert conn.locks.describe(table_name) == []  # a successful batch job releases its lock
+    # the same epoch again is skipped: batch writes with an explicit epoch are idempotent
+    again = TallySink(cluster.url, table_name, options={**options, "epoch": str(result.epoch)})
+    assert again.write(df).skipped
+    assert workload.table_state(conn, table_name) == workload.expected(rows)

@@ -1,0 +1,91 @@
+"""Test data for the Spark sink: source files, the table they aggregate into, and the
+reference fold of every source row applied exactly once, in order."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+
+import pyarrow as pa
+
+SCHEMA_DDL = "k long, v long, c string, s string, a long, l string"
+
+
+def create_table(conn, name: str, buckets: int = 4) -> None:
+    from aggfuncs import AggFunction
+    from merge_engine import Schema, TableDescriptor
+
+    schema = (Schema.builder()
+              .column("k", pa.int64())
+              .agg_column("v", pa.int64(), AggFunction.SUM)
+              .agg_column("c", pa.int64(), AggFunction.COUNT)
+              .agg_column("s", pa.string(), AggFunction.STRING_AGG)
+              .agg_column("a", pa.list_(pa.int64()), AggFunction.ARRAY_AGG)
+              .agg_column("l", pa.string(), AggFunction.LAST_VALUE_IGNORE_NULLS)
+              .primary_key("k").build())
+    conn.admin.create_database(name.split(".")[0], ignore_if_exists=True)
+    conn.admin.create_table(name, TableDescriptor(schema, bucket_count=buckets, properties={
+        "table.merge-engine": "aggregation"}))
+
+
+def make_rows(count: int, keys: int, seed: int, start: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    rows = []
+    for i in range(start, start + count):
+        rows.append({
+            "k": rng.randrange(keys),
+            "v": rng.randrange(-50, 100),
+            "c": None if rng.random() < 0.2 else f"c{i}",
+            "s": None if rng.random() < 0.2 else f"s{i}",
+            "a": None if rng.random() < 0.2 else i,
+            "l": None if rng.random() < 0.3 else f"l{i}",
+        })
+    return rows
+
+
+def write_source_files(directory: str, files: int, rows_per_file: int, keys: int,
+                       seed: int) -> list[list[dict]]:
+    """One JSON-lines file per micro-batch, named so the file source lists them in order."""
+    os.makedirs(directory, exist_ok=True)
+    batches = []
+    # The file source takes files oldest first: distinct modification times fix the batch order.
+    first = time.time() - 10 * files
+    for f in range(files):
+        rows = make_rows(rows_per_file, keys, seed * 1000 + f, start=f * rows_per_file)
+        path = os.path.join(directory, f"part-{f:04d}.json")
+        with open(path, "w") as out:
+            for row in rows:
+                out.write(json.dumps(row) + "\n")
+        os.utime(path, (first + 10 * f, first + 10 * f))
+        batches.append(rows)
+    return batches
+
+
+def expected(rows: list[dict], columns=("v", "c", "s", "a", "l")) -> dict:
+    """{key: row} after folding `rows` in order into the table's functions (targets only)."""
+    state: dict = {}
+    for row in rows:
+        cur = state.setdefault(row["k"], {"k": row["k"], "v": None, "c": 0, "s": None,
+                                          "a": None, "l": None})
+        if "v" in columns and row["v"] is not None:
+            cur["v"] = row["v"] if cur["v"] is None else cur["v"] + row["v"]
+        if "c" in columns and row["c"] is not None:
+            cur["c"] += 1
+        if "s" in columns and row["s"] is not None:
+            cur["s"] = row["s"] if cur["s"] is None else cur["s"] + "," + row["s"]
+        if "a" in columns and row["a"] is not None:
+            cur["a"] = [row["a"]] if cur["a"] is None else cur["a"] + [row["a"]]
+        if "l" in columns and row["l"] is not None:
+            cur["l"] = row["l"]
+    return state
+
+
+def table_state(conn, name: str) -> dict:
+    rows = conn.table(name).to_arrow().to_pylist()
+    return {r["k"]: {"k": r["k"], **{c: r[c] for c in ("v", "c", "s", "a", "l")}} for r in rows}
+
+
+def project(state: dict, columns) -> dict:
+    return {k: {c: row[c] for c in ("k", *columns)} for k, row in state.items()}
