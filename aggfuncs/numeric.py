@@ -38,6 +38,21 @@ def integer_bounds(arrow_type: pa.DataType) -> tuple[int, int]:
     return int(info.min), int(info.max)
 
 
+def check_result(value, arrow_type: pa.DataType, what: str) -> None:
+    """Raise AggregateOverflowError when an exact result does not fit the column's type."""
+    if pa.types.is_integer(arrow_type):
+        low, high = integer_bounds(arrow_type)
+        if not low <= value <= high:
+            raise AggregateOverflowError(
+                f"{what} overflows {arrow_type}: the result {value} is outside [{low}, {high}]. "
+                "The whole write was rejected.")
+    elif pa.types.is_decimal(arrow_type):
+        if abs(value) >= decimal.Decimal(10) ** (arrow_type.precision - arrow_type.scale):
+            raise AggregateOverflowError(
+                f"{what} overflows {arrow_type}: the result {value} needs more than "
+                f"{arrow_type.precision} digits. The whole write was rejected.")
+
+
 def fold_numeric(
     values: pa.Array,
     segments: Segments,

@@ -10,8 +10,8 @@ import pyarrow as pa
 
 from aggfuncs.base import Aggregator, valid_mask
 from aggfuncs.functions import AggFunction
-from aggfuncs.numeric import NUMERIC_TYPE_NAMES, fold_numeric, integer_bounds, is_numeric
-from tally.errors import AggregateOverflowError, RetractionError
+from aggfuncs.numeric import NUMERIC_TYPE_NAMES, check_result, fold_numeric, is_numeric
+from tally.errors import RetractionError
 from aggfuncs.segments import Segments
 
 
@@ -49,7 +49,7 @@ class ProductAggregator(Aggregator):
                         f"product column '{self.column}' cannot retract {value}: {base} is not "
                         f"divisible by it")
                 result = base // value
-        self._check_range(result)
+        check_result(result, self.type, f"product column '{self.column}'")
         return result
 
     def _divide_decimal(self, base, value):
@@ -62,19 +62,6 @@ class ProductAggregator(Aggregator):
                     f"product column '{self.column}' cannot retract {value}: {base} / {value} "
                     f"is not exact at scale {self.type.scale}")
             return exact.quantize(quantum)
-
-    def _check_range(self, result) -> None:
-        if pa.types.is_integer(self.type):
-            low, high = integer_bounds(self.type)
-            if not low <= result <= high:
-                raise AggregateOverflowError(
-                    f"product column '{self.column}' overflows {self.type}: the result {result} "
-                    f"is outside [{low}, {high}]. The whole write was rejected.")
-        elif pa.types.is_decimal(self.type):
-            if abs(result) >= decimal.Decimal(10) ** (self.type.precision - self.type.scale):
-                raise AggregateOverflowError(
-                    f"product column '{self.column}' overflows {self.type}: the result {result} "
-                    "needs more digits. The whole write was rejected.")
 
     def fold(self, states: pa.Array, written: np.ndarray, segments: Segments) -> pa.Array:
         keep = written & valid_mask(states)

@@ -11,7 +11,7 @@ from aggfuncs.base import Aggregator, valid_mask
 from aggfuncs.functions import AggFunction
 import pyarrow.compute as pc
 
-from aggfuncs.numeric import NUMERIC_TYPE_NAMES, fold_numeric, integer_bounds, is_numeric
+from aggfuncs.numeric import NUMERIC_TYPE_NAMES, check_result, fold_numeric, is_numeric
 from tally.errors import AggregateOverflowError
 from aggfuncs.segments import Segments
 
@@ -40,11 +40,7 @@ class SumAggregator(Aggregator):
         if value is None:
             return acc
         result = (acc or 0) + sign * value
-        low, high = integer_bounds(self.type)
-        if not low <= result <= high:
-            raise AggregateOverflowError(
-                f"sum column '{self.column}' overflows {self.type}: the result {result} is "
-                f"outside [{low}, {high}]. The whole write was rejected.")
+        check_result(result, self.type, f"sum column '{self.column}'")
         return result
 
     def fold(self, states: pa.Array, written: np.ndarray, segments: Segments) -> pa.Array:
