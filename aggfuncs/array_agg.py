@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from aggfuncs.base import Aggregator, parse_bool, valid_mask
+from aggfuncs.base import Aggregator, keep_untouched, parse_bool, valid_mask
 from aggfuncs.functions import AggFunction
 from aggfuncs.segments import Segments
 from aggfuncs.string_agg import _last_index
@@ -46,7 +46,9 @@ class ArrayAggAggregator(Aggregator):
 
     def to_state(self, values: pa.Array) -> pa.Array:
         if _is_list(values.type):
-            return values
+            # An empty list holds no element: like a null, it contributes nothing.
+            empty = pc.fill_null(pc.equal(pc.list_value_length(values), 0), False)
+            return pc.if_else(empty, pa.nulls(len(values), values.type), values)
         # A single element becomes a one-element list; a null element stays a null (skipped).
         offsets = pa.array(np.arange(len(values) + 1), type=self._offset_type())
         return self._list_class().from_arrays(offsets, values, mask=values.is_null())
@@ -75,4 +77,5 @@ class ArrayAggAggregator(Aggregator):
         lengths = np.bincount(owner, minlength=sub.count)
         has = lengths > 0  # no elements at all is the empty state (null), as in SQL
         offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]), type=self._offset_type())
-        return self._list_class().from_arrays(offsets, elements, mask=pa.array(~has))
+        folded = self._list_class().from_arrays(offsets, elements, mask=pa.array(~has))
+        return keep_untouched(folded, states, keep, segments) if self.params["distinct"] else folded

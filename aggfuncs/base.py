@@ -201,6 +201,23 @@ def with_nulls(data: np.ndarray, valid: np.ndarray, arrow_type: pa.DataType) -> 
     return pa.array(data, type=arrow_type, mask=mask)
 
 
+def keep_untouched(result: pa.Array, states: pa.Array, keep: np.ndarray,
+                   segments: Segments) -> pa.Array:
+    """`result`, except for groups whose only eligible row is their first (the stored state):
+    those keep that state exactly (x with null gives x, without rewriting x)."""
+    first_rows = segments.order[segments.starts[segments.lengths > 0]]
+    groups = np.nonzero(segments.lengths > 0)[0]
+    eligible = np.bincount(segments.group_ids[keep], minlength=segments.count)
+    untouched = np.zeros(segments.count, dtype=bool)
+    untouched[groups] = (eligible[groups] == 1) & keep[first_rows]
+    if not untouched.any():
+        return result
+    index = np.full(segments.count, -1, dtype=np.int64)
+    index[groups] = first_rows
+    original = take_or_null(states, np.where(untouched, index, -1)).cast(result.type)
+    return pc.if_else(pa.array(untouched), original, result)
+
+
 def take_or_null(values: pa.Array, index: np.ndarray) -> pa.Array:
     """values[index] per group, null where index is -1."""
     found = index >= 0

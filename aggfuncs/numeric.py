@@ -127,9 +127,10 @@ def _fold_decimal(values: pa.Array, segments: Segments, op, what: str) -> pa.Arr
     limit = decimal.Decimal(10) ** (arrow_type.precision - arrow_type.scale)
     out: list[decimal.Decimal | None] = [None] * segments.count
     with decimal.localcontext() as ctx:
-        ctx.prec = 2 * arrow_type.precision + 10
         for g in np.nonzero(segments.lengths)[0]:
             start, n = segments.starts[g], segments.lengths[g]
+            # Exact intermediates: a product of n values needs n times the digits.
+            ctx.prec = (int(n) + 2) * (arrow_type.precision + 2)
             acc = ordered[start]
             for v in ordered[start + 1 : start + n]:
                 acc = op(acc, v)

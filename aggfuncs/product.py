@@ -76,4 +76,6 @@ class ProductAggregator(Aggregator):
 
     def _multiply_decimal(self, a: decimal.Decimal, b: decimal.Decimal) -> decimal.Decimal:
         quantum = decimal.Decimal(1).scaleb(-self.type.scale)
-        return (a * b).quantize(quantum, rounding=decimal.ROUND_HALF_UP)
+        with decimal.localcontext() as ctx:
+            ctx.prec = max(ctx.prec, 2 * self.type.precision + 4 * len(str(abs(a))) + 10)
+            return (a * b).quantize(quantum, rounding=decimal.ROUND_HALF_UP)

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from aggfuncs.base import Aggregator, parse_bool, valid_mask
+from aggfuncs.base import Aggregator, keep_untouched, parse_bool, valid_mask
 from aggfuncs.functions import AggFunction
 from aggfuncs.segments import Segments
 from aggfuncs.tokens import first_occurrences
@@ -77,4 +77,5 @@ class StringAggAggregator(Aggregator):
         has = sub.lengths > 0
         offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]), type=pa.int32())
         lists = pa.ListArray.from_arrays(offsets, tokens, mask=pa.array(~has))
-        return pc.binary_join(lists, delimiter).cast(self.type)
+        joined = pc.binary_join(lists, delimiter).cast(self.type)
+        return keep_untouched(joined, states, keep, segments) if self.params["distinct"] else joined

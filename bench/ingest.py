@@ -7,7 +7,8 @@ Each measurement (engine run, naive run, verification) is a fresh process. Both 
 write the same generated data; then the two results are compared on sampled keys. A last engine
 run on a table `rss_scale` times larger than (b) shows whether peak RSS grows with table size.
 
-`run()` returns a list of dicts (see bench/report.py for the table and markdown forms).
+`run()` returns a list of dicts; `format_text()` renders them (bench/markdown.py and
+bench/charts.py make the report's table and plot).
 """
 
 from __future__ import annotations
@@ -142,3 +143,68 @@ def run(rows: int = 1_000_000, keys: int = 100_000, batch: int = 100_000, seed: 
         return results
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+# --- text rendering ---------------------------------------------------------------------------
+
+HEADERS = ["case", "engine rows/s", "naive rows/s", "ratio", "target", "verified",
+           "engine peak RSS", "naive peak RSS"]
+
+
+def table_rows(results: list[dict]) -> list[list[str]]:
+    """One row of HEADERS per throughput case (shared by the text and markdown forms)."""
+    rows = []
+    for r in results:
+        if r["kind"] != "throughput":
+            continue
+        verified = f"{r['sampled']:,} keys ok" if r["verified"] else "MISMATCH"
+        rows.append([
+            f"({r['case']}) {r['label']}",
+            f"{r['engine_rows_per_s']:,.0f}",
+            f"{r['naive_rows_per_s']:,.0f}",
+            f"{r['ratio']:.2f}x",
+            f">= {r['target']:g}x {'met' if r['met'] else 'MISSED'}",
+            verified,
+            f"{r['engine_peak_rss_mb']:,.0f} MB",
+            f"{r['naive_peak_rss_mb']:,.0f} MB",
+        ])
+    return rows
+
+
+def rss_line(results: list[dict]) -> str | None:
+    for r in results:
+        if r["kind"] == "rss":
+            small, large = r["sizes"]
+            return (
+                f"engine peak RSS by table size: {small['table_rows']:,} keys "
+                f"{small['peak_rss_mb']:,.0f} MB, {large['table_rows']:,} keys "
+                f"{large['peak_rss_mb']:,.0f} MB ({r['growth']:+.0%}); baseline before any put "
+                f"{r['baseline_mb']:,.0f} MB; put at the larger size: "
+                f"{large['rows_per_s']:,.0f} rows/s"
+            )
+    return None
+
+
+def problems(results: list[dict]) -> list[str]:
+    return [f"({r['case']}) {p}" for r in results if r["kind"] == "throughput"
+            for p in r["problems"]]
+
+
+def verified(results: list[dict]) -> bool:
+    return all(r["verified"] for r in results if r["kind"] == "throughput")
+
+
+def format_text(results: list[dict]) -> str:
+    rows = [HEADERS] + table_rows(results)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADERS))]
+    lines = []
+    for n, row in enumerate(rows):
+        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
+        lines.append("  ".join(cells))
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    rss = rss_line(results)
+    if rss:
+        lines.append(rss)
+    lines.extend("verification problem: " + p for p in problems(results))
+    return "\n".join(lines)

@@ -18,6 +18,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def benchmark_name(text: str) -> str:
+    """A name from bench.suite's list, imported only when --only is given (`tally version` must
+    not import the bench package)."""
+    from bench.suite import NAMES
+
+    if text not in NAMES:
+        raise argparse.ArgumentTypeError(f"unknown benchmark {text!r}; choose from {', '.join(NAMES)}")
+    return text
+
+
 def cmd_version(args: argparse.Namespace) -> int:
     import tally
 
@@ -26,18 +36,12 @@ def cmd_version(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from bench.suite import run_suite
+    from bench.suite import Sizes, run_suite
 
-    return run_suite(
-        only=args.only,
-        rows=args.rows,
-        keys=args.keys,
-        batch=args.batch,
-        repeat=args.repeat,
-        seed=args.seed,
-        report=args.report,
-        command="tally " + shlex.join(args.argv),
-    )
+    sizes = Sizes.scaled(rows=args.rows, keys=args.keys, batch=args.batch, repeat=args.repeat,
+                         seed=args.seed)
+    return run_suite(only=args.only, sizes=sizes, report=args.report,
+                     command="tally " + shlex.join(args.argv))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -53,14 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
     version = commands.add_parser("version", help="print the version")
     version.set_defaults(func=cmd_version)
 
-    bench = commands.add_parser("bench", help="run the benchmarks (KvTablet.put vs a naive RocksDB loop)")
+    bench = commands.add_parser("bench", help="run every benchmark (ingest, cluster, undo, Spark); --report writes markdown + plots")
     bench.add_argument("--rows", type=positive_int, default=1_000_000, help="input rows per case (default 1,000,000)")
     bench.add_argument("--keys", type=positive_int, default=100_000, help="distinct keys of case (a) (default 100,000)")
     bench.add_argument("--batch", type=positive_int, default=100_000, help="rows per Arrow batch (default 100,000)")
     bench.add_argument("--repeat", type=positive_int, default=1, help="runs per side; the median counts (default 1)")
     bench.add_argument("--seed", type=int, default=42, help="seed of the generated data (default 42)")
-    bench.add_argument("--only", action="append", choices=["ingest", "cluster", "undo"], help="run only this benchmark (repeatable)")
-    bench.add_argument("--report", metavar="FILE", help="also write the results as markdown to FILE")
+    bench.add_argument("--only", action="append", type=benchmark_name, metavar="NAME", help="run only this benchmark (repeatable): ingest, cluster, undo or spark")
+    bench.add_argument("--report", metavar="FILE", help="also write the results as markdown to FILE, with PNG plots in the directory beside it named like FILE (docs/benchmarks.md -> docs/benchmarks/)")
     bench.set_defaults(func=cmd_bench)
 
     demo = commands.add_parser("demo", help="the end-to-end exactly-once demo: a Spark streaming job, a crash, an undo, a check")

@@ -23,12 +23,17 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
 
 from meta.store import ChildrenCallback, MetadataStore, Node, join_path, split_path
-from tally.errors import (AlreadyExistsError, NotFoundError, StorageError, UnavailableError,
-                          VersionConflictError)
+from tally.errors import (AlreadyExistsError, InvalidInputError, NotFoundError, StorageError,
+                          UnavailableError, VersionConflictError)
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CHROOT = "/tally"
+# ZooKeeper closes the connection on a request over its packet limit (jute.maxbuffer, 1 MB by
+# default), and kazoo then retries it until the caller gives up: a request that large must be
+# refused before it is sent. Paths are user names (quoted); values are JSON documents.
+MAX_PATH_BYTES = 16 << 10
+MAX_VALUE_BYTES = 512 << 10
 
 
 def parse_connect_string(connect: str) -> tuple[str, str]:
@@ -71,7 +76,19 @@ class ZooKeeperStore(MetadataStore):
         return self._client
 
     def _abs(self, path: str) -> str:
-        return join_path(self._chroot, *split_path(path))
+        full = join_path(self._chroot, *split_path(path))
+        if len(full.encode()) > MAX_PATH_BYTES:
+            raise InvalidInputError(f"metadata path too long ({len(full.encode()):,} bytes, at "
+                                    f"most {MAX_PATH_BYTES:,}): {full[:80]}...")
+        return full
+
+    @staticmethod
+    def _payload(path: str, value: dict) -> bytes:
+        data = json.dumps(value, sort_keys=True).encode()
+        if len(data) > MAX_VALUE_BYTES:
+            raise InvalidInputError(f"metadata value too large for {path[:80]} ({len(data):,} "
+                                    f"bytes, at most {MAX_VALUE_BYTES:,})")
+        return data
 
     def _call(self, fn, *args, retry: bool = True, **kwargs):
         try:
@@ -99,7 +116,7 @@ class ZooKeeperStore(MetadataStore):
     def create(self, path: str, value: dict, *, ephemeral: bool = False) -> Node:
         if not split_path(path):
             raise AlreadyExistsError("the root node always exists")
-        payload = json.dumps(value, sort_keys=True).encode()
+        payload = self._payload(path, value)
         try:
             # No automatic retry: after a connection loss the create may have landed, and a
             # retried create would then report "exists" for our own node. Callers decide.
@@ -110,7 +127,7 @@ class ZooKeeperStore(MetadataStore):
         return Node(dict(value), 0)
 
     def set(self, path: str, value: dict, *, version: int | None = None) -> Node:
-        payload = json.dumps(value, sort_keys=True).encode()
+        payload = self._payload(path, value)
         try:
             stat = self._call(self._client.set, self._abs(path), payload,
                               version=-1 if version is None else version,
@@ -167,10 +184,9 @@ class ZooKeeperStore(MetadataStore):
             if kind == "check":
                 txn.check(path, -1 if op[2] is None else op[2])
             elif kind == "create":
-                txn.create(path, json.dumps(op[2], sort_keys=True).encode())
+                txn.create(path, self._payload(path, op[2]))
             elif kind == "set":
-                txn.set_data(path, json.dumps(op[2], sort_keys=True).encode(),
-                             -1 if op[3] is None else op[3])
+                txn.set_data(path, self._payload(path, op[2]), -1 if op[3] is None else op[3])
             elif kind == "delete":
                 txn.delete(path, -1 if op[2] is None else op[2])
             else:

@@ -28,6 +28,9 @@ from meta import MetadataStore, join_path, node_name, text_of
 from tally.errors import AlreadyExistsError, InvalidInputError, NotFoundError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]{0,127}$")
+# Partition names become metadata node names: ZooKeeper drops the connection on a request over
+# its packet limit (1 MB) and the client retries forever, so a huge name must never reach it.
+MAX_PARTITION_NAME_BYTES = 1024
 UNPARTITIONED = "none"
 DEFAULT_DATABASE = "default"
 
@@ -79,7 +82,7 @@ class Catalog:
     # --- databases ------------------------------------------------------------------------
 
     def _db_path(self, db: str) -> str:
-        return join_path("databases", node_name(db))
+        return join_path("databases", node_name(check_name("database", db)))
 
     def create_database(self, db: str, ignore_if_exists: bool = False) -> None:
         check_name("database", db)
@@ -191,6 +194,10 @@ class Catalog:
     # --- partitions -----------------------------------------------------------------------
 
     def _partition_path(self, table_id: int, partition: str | None) -> str:
+        if partition is not None and (not isinstance(partition, str) or
+                                      len(partition.encode()) > MAX_PARTITION_NAME_BYTES):
+            raise InvalidInputError(f"a partition name is text of at most "
+                                    f"{MAX_PARTITION_NAME_BYTES} bytes: {partition!r:.80}")
         name = UNPARTITIONED if partition is None else node_name(partition)
         return self._id_path(table_id, "partitions", name)
 

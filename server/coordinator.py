@@ -25,6 +25,7 @@ from server.catalog import (DEFAULT_DATABASE, Catalog, PartitionRecord, TableRec
 from server.channel import ChannelPool
 from server.membership import (COORDINATOR, EphemeralRegistration, HeartbeatLiveness,
                                ZooKeeperLiveness)
+from server.protocol import field, int_items
 from server.routing import TableRouting
 from server.settings import SESSION_TIMEOUT
 from tally.errors import (AlreadyExistsError, InvalidInputError, NotFoundError, SchemaError,
@@ -60,7 +61,7 @@ class Coordinator:
             "list_databases": lambda body: self.catalog.list_databases(),
             "create_table": self.create_table,
             "drop_table": self.drop_table,
-            "list_tables": lambda body: self.catalog.list_tables(body["database"]),
+            "list_tables": lambda body: self.catalog.list_tables(field(body, "database", str)),
             "table_info": self.table_info,
             "create_partition": self.create_partition,
             "drop_partition": self.drop_partition,
@@ -78,10 +79,11 @@ class Coordinator:
     # --- databases and tables -----------------------------------------------------------
 
     def create_database(self, body: dict) -> None:
-        self.catalog.create_database(body["name"], bool(body.get("ignore_if_exists")))
+        self.catalog.create_database(field(body, "name", str), bool(body.get("ignore_if_exists")))
 
     def drop_database(self, body: dict) -> None:
-        dropped = self.catalog.drop_database(body["name"], bool(body.get("ignore_if_not_exists")),
+        dropped = self.catalog.drop_database(field(body, "name", str),
+                                             bool(body.get("ignore_if_not_exists")),
                                              bool(body.get("cascade")))
         for record in dropped:
             self.locking.drop_table(record.table_id)
@@ -100,7 +102,7 @@ class Coordinator:
         return descriptor
 
     def create_table(self, body: dict) -> dict:
-        name = body["name"]
+        name = field(body, "name", str)
         split_table_name(name)
         descriptor = self.parse_descriptor(body.get("descriptor"))
         try:
@@ -124,7 +126,7 @@ class Coordinator:
 
     def drop_table(self, body: dict) -> None:
         try:
-            record = self.catalog.drop_table(body["name"])
+            record = self.catalog.drop_table(field(body, "name", str))
         except NotFoundError:
             if body.get("ignore_if_not_exists"):
                 return
@@ -146,7 +148,7 @@ class Coordinator:
                                             self.parse_descriptor(record.descriptor))
 
     def table_info(self, body: dict) -> dict:
-        record = self.catalog.get_table(body["name"])
+        record = self.catalog.get_table(field(body, "name", str))
         partitions = self.catalog.partitions(record.table_id)
         return {
             "name": record.name, "table_id": record.table_id, "descriptor": record.descriptor,
@@ -167,7 +169,7 @@ class Coordinator:
     def create_partition(self, body: dict) -> dict:
         """Create a partition (admin, or a client's first write to it when dynamic creation is
         on); returns the partition, existing or new."""
-        record = self.catalog.get_table(body["name"])
+        record = self.catalog.get_table(field(body, "name", str))
         routing = self.routing(record)
         if not routing.partitioned:
             raise InvalidInputError(f"table '{record.name}' is not partitioned")
@@ -195,11 +197,11 @@ class Coordinator:
         return created.to_json()
 
     def drop_partition(self, body: dict) -> None:
-        record = self.catalog.get_table(body["name"])
-        self.catalog.drop_partition(record.table_id, body["partition"])
+        record = self.catalog.get_table(field(body, "name", str))
+        self.catalog.drop_partition(record.table_id, field(body, "partition", str))
 
     def list_partitions(self, body: dict) -> list[str]:
-        record = self.catalog.get_table(body["name"])
+        record = self.catalog.get_table(field(body, "name", str))
         return [p.name for p in self.catalog.partitions(record.table_id) if p.name is not None]
 
     # --- servers ------------------------------------------------------------------------
@@ -218,21 +220,23 @@ class Coordinator:
                 for sid in sorted(set(known) | set(live))]
 
     def heartbeat(self, body: dict) -> dict:
-        server_id, address = body["server_id"], body["address"]
+        # Every field is checked before the heartbeat counts: a malformed one changes nothing.
+        server_id, address = field(body, "server_id", str), field(body, "address", str)
+        table_ids = int_items(field(body, "table_ids", list, []), "table_ids")
         self.liveness.heartbeat(server_id, address)
         self.catalog.remember_server(server_id, address)
         dropped = []
-        for table_id in body.get("table_ids", []):
+        for table_id in table_ids:
             try:
-                self.catalog.table_by_id(int(table_id))
+                self.catalog.table_by_id(table_id)
             except NotFoundError:
-                dropped.append(int(table_id))
+                dropped.append(table_id)
         return {"dropped_table_ids": dropped}
 
     def bucket_info(self, body: dict) -> dict:
         """What a tablet server needs to open a bucket, checked against the assignment."""
-        table_id, partition_id, bucket = int(body["table_id"]), int(body["partition_id"]), \
-            int(body["bucket"])
+        table_id, partition_id, bucket = field(body, "table_id", int), \
+            field(body, "partition_id", int), field(body, "bucket", int)
         record = self.catalog.table_by_id(table_id)
         partition = self.catalog.partition_by_id(table_id, partition_id)
         if not 0 <= bucket < len(partition.buckets):
@@ -269,17 +273,18 @@ class Coordinator:
 
     def list_offsets_action(self, body: dict) -> list[list]:
         """[[partition, bucket, start, end], ...] sorted by partition and bucket."""
-        offsets = self.log_offsets(body["name"])
+        offsets = self.log_offsets(field(body, "name", str))
         return [[p, b, start, end] for (p, b), (start, end) in
                 sorted(offsets.items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))]
 
     def truncate_log(self, body: dict) -> int:
         """Forward an admin truncation to the tablet server hosting the bucket."""
-        record = self.catalog.get_table(body["name"])
-        partition = self.catalog.get_partition(record.table_id, body.get("partition"))
+        record = self.catalog.get_table(field(body, "name", str))
+        name = None if body.get("partition") is None else field(body, "partition", str)
+        bucket, before = field(body, "bucket", int), field(body, "before", int)
+        partition = self.catalog.get_partition(record.table_id, name)
         if partition is None:
-            raise NotFoundError(f"table '{record.name}' has no partition {body.get('partition')!r}")
-        bucket = int(body["bucket"])
+            raise NotFoundError(f"table '{record.name}' has no partition {name!r}")
         if not 0 <= bucket < len(partition.buckets):
             raise NotFoundError(f"table '{record.name}' has no bucket {bucket}")
         owner = partition.buckets[bucket]
@@ -288,7 +293,7 @@ class Coordinator:
             raise UnavailableError(f"tablet server {owner} hosting that bucket is not live")
         return self.channels.get(address).action("truncate_log", {
             "table_id": record.table_id, "partition_id": partition.partition_id,
-            "bucket": bucket, "before": int(body["before"])})
+            "bucket": bucket, "before": before})
 
     def close(self) -> None:
         if self._registration is not None:

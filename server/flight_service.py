@@ -74,7 +74,8 @@ class TallyFlightServer(flight.FlightServerBase):
         if action.type in self.binary_actions:
             return self._binary_action(action)
         try:
-            body = loads(action.body.to_pybytes()) or {}
+            raw = action.body.to_pybytes()
+            body = loads(raw) if raw else {}  # `null`, `[]`, `0` are not empty bodies
             if not isinstance(body, dict):
                 raise InvalidInputError("an action body must be a JSON object")
             result = self.call_action(action.type, body)

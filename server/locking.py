@@ -12,9 +12,38 @@ import logging
 
 from locks import ColumnLockService, CommitLog, Lease, LockTarget, view_from_records
 from locks.lease import offsets_from_json, offsets_to_json
-from tally.errors import RecoveryError, TallyError, UnavailableError
+from server.protocol import field, int_items
+from tally.errors import InvalidInputError, RecoveryError, TallyError, UnavailableError
 
 log = logging.getLogger(__name__)
+
+
+def offsets_field(body: dict, name: str) -> dict:
+    """Offsets sent as [[partition (text or null), bucket, offset], ...], checked strictly."""
+    items = field(body, name, list)
+    for item in items:
+        if not (isinstance(item, list) and len(item) == 3
+                and (item[0] is None or isinstance(item[0], str))):
+            raise InvalidInputError(f"{name} are [partition, bucket, offset] triples, not {item!r}")
+        int_items(item[1:], name)
+    return offsets_from_json(items)
+
+
+def lease_field(body: dict) -> Lease:
+    """The lease a request carries, every field of the right JSON type (Lease.from_json would
+    coerce "1" or 1.5 into a token or table id)."""
+    doc = field(body, "lease", dict)
+    for name in ("table", "owner_id"):
+        field(doc, name, str)
+    for name in ("table_id", "token"):
+        field(doc, name, int)
+    for name in ("expires_at", "ttl"):
+        if isinstance(doc.get(name), bool) or not isinstance(doc.get(name), (int, float)):
+            raise InvalidInputError(f"lease field {name!r} must be a number")
+    if not all(isinstance(c, str) for c in field(doc, "columns", list)):
+        raise InvalidInputError("lease field 'columns' must hold column names")
+    offsets_field(doc, "initial_offsets")
+    return Lease.from_json(doc)
 
 
 class CoordinatorLocks:
@@ -30,7 +59,7 @@ class CoordinatorLocks:
             "lock_renew": self.renew,
             "lock_release": self.release,
             "register_attempt": lambda body: self.locks.register_attempt(
-                self.lease(body), int(body["bucket"])),
+                self.lease(body), field(body, "bucket", int)),
             "lock_describe": self.describe,
             "lock_view": self.view_action,
             "commit": self.commit,
@@ -47,7 +76,7 @@ class CoordinatorLocks:
                           self.coordinator.parse_descriptor(record.descriptor).schema)
 
     def lease(self, body: dict) -> Lease:
-        lease = Lease.from_json(body["lease"])
+        lease = lease_field(body)
         record = self.catalog.get_table(lease.table)
         if record.table_id != lease.table_id:
             raise RecoveryError(
@@ -77,9 +106,12 @@ class CoordinatorLocks:
     # --- actions ------------------------------------------------------------------------
 
     def acquire(self, body: dict) -> dict:
-        target = self.target(body["table"])
+        target = self.target(field(body, "table", str))
+        ttl = body.get("ttl", 60)
+        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
+            raise InvalidInputError(f"ttl must be a number of seconds, not {ttl!r}")
         lease = self.locks.acquire(
-            target, body["owner_id"], body["columns"], body.get("ttl", 60),
+            target, field(body, "owner_id", str), field(body, "columns", list), ttl,
             lambda: self.coordinator.list_offsets(target.name))
         return lease.to_json()
 
@@ -87,35 +119,35 @@ class CoordinatorLocks:
         return self.locks.renew(self.lease(body)).to_json()
 
     def release(self, body: dict) -> bool:
-        return self.locks.release(Lease.from_json(body["lease"]))
+        return self.locks.release(lease_field(body))
 
     def describe(self, body: dict) -> list[dict]:
-        return self.locks.describe(self.target(body["table"]),
+        return self.locks.describe(self.target(field(body, "table", str)),
                                    include_expired=bool(body.get("include_expired")))
 
     def view_action(self, body: dict) -> dict:
-        return self.view(int(body["table_id"])).to_json()
+        return self.view(field(body, "table_id", int)).to_json()
 
     def commit(self, body: dict) -> bool:
-        return self.commits.commit(self.lease(body), int(body["epoch"]),
-                                   offsets_from_json(body["offsets"]))
+        return self.commits.commit(self.lease(body), field(body, "epoch", int),
+                                   offsets_field(body, "offsets"))
 
     def last_commit(self, body: dict):
-        record = self.catalog.get_table(body["table"])
-        found = self.commits.last_commit(record.table_id, body["owner_id"])
+        record = self.catalog.get_table(field(body, "table", str))
+        found = self.commits.last_commit(record.table_id, field(body, "owner_id", str))
         return None if found is None else [found[0], offsets_to_json(found[1])]
 
     def epoch_baseline(self, body: dict) -> list:
         lease = self.lease(body)
         offsets = self.commits.epoch_baseline(
-            lease, int(body["epoch"]), lambda: self.coordinator.list_offsets(lease.table))
+            lease, field(body, "epoch", int), lambda: self.coordinator.list_offsets(lease.table))
         return offsets_to_json(offsets)
 
     def retention_floor(self, body: dict) -> dict:
         """Per bucket, the oldest offset a live lock (its last commit, else its initial offsets)
         or an uncommitted epoch baseline still needs for undo: retention must keep it. While a
         lock is live, a bucket it has no offset for (a partition created since) needs offset 0."""
-        table_id = int(body["table_id"])
+        table_id = field(body, "table_id", int)
         floor: dict = {}
 
         def need(offsets):

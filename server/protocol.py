@@ -28,8 +28,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from tally.errors import (AuthenticationError, ClusterError, TallyError, UnavailableError,
-                          error_class)
+from tally.errors import (AuthenticationError, ClusterError, InvalidInputError, TallyError,
+                          UnavailableError, error_class)
 
 AUTH_HEADER = "authorization"
 
@@ -56,6 +56,21 @@ def _json_default(value: Any) -> Any:
 # --- errors -------------------------------------------------------------------------------------
 
 
+# gRPC refuses response metadata over 16 KiB, and an error travels in it twice (the status
+# message, percent-encoded, and extra_info inside the base64 status details): a message echoing
+# a huge input would reach the caller as an untyped RESOURCE_EXHAUSTED instead of the error.
+# 800 UTF-8 bytes keep the worst case (every byte escaped) near 10 KiB.
+MAX_ERROR_BYTES = 800
+
+
+def _shorten(message: str) -> str:
+    raw = message.encode()
+    if len(raw) <= MAX_ERROR_BYTES:
+        return message
+    return f"{raw[:MAX_ERROR_BYTES].decode(errors='ignore')}... " \
+           f"({len(raw) - MAX_ERROR_BYTES:,} more bytes)"
+
+
 def to_flight_error(exc: BaseException) -> flight.FlightError:
     """The Flight error that carries `exc` to the caller with its class and message."""
     if isinstance(exc, AuthenticationError):
@@ -64,6 +79,7 @@ def to_flight_error(exc: BaseException) -> flight.FlightError:
         name, message = type(exc).__name__, str(exc)
     else:  # a bug on the server: say so, with the server's message, rather than hide it
         name, message = "ClusterError", f"internal server error: {type(exc).__name__}: {exc}"
+    message = _shorten(message)
     info = dumps({"error": name, "message": message})
     return flight.FlightServerError(f"{name}: {message}", extra_info=info)
 
@@ -91,6 +107,38 @@ def remote_error(exc: flight.FlightError | pa.ArrowException, where: str) -> Tal
 
 def _first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+# --- request fields -----------------------------------------------------------------------------
+
+_REQUIRED = object()
+_KINDS = {int: "an integer", str: "a string", list: "a list", dict: "an object",
+          bool: "true or false"}
+
+
+def field(body: dict, name: str, kind: type, default=_REQUIRED):
+    """`body[name]`, which must have the JSON type `kind` (int, str, list, dict or bool), else
+    InvalidInputError. Nothing is coerced: "1", 1.0 and true are not the integer 1, so a
+    malformed request can never address a real table, bucket or offset by accident. A missing
+    field is an error unless a `default` is given (a present null is the wrong type)."""
+    if name not in body:
+        if default is _REQUIRED:
+            raise InvalidInputError(f"malformed request: the field {name!r} is missing")
+        return default
+    value = body[name]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise InvalidInputError(f"malformed request: the field {name!r} must be {_KINDS[kind]}, "
+                                f"not {type(value).__name__}")
+    return value
+
+
+def int_items(values: list, name: str) -> list[int]:
+    """The list `values` (of field `name`) checked to hold integers only."""
+    for value in values:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise InvalidInputError(f"malformed request: the field {name!r} must hold integers, "
+                                    f"not {type(value).__name__}")
+    return values
 
 
 # --- tickets ------------------------------------------------------------------------------------
@@ -127,7 +175,12 @@ def table_to_ipc(table: pa.Table) -> bytes:
 
 
 def ipc_to_table(data: bytes) -> pa.Table:
-    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    """The table in an Arrow IPC stream; InvalidInputError when the bytes are not one (Arrow
+    reports some malformed streams as a plain OSError, which would read as a server bug)."""
+    try:
+        return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    except (pa.ArrowException, OSError) as e:
+        raise InvalidInputError(f"malformed Arrow IPC payload: {e}") from None
 
 
 def schema_to_b64(schema: pa.Schema) -> str:

@@ -13,6 +13,7 @@ import logging
 
 from locks.lease import offsets_from_json
 from server.membership import HeartbeatSender
+from server.protocol import field
 from tally.errors import TallyError
 
 log = logging.getLogger(__name__)
@@ -35,9 +36,10 @@ class RetentionKeeper:
         self._loop.close()
 
     def truncate(self, body: dict) -> int:
-        hosted = self.server.tablet(body["table_id"], body["partition_id"], body["bucket"])
+        hosted = self.server.addressed(body)
+        before = field(body, "before", int)
         with hosted.lock:
-            return hosted.tablet.truncate_log(int(body["before"]))
+            return hosted.tablet.truncate_log(before)
 
     def enforce(self) -> dict:
         """One retention pass; {bucket label: new log start} for the buckets it truncated."""

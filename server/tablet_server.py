@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from server.bucketing import bucket_ids
 from server.membership import HeartbeatSender
-from server.protocol import table_to_ipc
+from server.protocol import field, int_items, table_to_ipc
 from server.routing import TableRouting, partition_names
 from server.settings import DEFAULT_MAX_BATCH_BYTES, HEARTBEAT_INTERVAL
 from server.tablets import HostedTablet, TabletHost, TabletKey
@@ -52,6 +52,34 @@ def load_server_id(data_dir: str) -> str:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     return server_id
+
+
+def write_options(header: dict) -> tuple[list[str] | None, tuple[str, int] | None]:
+    """The target columns and the writer (id, sequence) of a write header, and its lease,
+    checked for shape: a wrong one is refused before the tablet is touched (KvTablet would take
+    a bool as a sequence, a sequence beyond 64 bits would fail deep inside the commit, and the
+    lock check reads the lease as an object)."""
+    lease = header.get("lease")
+    if lease is not None:
+        if not isinstance(lease, dict):
+            raise InvalidInputError(f"a write's lease must be an object, not {lease!r}")
+        field(lease, "owner_id", str)
+        field(lease, "token", int)
+        if lease.get("attempt") is not None:
+            field(lease, "attempt", int)
+    targets = header.get("target_columns")
+    if targets is not None and not (isinstance(targets, list)
+                                    and all(isinstance(t, str) for t in targets)):
+        raise InvalidInputError(f"target_columns must be a list of column names, not {targets!r}")
+    writer = header.get("writer")
+    if writer is None:
+        return targets, None
+    if not (isinstance(writer, list) and len(writer) == 2 and isinstance(writer[0], str)
+            and isinstance(writer[1], int) and not isinstance(writer[1], bool)
+            and 0 <= writer[1] < 2**63):
+        raise InvalidInputError(f"writer must be [writer id, sequence (a 64-bit integer)], "
+                                f"not {writer!r}")
+    return targets, (writer[0], writer[1])
 
 
 class TabletServer:
@@ -114,6 +142,12 @@ class TabletServer:
                 f"{info['owner']}, not {self.server_id}")
         return self.host.open(key, info["descriptor"], routing, info["partition"])
 
+    def addressed(self, header: dict) -> HostedTablet:
+        """The hosted tablet a request names by `table_id`, `partition_id` and `bucket`
+        (integers, never coerced: a malformed request must not reach a real bucket)."""
+        return self.tablet(field(header, "table_id", int), field(header, "partition_id", int),
+                           field(header, "bucket", int))
+
     # --- writes -----------------------------------------------------------------------------
 
     def read_batches(self, reader) -> pa.Table:
@@ -137,11 +171,10 @@ class TabletServer:
         op = header.get("op")
         if op not in ("put", "delete"):
             raise InvalidInputError(f"unknown write operation {op!r}; expected put or delete")
-        hosted = self.tablet(header["table_id"], header["partition_id"], header["bucket"])
+        hosted = self.addressed(header)
         self.check_rows(hosted, rows)
         mode = MergeMode.parse(header.get("mode", "AGGREGATE"))
-        targets = header.get("target_columns")
-        writer = tuple(header["writer"]) if header.get("writer") else None
+        targets, writer = write_options(header)
         with hosted.lock:
             # Checks run under the bucket lock so that a lock change pushed meanwhile (which
             # passes through this lock) cannot land between a write's check and its apply.
@@ -181,21 +214,22 @@ class TabletServer:
 
     def read(self, header: dict, payload: pa.Table | None) -> pa.Table:
         op = header.get("op")
-        hosted = self.tablet(header["table_id"], header["partition_id"], header["bucket"])
+        hosted = self.addressed(header)
         if op == "scan":
             with hosted.lock:
                 return hosted.tablet.to_arrow()
         if op == "changelog":
-            start, end = int(header.get("start", 0)), header.get("end")
+            start = field(header, "start", int, 0)
+            end = None if header.get("end") is None else field(header, "end", int)
             with hosted.lock:
-                return hosted.tablet.changelog(start, None if end is None else int(end))
+                return hosted.tablet.changelog(start, end)
         raise InvalidInputError(f"unknown read operation {op!r}")
 
     def lookup(self, header: dict, payload: pa.Table | None) -> bytes:
         """The row of one key (a one-row Arrow table), as Arrow IPC with 0 or 1 row."""
         if payload is None or payload.num_rows != 1:
             raise InvalidInputError("a lookup carries exactly one key")
-        hosted = self.tablet(header["table_id"], header["partition_id"], header["bucket"])
+        hosted = self.addressed(header)
         self.check_rows(hosted, payload)
         key = payload.to_pylist()[0]
         with hosted.lock:
@@ -207,16 +241,19 @@ class TabletServer:
 
     def offsets(self, body: dict) -> list[list[int]]:
         """[[log start, log end], ...] for the given (partition id, bucket) pairs of a table."""
-        out = []
-        for partition_id, bucket in body["buckets"]:
-            hosted = self.tablet(body["table_id"], partition_id, bucket)
+        table_id, out = field(body, "table_id", int), []
+        for pair in field(body, "buckets", list):
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise InvalidInputError(f"buckets are [partition id, bucket] pairs, not {pair!r}")
+            partition_id, bucket = int_items(pair, "buckets")
+            hosted = self.tablet(table_id, partition_id, bucket)
             with hosted.lock:
                 out.append([int(hosted.tablet.log_start_offset),
                             int(hosted.tablet.log_end_offset)])
         return out
 
     def drop_tablets(self, body: dict) -> None:
-        self.host.drop_table(int(body["table_id"]))
+        self.host.drop_table(field(body, "table_id", int))
 
     def close(self) -> None:
         self._heartbeat.close()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from bench import ingest
 from bench.progress import Progress
-from bench.report import format_markdown, format_text
+from bench.markdown import ingest as ingest_markdown
 from bench.workload import Workload
 
 
@@ -38,7 +38,7 @@ def test_ingest_bench_small_run_verifies(tmp_path):
     rss = next(r for r in results if r["kind"] == "rss")
     assert [s["table_rows"] for s in rss["sizes"]] == [20_000, 40_000]
     assert 0 < rss["baseline_mb"] <= rss["sizes"][0]["peak_rss_mb"]
-    text = format_text(results)
+    text = ingest.format_text(results)
     assert "(a) 20,000 rows over 2,000 keys" in text and "peak RSS" in text
-    assert format_markdown(results).startswith("# Tally ingest benchmark")
+    assert ingest_markdown(results).startswith("| case | engine rows/s |")
     assert list(tmp_path.iterdir()) == []  # the bench cleans up its data directories

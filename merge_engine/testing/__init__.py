@@ -5,10 +5,13 @@
 - `merge_engine.testing.strategies`: hypothesis strategies for specs, rows and write sequences.
 - `TabletHarness`: drives a real KvTablet and the model with the same writes and compares them.
 
-See docs/testing.md.
+`strategies` needs hypothesis (a test extra), so import it explicitly:
+`from merge_engine.testing import strategies`. See docs/testing.md.
 """
 
+from merge_engine.testing.harness import TabletHarness
 from merge_engine.testing.model import ReferenceTable, RowState
+from merge_engine.testing.ops import Delete, Put, Reopen
 from merge_engine.testing.records import ChangeRecord, diff_records, records_from_arrow
 from merge_engine.testing.spec import ColumnSpec, TableSpec
 from merge_engine.testing.values import same_row, same_value
@@ -16,6 +19,10 @@ from merge_engine.testing.values import same_row, same_value
 __all__ = [
     "ChangeRecord",
     "ColumnSpec",
+    "Delete",
+    "Put",
+    "Reopen",
+    "TabletHarness",
     "ReferenceTable",
     "RowState",
     "TableSpec",

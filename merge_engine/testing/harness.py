@@ -65,9 +65,17 @@ class TabletHarness:
         if isinstance(op, Reopen):
             self.reopen()
         else:
+            start = self.model.log_end_offset
             expected = self._outcome(lambda: op.apply(self.model))
-            actual = self._outcome(lambda: op.apply(self.tablet, engine_mode(op.mode)))
-            self._compare_outcomes(op, expected, actual)
+            try:
+                actual = self._outcome(lambda: self._apply_to_tablet(op))
+            except Exception as exc:  # every error a user can meet must be a TallyError
+                raise AssertionError(
+                    f"{self._where(op)}the engine raised {type(exc).__module__}."
+                    f"{type(exc).__name__}({exc}), which is not a TallyError; the model gave "
+                    f"{expected[1]!r}"
+                ) from exc
+            self._compare_outcomes(op, expected, actual, start)
             accepted = expected[0] == "ok"
         if check:
             self.check()
@@ -77,6 +85,11 @@ class TabletHarness:
         for op in ops:
             self.apply(op)
 
+    def _apply_to_tablet(self, op: Put | Delete) -> int:
+        if isinstance(op, Put) and op.arrow:
+            return op.apply(self.tablet, engine_mode(op.mode), convert=self.spec.arrow_rows)
+        return op.apply(self.tablet, engine_mode(op.mode))
+
     @staticmethod
     def _outcome(call) -> tuple[str, Any]:
         try:
@@ -84,7 +97,7 @@ class TabletHarness:
         except TallyError as exc:
             return "error", exc
 
-    def _compare_outcomes(self, op, expected, actual) -> None:
+    def _compare_outcomes(self, op, expected, actual, start: int) -> None:
         where = self._where(op)
         if expected[0] == "error":
             assert actual[0] == "error", (
@@ -100,9 +113,13 @@ class TabletHarness:
                 f"{where}the engine raised {type(actual[1]).__name__}({actual[1]}) but the model "
                 f"accepted the write (log end offset {expected[1]})"
             )
-            assert actual[1] == expected[1], (
-                f"{where}the engine returned offset {actual[1]}, the model {expected[1]}"
-            )
+            if actual[1] != expected[1]:
+                written = records_from_arrow(self.tablet.changelog(start), self.spec.names)
+                problem = diff_records(self.model.changelog_records(start), written)
+                raise AssertionError(
+                    f"{where}the engine returned offset {actual[1]}, the model {expected[1]}; "
+                    f"records of this write: {problem}"
+                )
 
     def _where(self, op=None) -> str:
         last = op if op is not None else (self.history[-1] if self.history else None)
@@ -112,6 +129,16 @@ class TabletHarness:
 
     def check(self) -> None:
         """Assert that the tablet and the model agree on everything observable."""
+        rows = self.check_rows()
+        self.check_lookups(rows)
+        self.check_offsets()
+        records = records_from_arrow(self.tablet.changelog(), self.spec.names)
+        if self.check_changelog:
+            self.check_changelog_records(records)
+        self.check_replay(records, rows)
+
+    def check_rows(self) -> list[dict]:
+        """to_arrow: the schema's columns and types, the model's rows in key order."""
         where = self._where()
         table = self.tablet.to_arrow()
         assert table.schema.names == self.spec.names, (
@@ -127,7 +154,12 @@ class TabletHarness:
         assert len(actual_rows) == len(expected_rows) and all(
             same_row(a, e) for a, e in zip(actual_rows, expected_rows)
         ), f"{where}to_arrow rows differ:\n  expected {expected_rows}\n  actual   {actual_rows}"
-        for row in expected_rows:
+        return actual_rows
+
+    def check_lookups(self, rows: list[dict]) -> None:
+        """lookup finds every row, and finds nothing for keys the model has deleted."""
+        where = self._where()
+        for row in rows:
             key = {k: row[k] for k in self.spec.primary_key}
             found = self.tablet.lookup(key)
             assert same_row(found, row), f"{where}lookup({key}) gave {found}, expected {row}"
@@ -136,22 +168,35 @@ class TabletHarness:
             if self.model.lookup(key) is None:
                 found = self.tablet.lookup(key)
                 assert found is None, f"{where}lookup({key}) of a deleted key gave {found}"
+
+    def check_offsets(self) -> None:
+        where = self._where()
         assert self.tablet.log_start_offset == self.model.log_start_offset, (
             f"{where}log_start_offset {self.tablet.log_start_offset} != {self.model.log_start_offset}"
         )
         assert self.tablet.log_end_offset == self.model.log_end_offset, (
             f"{where}log_end_offset {self.tablet.log_end_offset} != {self.model.log_end_offset}"
         )
-        changelog = self.tablet.changelog()
-        records = records_from_arrow(changelog, self.spec.names)
-        if self.check_changelog:
-            problem = diff_records(self.model.changelog, records)
-            assert problem is None, f"{where}{problem}"
+
+    def check_changelog_records(self, records) -> None:
+        """The whole changelog record by record, and a tail read with `changelog(start)`."""
+        where = self._where()
+        problem = diff_records(self.model.changelog, records)
+        assert problem is None, f"{where}{problem}"
+        middle = self.model.log_end_offset // 2
+        if middle:
+            tail = records_from_arrow(self.tablet.changelog(middle), self.spec.names)
+            problem = diff_records(self.model.changelog_records(middle), tail)
+            assert problem is None, f"{where}changelog({middle}): {problem}"
+
+    def check_replay(self, records, rows: list[dict]) -> None:
+        """Replaying the tablet's changelog gives the tablet's rows and the model's written bits."""
+        where = self._where()
         replayed = ReferenceTable(self.spec).replay(records)
         replay_rows = replayed.rows()
-        assert len(replay_rows) == len(actual_rows) and all(
-            same_row(a, e) for a, e in zip(replay_rows, actual_rows)
-        ), f"{where}the replay of the changelog differs from KV:\n  replay {replay_rows}\n  KV     {actual_rows}"
+        assert len(replay_rows) == len(rows) and all(
+            same_row(a, e) for a, e in zip(replay_rows, rows)
+        ), f"{where}the replay of the changelog differs from KV:\n  replay {replay_rows}\n  KV     {rows}"
         for got, want in zip(replayed.states(), self.model.states()):
             assert got.unwritten == want.unwritten, (
                 f"{where}replayed unwritten columns {sorted(got.unwritten)} != model "

@@ -38,9 +38,11 @@ class RowState:
 
     values: dict
     unwritten: frozenset
+    counts: tuple = ()  # contributions held by each sum/product cell (retraction needs them)
 
     def same_as(self, other: "RowState") -> bool:
-        return self.unwritten == other.unwritten and same_row(self.values, other.values)
+        return (self.unwritten == other.unwritten and tuple(self.counts) == tuple(other.counts)
+                and same_row(self.values, other.values))
 
 
 class ReferenceTable:
@@ -55,6 +57,10 @@ class ReferenceTable:
         self.names = self.spec.names
         self.key_names = list(self.spec.primary_key)
         self.value_names = [c.name for c in self.spec.value_columns]
+        # Sum and product cells count their contributions (contract: row state, like the
+        # written bits), so a sum of 0 is a change: it adds a contribution.
+        self.counted = [n for n in self.value_names if self.spec.is_aggregation and
+                        self._function(n) in (AggFunction.SUM, AggFunction.PRODUCT)]
         self._rows: dict[tuple, RowState] = {}
         self.changelog: list[ChangeRecord] = []
         self.log_start_offset = 0
@@ -104,7 +110,8 @@ class ReferenceTable:
             if old is None or not new.same_as(old):
                 changes.append((key, old, new))
         # Everything is validated and folded before anything is applied: a write is atomic.
-        for key, old, new in changes:
+        # Entries of one write are in primary-key order (contract).
+        for key, old, new in sorted(changes, key=lambda change: change[0]):
             if old is None:
                 self._append("+I", new)
             else:
@@ -125,13 +132,11 @@ class ReferenceTable:
                 "Delete operations are disabled for this table (table.delete.behavior = disable)"
             )
         targets = self._targets(target_columns)
-        ordered: dict[tuple, None] = {}
-        for row in self._as_dicts(keys):
-            ordered.setdefault(self._key_of(row), None)
+        unique = {self._key_of(row) for row in self._as_dicts(keys)}
         if behavior == "ignore":
             return self._done(writer)
         partial = target_columns is not None
-        for key in ordered:
+        for key in sorted(unique):  # entries of one write in primary-key order
             old = self._rows.get(key)
             if old is None:
                 continue  # a delete of an absent key is a no-op
@@ -159,7 +164,8 @@ class ReferenceTable:
         for rec in as_records(changelog, self.names):
             key = self._key_of(rec.image)
             current = self._rows.get(key)
-            state = RowState(dict(rec.image), frozenset(rec.unwritten))
+            state = RowState(dict(rec.image), frozenset(rec.unwritten),
+                             tuple(rec.contributions) or (0,) * len(self.counted))
             if strict:
                 self._check_replay(rec, current, state)
             if rec.change_type in ("+I", "+U"):
@@ -181,8 +187,10 @@ class ReferenceTable:
                 for n in self.names  # schema order, as the engine's images have it
             }
             old_unwritten = frozenset(self.value_names)
+            counts = dict.fromkeys(self.counted, 0)
         else:
             values, old_unwritten = dict(old.values), old.unwritten
+            counts = dict(zip(self.counted, old.counts))
         unwritten = set(old_unwritten)
         for name in targets:
             if name in self.key_names:
@@ -194,11 +202,17 @@ class ReferenceTable:
                 value = last.get(name)
                 if function is AggFunction.COUNT and value is None:
                     value = 0
+                if function is AggFunction.ARRAY_AGG and value == []:
+                    value = None  # no elements: the empty state
                 values[name] = value
                 if name in (last.get(UNWRITTEN) or ()):
                     unwritten.add(name)
                 else:
                     unwritten.discard(name)
+                if name in counts:
+                    given = last.get("_contributions")
+                    counts[name] = given[self.counted.index(name)] if given else \
+                        int(value is not None)
                 continue
             inputs = [r.get(name) for r in rows]
             result = FOLDS[function](column, values[name], name not in old_unwritten, inputs,
@@ -206,17 +220,22 @@ class ReferenceTable:
             # Overflow is judged on each key's folded result (contract).
             values[name] = check_range(name, column.type, result)
             unwritten.discard(name)
-        return RowState(values, frozenset(unwritten))
+            if name in counts:
+                counts[name] += sum(v is not None for v in inputs)
+        return RowState(values, frozenset(unwritten), tuple(counts[n] for n in self.counted))
 
     def _reset(self, old: RowState, targets: list[str]) -> RowState:
         """A partial delete: target columns back to empty and unwritten."""
         values = dict(old.values)
         unwritten = set(old.unwritten)
+        counts = dict(zip(self.counted, old.counts))
         for name in targets:
             if name not in self.key_names:
                 values[name] = empty_value(self._function(name))
                 unwritten.add(name)
-        return RowState(values, frozenset(unwritten))
+                if name in counts:
+                    counts[name] = 0
+        return RowState(values, frozenset(unwritten), tuple(counts[n] for n in self.counted))
 
     # --- input handling ---------------------------------------------------------------------
 
@@ -251,7 +270,7 @@ class ReferenceTable:
         return tuple(key)
 
     def _group(self, rows: list[dict], targets: list[str], mode: str) -> dict[tuple, list[dict]]:
-        """Checked rows grouped by key; groups in order of each key's first row."""
+        """Checked rows grouped by key, each group's rows in batch order."""
         allowed = set(self.names) | ({UNWRITTEN} if mode == OVERWRITE else set())
         groups: dict[tuple, list[dict]] = {}
         for row in rows:
@@ -268,7 +287,7 @@ class ReferenceTable:
     def _coerce(self, name: str, value: Any, mode: str) -> Any:
         column = self.spec.column(name)
         function = self._function(name)
-        if mode != OVERWRITE and function is AggFunction.COUNT and mode == AGGREGATE:
+        if mode == AGGREGATE and function is AggFunction.COUNT:
             return value  # AGGREGATE count only looks at whether the input is null
         if function is AggFunction.ARRAY_AGG and value is not None and not isinstance(value, (list, tuple)):
             element = coerce_input(name, column.type.value_type, value)
@@ -280,7 +299,8 @@ class ReferenceTable:
 
     def _append(self, change_type: str, state: RowState) -> None:
         self.changelog.append(
-            ChangeRecord(self.log_end_offset, change_type, dict(state.values), state.unwritten)
+            ChangeRecord(self.log_end_offset, change_type, dict(state.values), state.unwritten,
+                         tuple(state.counts))
         )
         self.log_end_offset += 1
 

@@ -121,6 +121,8 @@ def fold_string_agg(col: ColumnSpec, stored, written, inputs, merge_state):
 
 
 def fold_array_agg(col: ColumnSpec, stored, written, inputs, merge_state):
+    # An empty list holds no element: like a null, it contributes nothing (contract).
+    inputs = [None if isinstance(v, list) and not v else v for v in inputs]
     if all(v is None for v in inputs):
         return stored
     elements: list = list(stored) if stored is not None else []

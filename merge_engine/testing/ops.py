@@ -20,16 +20,25 @@ def engine_mode(name: str) -> Any:
 
 @dataclass(frozen=True)
 class Put:
-    """`put(rows, mode, target_columns, writer)`: rows are dicts with the target columns."""
+    """`put(rows, mode, target_columns, writer)`: rows are dicts with the target columns.
+
+    With `arrow`, a harness hands the engine the rows as an Arrow table (`TableSpec.arrow_rows`)
+    instead of dicts; the values are the same.
+    """
 
     rows: tuple
     mode: str = "AGGREGATE"
     target_columns: tuple | None = None
     writer: tuple | None = None
+    arrow: bool = False
 
-    def apply(self, table: Any, mode: Any = None) -> int:
+    def apply(self, table: Any, mode: Any = None, convert: Any = None) -> int:
+        """`convert(rows, target_columns)` turns the dict rows into another form (Arrow)."""
+        rows = [dict(r) for r in self.rows]
+        if convert is not None:
+            rows = convert(rows, self.target_columns)
         return table.put(
-            [dict(r) for r in self.rows],
+            rows,
             mode=self.mode if mode is None else mode,
             target_columns=None if self.target_columns is None else list(self.target_columns),
             writer=self.writer,

@@ -10,7 +10,7 @@ import pyarrow as pa
 from merge_engine.testing.values import same_row
 
 CHANGE_TYPES = ("+I", "-U", "+U", "-D")
-META_COLUMNS = ("_offset", "_change_type", "_unwritten")
+META_COLUMNS = ("_offset", "_change_type", "_unwritten", "_contributions")
 
 
 @dataclass(frozen=True)
@@ -21,18 +21,21 @@ class ChangeRecord:
     change_type: str
     image: dict
     unwritten: frozenset = frozenset()
+    contributions: tuple = ()  # counts of the sum/product columns, in schema order
 
     def same_as(self, other: "ChangeRecord") -> bool:
-        """Equal offsets, types, unwritten sets and bitwise-equal images."""
+        """Equal offsets, types, unwritten sets, contribution counts and bitwise-equal images."""
         return (
             self.offset == other.offset
             and self.change_type == other.change_type
             and self.unwritten == other.unwritten
+            and tuple(self.contributions) == tuple(other.contributions)
             and same_row(self.image, other.image)
         )
 
     def __str__(self) -> str:
         hidden = f" unwritten={sorted(self.unwritten)}" if self.unwritten else ""
+        hidden += f" contributions={list(self.contributions)}" if self.contributions else ""
         return f"{self.offset} {self.change_type} {self.image!r}{hidden}"
 
 
@@ -53,6 +56,7 @@ def records_from_arrow(table: pa.Table | pa.RecordBatch, names: Iterable[str]) -
                 change_type=str(row["_change_type"]),
                 image={n: row.get(n) for n in names},
                 unwritten=frozenset(unwritten),
+                contributions=tuple(row.get("_contributions") or ()),
             )
         )
     return out
@@ -70,12 +74,30 @@ def diff_records(expected: list[ChangeRecord], actual: list[ChangeRecord]) -> st
     difference (used in assertion messages)."""
     for i, (e, a) in enumerate(zip(expected, actual)):
         if not e.same_as(a):
-            return f"changelog record {i} differs:\n  expected {e}\n  actual   {a}"
+            return f"changelog record {i} differs:\n  expected {e}\n  actual   {a}{_hint(expected[i:], actual[i:])}"
     if len(expected) != len(actual):
         extra = expected[len(actual):] or actual[len(expected):]
         side = "expected" if len(expected) > len(actual) else "actual"
         return (
             f"changelog lengths differ: expected {len(expected)}, actual {len(actual)}; "
             f"first extra {side} record: {extra[0]}"
+            f"{_hint([], extra) if side == 'actual' else ''}"
         )
     return None
+
+
+def _hint(expected: list[ChangeRecord], actual: list[ChangeRecord]) -> str:
+    """A likely reason for a difference, when one of two common patterns explains it."""
+    def shape(r: ChangeRecord) -> tuple:
+        return (r.change_type, repr(sorted(r.image.items(), key=str)), tuple(sorted(r.unwritten)))
+
+    n = len(expected)
+    if n and len(actual) >= n and sorted(map(shape, expected)) == sorted(map(shape, actual[:n])):
+        return ("\n  (the same records in another order: entries of one write are in primary-key "
+                "order, docs/core-contract.md)")
+    a = actual[0] if actual else None
+    b = actual[1] if len(actual) > 1 else None
+    if a and b and a.change_type == "-U" and b.change_type == "+U" and shape(a)[1:] == shape(b)[1:]:
+        return ("\n  (the engine logged -U/+U with equal images and written bits: a change of "
+                "hidden state only, which the contract does not count as a change)")
+    return ""

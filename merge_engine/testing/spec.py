@@ -41,6 +41,10 @@ class ColumnSpec:
     params: Mapping[str, Any] = field(default_factory=dict)
     nullable: bool = True
 
+    def __repr__(self) -> str:
+        function = self.function.name if self.function is not None else None
+        return f"ColumnSpec({self.name!r}, pa.{self.type}, {function}, {dict(self.params)!r})"
+
     @property
     def delimiter(self) -> str:
         return str(self.params.get("delimiter", ","))
@@ -96,6 +100,28 @@ class TableSpec:
         """The function a value column folds with (last_value_ignore_nulls when none is set)."""
         fn = self.column(name).function
         return fn if fn is not None else AggFunction.LAST_VALUE_IGNORE_NULLS
+
+    def arrow_rows(self, rows: list[dict], target_columns=None) -> pa.Table:
+        """Dict rows as an Arrow table of the written columns (targets, or every column).
+
+        An array_agg column whose values are single elements becomes a column of the element
+        type (the contract's "Arrow column of type T"); `_unwritten` becomes list<string>.
+        """
+        names = list(target_columns) if target_columns is not None else self.names
+        arrays, fields = [], []
+        for name in names:
+            values = [r.get(name) for r in rows]
+            arrow_type = self.column(name).type
+            if pa.types.is_list(arrow_type) and any(
+                v is not None and not isinstance(v, (list, tuple)) for v in values
+            ):
+                arrow_type = arrow_type.value_type
+            arrays.append(pa.array(values, type=arrow_type))
+            fields.append(pa.field(name, arrow_type))
+        if any("_unwritten" in r for r in rows):
+            arrays.append(pa.array([r.get("_unwritten") for r in rows], type=pa.list_(pa.string())))
+            fields.append(pa.field("_unwritten", pa.list_(pa.string())))
+        return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
     # --- the engine's objects ---------------------------------------------------------------
 

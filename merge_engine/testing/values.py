@@ -182,13 +182,22 @@ def float_bits(x: float) -> bytes:
 
 
 def same_value(a: Any, b: Any) -> bool:
-    """Bitwise equality of two cell values: -0.0 differs from 0.0, NaN equals the same NaN."""
+    """Bitwise equality of two cell values: -0.0 differs from 0.0.
+
+    Any NaN equals any NaN: which NaN operand's payload and sign an operation propagates is up
+    to the hardware and the order of operands inside numpy or C (IEEE 754 leaves it open), so
+    it is not part of the contract.
+    """
     if a is None or b is None:
         return a is None and b is None
     if isinstance(a, bool) or isinstance(b, bool):
         return isinstance(a, bool) and isinstance(b, bool) and a == b
     if isinstance(a, float) or isinstance(b, float):
-        return isinstance(a, float) and isinstance(b, float) and float_bits(a) == float_bits(b)
+        if not (isinstance(a, float) and isinstance(b, float)):
+            return False
+        if math.isnan(a) or math.isnan(b):
+            return math.isnan(a) and math.isnan(b)
+        return float_bits(a) == float_bits(b)
     if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
         return (
             isinstance(a, (list, tuple))

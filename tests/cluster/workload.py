@@ -1,9 +1,11 @@
-"""A deterministic aggregation workload and its reference fold, shared by the cluster tests.
+"""A deterministic aggregation workload and its reference fold, shared by the cluster tests
+and the reliability suite (tests/reliability).
 
 The table: key `k` (BIGINT) and partition `region` (STRING, part of the key), then
 `total` SUM BIGINT, `peak` MAX DOUBLE, `hits` COUNT, `label` LAST_VALUE_IGNORE_NULLS STRING.
 The reference fold is plain Python written from the function definitions, independent of the
-engine.
+engine. `steps` mixes in full-row deletes (for tables with `table.delete.behavior = allow`), so
+that changelogs also carry `-D` records.
 """
 
 from __future__ import annotations
@@ -50,10 +52,39 @@ def batches(seed: int, count: int, rows: int, keys: int = 200) -> list[pa.Table]
     return out
 
 
+KEY_SCHEMA = pa.schema([("k", pa.int64()), ("region", pa.string())])
+
+
+def steps(seed: int, count: int, rows: int, keys: int = 200,
+          delete_share: float = 0.0) -> list[tuple[str, pa.Table]]:
+    """`count` writes ("put", batch) or ("delete", keys): the puts are `batches(seed, ...)`, and
+    each step is instead a delete of `rows // 10` random keys with probability `delete_share`."""
+    rng = random.Random(seed * 7919 + 1)
+    out = []
+    for batch in batches(seed, count, rows, keys):
+        if rng.random() < delete_share:
+            n = max(1, rows // 10)
+            out.append(("delete", pa.table({"k": [rng.randrange(keys) for _ in range(n)],
+                                            "region": [rng.choice(REGIONS) for _ in range(n)]},
+                                           schema=KEY_SCHEMA)))
+        else:
+            out.append(("put", batch))
+    return out
+
+
 def fold(tables: list[pa.Table]) -> dict[tuple, dict]:
     """{(k, region): row} after applying the rows in order with the table's functions."""
+    return fold_steps([("put", t) for t in tables])
+
+
+def fold_steps(writes: list[tuple[str, pa.Table]]) -> dict[tuple, dict]:
+    """The fold of `steps` output: puts merge with the table's functions, deletes remove keys."""
     state: dict[tuple, dict] = {}
-    for table in tables:
+    for op, table in writes:
+        if op == "delete":
+            for r in table.to_pylist():
+                state.pop((r["k"], r["region"]), None)
+            continue
         for r in table.to_pylist():
             key = (r["k"], r["region"])
             s = state.setdefault(key, {"k": r["k"], "region": r["region"], "total": None,

@@ -1,0 +1,113 @@
+"""PNG plots of each benchmark's results, drawn with matplotlib for `tally bench --report`.
+
+One function per benchmark (named like it in bench/suite.py): it takes what that benchmark's
+`run()` returned and a directory, writes `<benchmark>.png` there, and returns the paths.
+matplotlib is imported here only (the `bench` extra), with the Agg backend: no display needed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+    return path
+
+
+def _label_bars(ax, bars, texts: list[str]) -> None:
+    for bar, text in zip(bars, texts):
+        ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center", va="bottom", fontsize=8, xytext=(0, 2),
+                    textcoords="offset points")
+
+
+def ingest(results: list[dict], directory: Path) -> list[Path]:
+    """Rows/s of the engine and the naive loop, side by side per case."""
+    plt = _pyplot()
+    cases = [r for r in results if r["kind"] == "throughput"]
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    x = range(len(cases))
+    engine = ax.bar([i - 0.2 for i in x], [r["engine_rows_per_s"] for r in cases], 0.4,
+                    label="KvTablet.put (engine)")
+    naive = ax.bar([i + 0.2 for i in x], [r["naive_rows_per_s"] for r in cases], 0.4,
+                   label="naive per-row loop")
+    _label_bars(ax, engine, [f"{r['ratio']:.1f}x" for r in cases])
+    _label_bars(ax, naive, [f"{r['naive_rows_per_s'] / 1e3:,.0f}k" for r in cases])
+    ax.set_xticks(list(x), [f"({r['case']}) {r['label']}" for r in cases], fontsize=8)
+    ax.set_ylabel("rows/s")
+    ax.set_title("Ingest: engine vs naive read-modify-write loop")
+    ax.legend(fontsize=8)
+    return [_save(fig, directory / "ingest.png")]
+
+
+def cluster(result: dict, directory: Path) -> list[Path]:
+    """Throughput through the client vs in-process, and lookup latency vs the round-trip floor."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(8.4, 3.6))
+    sides = ["in-process", f"cluster\n({result['buckets']} buckets)"]
+    rates = [result["in_process"]["rows_per_s"], result["cluster"]["rows_per_s"]]
+    bars = left.bar(sides, rates, color=["tab:gray", "tab:blue"])
+    _label_bars(left, bars, [f"{r / 1e3:,.0f}k" for r in rates])
+    left.set_ylabel("rows/s")
+    left.set_title(f"Client vs in-process ({result['ratio']:.2f}x)")
+    lk = result["lookup"]
+    x = [0, 1]
+    lookup = right.bar([i - 0.2 for i in x], [lk["p50_ms"], lk["p99_ms"]], 0.4,
+                       label="lookup")
+    floor = right.bar([i + 0.2 for i in x], [lk["noop_p50_ms"], lk["noop_p99_ms"]], 0.4,
+                      label="no-op round trip", color="tab:gray")
+    _label_bars(right, lookup, [f"{lk['p50_ms']:.2f}", f"{lk['p99_ms']:.2f}"])
+    _label_bars(right, floor, [f"{lk['noop_p50_ms']:.2f}", f"{lk['noop_p99_ms']:.2f}"])
+    right.axhline(result["p99_target_ms"], color="tab:red", linestyle="--", linewidth=1,
+                  label=f"p99 target {result['p99_target_ms']} ms")
+    right.set_xticks(x, ["p50", "p99"])
+    right.set_ylabel("ms")
+    right.set_title("Single-key lookup latency")
+    right.legend(fontsize=8)
+    return [_save(fig, directory / "cluster.png")]
+
+
+def undo(results: list[dict], directory: Path) -> list[Path]:
+    """Undo and write time against batch size, one line per table size."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    for table_rows in sorted({r["table_rows"] for r in results}):
+        rows = sorted((r for r in results if r["table_rows"] == table_rows),
+                      key=lambda r: r["batch_keys"])
+        keys = [r["batch_keys"] for r in rows]
+        line, = ax.plot(keys, [r["undo_s"] for r in rows], marker="o",
+                        label=f"undo, {table_rows:,}-row table")
+        ax.plot(keys, [r["write_s"] for r in rows], marker="x", linestyle="--",
+                color=line.get_color(), label=f"write, {table_rows:,}-row table")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("keys in the batch")
+    ax.set_ylabel("seconds")
+    ax.set_title("Undo time vs write time, by batch and table size")
+    ax.legend(fontsize=7)
+    return [_save(fig, directory / "undo.png")]
+
+
+def spark(result: dict, directory: Path) -> list[Path]:
+    """Rows/s of the same Spark streaming job into each system."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    legs = result["legs"]
+    bars = ax.bar([leg["system"] for leg in legs], [leg["rows_per_s"] for leg in legs],
+                  color=["tab:blue"] + ["tab:gray"] * (len(legs) - 1))
+    _label_bars(ax, bars, [f"{leg['rows_per_s'] / 1e3:,.0f}k" for leg in legs])
+    ax.set_ylabel("source rows/s")
+    ax.set_title("Spark streaming aggregation into each system")
+    return [_save(fig, directory / "spark.png")]

@@ -1,0 +1,86 @@
+"""Markdown tables of each benchmark's results, for `tally bench --report`.
+
+One function per benchmark, named like it in bench/suite.py, taking exactly what that
+benchmark's `run()` returned. The numbers are formatted the same way as the text renderings
+each benchmark module prints, so the report and the terminal agree.
+"""
+
+from __future__ import annotations
+
+
+def table(headers: list[str], rows: list[list[str]], numeric_from: int = 1) -> str:
+    """A markdown table; columns from `numeric_from` on are right-aligned."""
+    align = ["---" if i < numeric_from else "---:" for i in range(len(headers))]
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(align) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _mark(good: bool) -> str:
+    return "met" if good else "MISSED"
+
+
+def ingest(results: list[dict]) -> str:
+    from bench.ingest import HEADERS, problems, rss_line, table_rows
+
+    parts = [table(HEADERS, table_rows(results))]
+    rss = rss_line(results)
+    if rss:
+        parts.append(rss[0].upper() + rss[1:] + ".")
+    found = problems(results)
+    if found:
+        parts.append("Verification problems:\n\n" + "\n".join(f"- {p}" for p in found))
+    return "\n\n".join(parts)
+
+
+def cluster(result: dict) -> str:
+    ip, cl, lk = result["in_process"], result["cluster"], result["lookup"]
+    throughput = table(["side", "rows/s", "seconds"], [
+        ["in-process `KvTablet.put`", f"{ip['rows_per_s']:,.0f}", f"{ip['seconds']:.2f}"],
+        [f"client -> LocalCluster ({result['tablet_servers']} tablet servers, "
+         f"{result['buckets']} buckets)", f"{cl['rows_per_s']:,.0f}", f"{cl['seconds']:.2f}"],
+    ])
+    ratio_ok = result["ratio"] >= result["throughput_target"]
+    latency = table(["single-key lookups", "p50 ms", "p99 ms", "max ms"], [
+        [f"`table.lookup` over Flight ({lk['count']:,})", f"{lk['p50_ms']:.3f}",
+         f"{lk['p99_ms']:.3f}", f"{lk['max_ms']:.1f}"],
+        ["no-op Flight round trip (the floor)", f"{lk['noop_p50_ms']:.3f}",
+         f"{lk['noop_p99_ms']:.3f}", ""],
+    ])
+    verify = result["verify"]
+    return "\n\n".join([
+        f"Workload: {result['workload']}.",
+        throughput,
+        f"Ratio cluster / in-process: **{result['ratio']:.2f}x** (target >= "
+        f"{result['throughput_target']}x: {_mark(ratio_ok)}).",
+        latency,
+        f"Lookup p99 target < {result['p99_target_ms']} ms: "
+        f"{_mark(lk['p99_ms'] < result['p99_target_ms'])}. Verification: "
+        f"{verify['samples']} sampled keys, {verify['mismatches']} mismatches.",
+    ])
+
+
+def undo(results: list[dict]) -> str:
+    from bench.undo import TARGET_RATIO
+
+    rows = [[f"{r['table_rows']:,}", f"{r['batch_keys']:,}", f"{r['write_s']:.3f}",
+             f"{r['undo_s']:.3f}", f"{r['ratio']:.2f}x",
+             _mark(r["ratio"] <= TARGET_RATIO), "yes" if r["verified"] else "NO"]
+            for r in results]
+    return table(["table rows", "batch keys", "write s", "undo s", "undo / write",
+                  f"target <= {TARGET_RATIO}x", "verified"], rows, numeric_from=0)
+
+
+def spark(result: dict) -> str:
+    rows = [[leg["system"], f"{leg['rows_per_s']:,.0f}", f"{leg['seconds']:.1f}",
+             "yes" if leg["verified"] else "NO"] for leg in result["legs"]]
+    ratios = ", ".join(f"Tally / {system}: **{ratio:.2f}x**"
+                       for system, ratio in result["tally_over"].items())
+    target = result["target_vs_postgresql"]
+    pg = result["tally_over"].get("postgresql", 0.0)
+    return "\n\n".join([
+        f"{result['rows']:,} source rows over {result['keys']:,} keys in "
+        f"{result['micro_batches']} micro-batches (sum per key).",
+        table(["sink", "rows/s", "seconds", "verified"], rows),
+        f"{ratios}. Target >= {target:g}x PostgreSQL: {_mark(pg >= target)}.",
+    ])

@@ -1,0 +1,45 @@
+"""`tally bench --report` end to end on tiny sizes: every local benchmark runs, verifies, and
+lands in one markdown report with its PNG plot beside it.
+
+The Spark benchmark is left out here (it starts a JVM and PostgreSQL); its renderers run on
+the full `tally bench` only. Timings are never asserted: only that the report is complete.
+"""
+
+from __future__ import annotations
+
+import io
+
+from bench.suite import BENCHMARKS, Sizes, run_suite
+from cli.main import build_parser
+
+TINY = Sizes(rows=3_000, keys=500, batch=1_000, lookups=50, undo_tables=(2_000, 4_000),
+             undo_batches=(20, 200))
+LOCAL = ["ingest", "cluster", "undo"]
+
+
+def test_report_has_every_local_benchmark_with_its_plot(tmp_path):
+    out = io.StringIO()
+    report = tmp_path / "benchmarks.md"
+    assert run_suite(only=LOCAL, sizes=TINY, report=str(report), command="tally bench (test)",
+                     stream=out) == 0
+    text = report.read_text()
+    assert text.startswith("# Tally benchmarks\n") and "tally bench (test)" in text
+    for bench in BENCHMARKS:
+        if bench.name not in LOCAL:
+            continue
+        assert f"## {bench.title}" in text
+        assert f"![{bench.title}](benchmarks/{bench.name}.png)" in text
+        png = tmp_path / "benchmarks" / f"{bench.name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "MISMATCH" not in text and "NO |" not in text and "Not measured" not in text
+    printed = out.getvalue()
+    assert "[1/3]" in printed and "undo/write" in printed and "report written to" in printed
+
+
+def test_the_command_line_knows_every_benchmark():
+    args = build_parser().parse_args(["bench", "--only", "spark", "--only", "undo", "--rows",
+                                      "200_000", "--report", "out.md"])
+    assert args.only == ["spark", "undo"] and args.rows == 200_000 and args.report == "out.md"
+    sizes = Sizes.scaled(rows=args.rows)
+    assert sizes.undo_tables == (200_000, 800_000) and sizes.undo_batches == (200, 2_000, 20_000)
+    assert sizes.spark_rows == 160_000
