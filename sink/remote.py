@@ -2,7 +2,7 @@
 
 The sink runs on both sides of Spark: the driver (locks, commits, baselines, recovery) and the
 executors (bucket undo and writes). Keeping these calls here means one module to read to know
-what the sink needs from the rest of Tally (docs/sink-needs.md lists the same).
+what the sink needs from the rest of Tally.
 """
 
 from __future__ import annotations
