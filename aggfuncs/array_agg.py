@@ -9,8 +9,7 @@ import pyarrow.compute as pc
 from aggfuncs.base import Aggregator, keep_untouched, parse_bool, valid_mask
 from aggfuncs.functions import AggFunction
 from aggfuncs.segments import Segments
-from aggfuncs.string_agg import _last_index
-from aggfuncs.tokens import first_occurrences
+from aggfuncs.tokens import apply_items, first_occurrences
 
 
 def _is_list(arrow_type: pa.DataType) -> bool:
@@ -29,14 +28,7 @@ class ArrayAggAggregator(Aggregator):
         """Elements so far; a retraction removes the last occurrence of each retracted element."""
         if value is None:
             return acc
-        items = list(acc or [])
-        for element in value:
-            if sign > 0:
-                if not (self.params["distinct"] and element in items):
-                    items.append(element)
-            else:
-                items.pop(_last_index(items, element, self.column))
-        return items
+        return apply_items(acc, value, sign, self.params["distinct"], self.column)
 
     def finish(self, acc):
         return acc if acc else None  # no elements left: the empty state

@@ -11,16 +11,9 @@ import pyarrow.compute as pc
 from aggfuncs.base import Aggregator, keep_untouched, parse_bool, valid_mask
 from aggfuncs.functions import AggFunction
 from aggfuncs.segments import Segments
-from aggfuncs.tokens import first_occurrences
-from tally.errors import InvalidAggFunctionError, RetractionError
+from aggfuncs.tokens import apply_items, first_occurrences
+from tally.errors import InvalidAggFunctionError
 
-
-def _last_index(items: list, item, column: str) -> int:
-    for i in range(len(items) - 1, -1, -1):
-        if items[i] == item:
-            return i
-    raise RetractionError(
-        f"Column '{column}' cannot retract {item!r}: it holds no such contribution")
 
 
 def parse_delimiter(name: str, value: Any) -> str:
@@ -48,14 +41,8 @@ class StringAggAggregator(Aggregator):
         """Tokens so far (a list); a retraction removes the last occurrence of each token."""
         if value is None:
             return acc
-        tokens = list(acc or [])
-        for token in value.split(self.params["delimiter"]):
-            if sign > 0:
-                if not (self.params["distinct"] and token in tokens):
-                    tokens.append(token)
-            else:
-                tokens.pop(_last_index(tokens, token, self.column))
-        return tokens
+        return apply_items(acc, value.split(self.params["delimiter"]), sign,
+                           self.params["distinct"], self.column)
 
     def finish(self, acc):
         return self.params["delimiter"].join(acc) if acc else None

@@ -5,7 +5,27 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from tally.errors import InvalidInputError
+from tally.errors import InvalidInputError, RetractionError
+
+
+def apply_items(acc: list | None, items, sign: int, distinct: bool, column: str) -> list:
+    """A list state after adding (sign 1) or taking back (sign -1) each of `items`: how
+    array_agg elements and string_agg tokens take retractions, row by row. A retraction removes
+    the last occurrence; one that matches nothing is an error."""
+    held = list(acc or [])
+    for item in items:
+        if sign > 0:
+            if not (distinct and item in held):
+                held.append(item)
+            continue
+        for i in range(len(held) - 1, -1, -1):
+            if held[i] == item:
+                del held[i]
+                break
+        else:
+            raise RetractionError(
+                f"Column '{column}' cannot retract {item!r}: it holds no such contribution")
+    return held
 
 
 def first_occurrences(owner: np.ndarray, values: pa.Array) -> np.ndarray:
