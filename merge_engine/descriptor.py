@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from merge_engine.modes import DeleteBehavior
 from merge_engine.schema import Schema
@@ -13,6 +14,8 @@ DELETE_BEHAVIOR = "table.delete.behavior"
 CHANGELOG_IMAGE = "table.changelog.image"
 COLUMN_LOCK_ENABLED = "table.column-lock.enabled"
 KV_SYNC = "table.kv.sync"
+KV_BUFFER_SIZE = "table.kv.buffer-size"
+DEFAULT_KV_BUFFER_SIZE = 64 << 20
 BUCKET_NUM = "bucket.num"
 
 # Every `table.*` option Tally understands; anything else under `table.` is a typo to report.
@@ -22,6 +25,7 @@ KNOWN_TABLE_OPTIONS = {
     CHANGELOG_IMAGE,
     COLUMN_LOCK_ENABLED,
     KV_SYNC,
+    KV_BUFFER_SIZE,
     "table.partition.dynamic-creation.enabled",
     "table.log.retention.offsets",
     "table.log.retention.ms",
@@ -39,6 +43,20 @@ def parse_bool_option(key: str, value) -> bool:
     if text not in ("true", "false"):
         raise InvalidOptionError(f"Invalid value for option '{key}': {value!r} (expected true or false)")
     return text == "true"
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30}
+
+
+def parse_size_option(key: str, value) -> int:
+    """A byte size: an integer, optionally with a unit (b, kb, mb, gb; 1kb = 1024 bytes)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([kmg]?b?)\s*", str(value).lower())
+    if match is None:
+        raise InvalidOptionError(
+            f"Invalid value for option '{key}': {value!r} (expected a size such as 67108864, "
+            "'64mb' or '0' for none)")
+    number, unit = match.groups()
+    return int(number) * _SIZE_UNITS[unit if unit.endswith("b") or not unit else unit + "b"]
 
 
 class TableDescriptor:
@@ -111,6 +129,7 @@ class TableDescriptor:
                 if not str(value).strip().isdigit():
                     raise InvalidOptionError(
                         f"Invalid value for option '{key}': {value!r} (expected a non-negative integer)")
+        self.kv_buffer_size  # validates the value
         for key in (COLUMN_LOCK_ENABLED, KV_SYNC, "table.log.retention.ignore-locks",
                     "table.agg.remove-record-on-empty",
                     "table.partition.dynamic-creation.enabled"):
@@ -141,6 +160,12 @@ class TableDescriptor:
         return parse_bool_option(
             COLUMN_LOCK_ENABLED, self.properties.get(COLUMN_LOCK_ENABLED, self.is_aggregation)
         )
+
+    @property
+    def kv_buffer_size(self) -> int:
+        """Bytes of merged rows a tablet may hold in memory before writing them to RocksDB."""
+        value = self.properties.get(KV_BUFFER_SIZE)
+        return DEFAULT_KV_BUFFER_SIZE if value is None else parse_size_option(KV_BUFFER_SIZE, value)
 
     def bool_option(self, key: str, default: bool = False) -> bool:
         return parse_bool_option(key, self.properties.get(key, default))

@@ -33,12 +33,22 @@ class StateBatch:
         return StateBatch([c.take(index) for c in self.columns], self.written[indices], counts)
 
     @staticmethod
-    def concat(first: "StateBatch", second: "StateBatch") -> "StateBatch":
-        columns = [pa.concat_arrays([a, b.cast(a.type)]) for a, b in zip(first.columns, second.columns)]
+    def concat(*batches: "StateBatch") -> "StateBatch":
+        first = batches[0]
+        if len(batches) == 1:
+            return first
+        columns = [pa.concat_arrays([b.columns[i].cast(a.type) for b in batches])
+                   for i, a in enumerate(first.columns)]
         counts = None
-        if first.contributions is not None or second.contributions is not None:
-            counts = np.concatenate([first.counts(), second.counts()])
-        return StateBatch(columns, np.concatenate([first.written, second.written]), counts)
+        if any(b.contributions is not None for b in batches):
+            counts = np.concatenate([b.counts() for b in batches])
+        return StateBatch(columns, np.concatenate([b.written for b in batches]), counts)
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the batch (Arrow buffers plus the bookkeeping matrices)."""
+        counts = 0 if self.contributions is None else self.contributions.nbytes
+        return sum(c.nbytes for c in self.columns) + self.written.nbytes + counts
 
     def to_table(self, names: list[str]) -> pa.Table:
         return pa.Table.from_arrays(self.columns, names=names)

@@ -23,6 +23,7 @@ LOG_TIME = b"t"  # first offset of a changelog entry -> when it was written (ms 
 
 END_OFFSET = META + b"end"
 START_OFFSET = META + b"start"
+KV_APPLIED = META + b"applied"  # the rows hold every changelog record below this offset
 DESCRIPTOR = META + b"descriptor"
 
 _U64 = struct.Struct(">Q")

@@ -1,9 +1,12 @@
 """KvTablet: one bucket of a primary-key table, rows in RocksDB plus an Arrow changelog.
 
 A write runs in four steps, each over the whole batch: validate the input; group its rows by
-key and read those keys' stored rows in one multi-get; merge with the RowMerger of the mode;
-then commit the changed rows, the changelog records and the new offsets in one atomic RocksDB
-write batch.
+key and take those keys' current rows from the RowBuffer, or from RocksDB in one multi-get;
+merge with the RowMerger of the mode; then commit the changelog records, the new offsets and the
+writer's sequence in one atomic RocksDB write batch and keep the changed rows in the RowBuffer.
+The buffer reaches RocksDB's rows in one batch when it outgrows `table.kv.buffer-size`
+(together with the changelog of the put that filled it), and a reopened bucket replays the
+changelog past the last flush (see merge_engine/buffer.py).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from merge_engine import changelog as log
+from merge_engine.buffer import ABSENT, ENTRY_BYTES, REMOVED, RowBuffer
 from merge_engine.descriptor import KV_SYNC, TableDescriptor
 from merge_engine.input import WriteInput, prepare_write
 from merge_engine.keys import encode_keys, group_keys
@@ -24,7 +28,7 @@ from merge_engine.mergers import AggregateRowMerger, DeleteMerger, OverwriteRowM
 from merge_engine.modes import DeleteBehavior, MergeMode
 from merge_engine.rowcodec import RowCodec
 from merge_engine.state import StateBatch
-from merge_engine.storage import DESCRIPTOR, END_OFFSET, ROW, START_OFFSET, TabletStore
+from merge_engine.storage import DESCRIPTOR, END_OFFSET, KV_APPLIED, ROW, START_OFFSET, TabletStore
 from tally.errors import DeleteDisabledError, InvalidInputError, OffsetOutOfRangeError, StorageError
 
 
@@ -54,7 +58,10 @@ class KvTablet:
         self._lock = threading.RLock()
         self._end = store.get_int(END_OFFSET)
         self._start = store.get_int(START_OFFSET)
+        self._buffer = RowBuffer()
+        self._buffer_limit = descriptor.kv_buffer_size
         self._closed = False
+        self._replay_unflushed()
 
     @classmethod
     def open(cls, path: str, descriptor: TableDescriptor) -> "KvTablet":
@@ -66,6 +73,7 @@ class KvTablet:
         if saved is None:
             batch = store.new_batch()
             batch.put(DESCRIPTOR, descriptor.schema.to_json().encode())
+            TabletStore.put_int(batch, KV_APPLIED, 0)
             store.commit(batch)
         elif saved.decode() != descriptor.schema.to_json():
             store.close()
@@ -101,19 +109,16 @@ class KvTablet:
                                   allow_unwritten=mode is MergeMode.OVERWRITE,
                                   allow_retractions=mode is not MergeMode.OVERWRITE)
             if write.rows == 0:
-                return self._commit([], None, None, np.zeros(0, dtype=np.int8), [], writer)
+                return self._commit([], None, None, np.zeros(0, dtype=np.int8), writer)
             keys, group_ids, firsts = self._group(write)
-            before, old_rows = self._load(keys, write, firsts)
+            before, present = self._load(keys, write, firsts)
             merger = self._overwrite if mode is MergeMode.OVERWRITE else self._engine
             after = merger.merge(before, write, group_ids, mode)
-            new_rows = self.codec.encode(after)
-            outcome = np.fromiter(
-                (log.INSERTED if old is None else log.UPDATED if old != new else log.UNCHANGED
-                 for old, new in zip(old_rows, new_rows)),
-                dtype=np.int8, count=len(keys))
+            outcome = np.where(present, np.where(self.codec.differs(before, after), log.UPDATED,
+                                                 log.UNCHANGED), log.INSERTED).astype(np.int8)
             if self.remove_on_empty and mode is not MergeMode.OVERWRITE:
-                outcome = self._remove_empty(after, outcome, old_rows)
-            return self._commit(keys, before, after, outcome, new_rows, writer)
+                outcome = self._remove_empty(after, outcome, present)
+            return self._commit(keys, before, after, outcome, writer)
 
     def delete(self, keys, mode: MergeMode = MergeMode.AGGREGATE, target_columns=None,
                writer: tuple[str, int] | None = None) -> int:
@@ -134,27 +139,24 @@ class KvTablet:
             write = prepare_write(keys, self.schema, self.aggregators, target_columns,
                                   keys_only=True)
             if behavior is DeleteBehavior.IGNORE or write.rows == 0:
-                return self._commit([], None, None, np.zeros(0, dtype=np.int8), [], writer)
+                return self._commit([], None, None, np.zeros(0, dtype=np.int8), writer)
             unique, _, firsts = self._group(write)
-            before, old_rows = self._load(unique, write, firsts)
+            before, present = self._load(unique, write, firsts)
             after, removed = self._deletes.delete(before, write.target)
-            new_rows = self.codec.encode(after)
-            existed = np.array([old is not None for old in old_rows], dtype=bool)
-            changed = np.array([old != new for old, new in zip(old_rows, new_rows)], dtype=bool)
-            outcome = np.select([existed & removed, existed & changed], [log.REMOVED, log.UPDATED],
+            changed = self.codec.differs(before, after)
+            outcome = np.select([present & removed, present & changed], [log.REMOVED, log.UPDATED],
                                 log.UNCHANGED).astype(np.int8)
-            return self._commit(unique, before, after, outcome, new_rows, writer)
+            return self._commit(unique, before, after, outcome, writer)
 
-    def _remove_empty(self, after: StateBatch, outcome: np.ndarray, old_rows) -> np.ndarray:
+    def _remove_empty(self, after: StateBatch, outcome: np.ndarray, present: np.ndarray) -> np.ndarray:
         """`table.agg.remove-record-on-empty`: a row whose every aggregate is back to its empty
         state is removed (-D), and a new key that would be empty is never stored."""
         empty = np.ones(len(after), dtype=bool)
         for i in self.value_positions:
             empty &= self.aggregators[i].is_empty(after.columns[i])
-        existed = np.array([old is not None for old in old_rows], dtype=bool)
         outcome = outcome.copy()
-        outcome[empty & existed] = log.REMOVED
-        outcome[empty & ~existed] = log.UNCHANGED
+        outcome[empty & present] = log.REMOVED
+        outcome[empty & ~present] = log.UNCHANGED
         return outcome
 
     def _replayed(self, writer) -> int | None:
@@ -176,20 +178,28 @@ class KvTablet:
         return group_keys(write.key_columns(self.schema))
 
     def _load(self, keys: list[bytes], write: WriteInput, firsts: np.ndarray):
-        """The stored state of each key (an empty row for new keys) and the stored bytes."""
-        old_rows = self._store.get_rows(keys)
-        present = np.array([v is not None for v in old_rows], dtype=bool)
-        decoded = self.codec.decode([v for v in old_rows if v is not None])
-        missing = np.nonzero(~present)[0]
-        if len(missing) == 0:
-            return decoded, old_rows
-        empty = self._empty_rows(write, firsts[missing])
-        if len(missing) == len(keys):
-            return empty, old_rows
-        order = np.empty(len(keys), dtype=np.int64)
-        order[present] = np.arange(len(decoded))
-        order[missing] = len(decoded) + np.arange(len(missing))
-        return StateBatch.concat(decoded, empty).take(order), old_rows
+        """The current state of each key (an empty row for new keys), and whether it exists:
+        from the RowBuffer when merged since the last flush, else from RocksDB."""
+        ids = self._buffer.find(keys)
+        unknown = np.nonzero(ids == ABSENT)[0]
+        stored = self._store.get_rows([keys[i] for i in unknown.tolist()])
+        found = np.fromiter((v is not None for v in stored), dtype=bool, count=len(stored))
+        present = ids >= 0
+        present[unknown[found]] = True
+        parts, where = [], np.empty(len(keys), dtype=np.int64)
+        placed = 0
+        for rows, make in ((np.nonzero(ids >= 0)[0], lambda r: self._buffer.states(ids[r])),
+                           (unknown[found], lambda r: self.codec.decode(
+                               [v for v in stored if v is not None])),
+                           (np.nonzero(~present)[0], lambda r: self._empty_rows(write, firsts[r]))):
+            if len(rows):
+                parts.append(make(rows))
+                where[rows] = placed + np.arange(len(rows))
+                placed += len(rows)
+        state = parts[0] if len(parts) == 1 else StateBatch.concat(*parts)
+        if len(parts) > 1 or not (where[:-1] < where[1:]).all():
+            state = state.take(where)
+        return state, present
 
     def _empty_rows(self, write: WriteInput, rows: np.ndarray) -> StateBatch:
         index = pa.array(rows, type=pa.int64())
@@ -203,13 +213,10 @@ class KvTablet:
         written[:, sorted(self.key_positions)] = True
         return StateBatch(columns, written, np.zeros(written.shape, dtype=np.int64))
 
-    def _commit(self, keys, before, after, outcome, new_rows, writer) -> int:
+    def _commit(self, keys, before, after, outcome, writer) -> int:
+        """One atomic RocksDB write: the changelog records, offsets and writer sequence (and
+        every buffered row when the buffer is full); then the changed rows join the buffer."""
         batch = self._store.new_batch()
-        put = batch.put
-        for i in np.nonzero((outcome == log.INSERTED) | (outcome == log.UPDATED))[0].tolist():
-            put(ROW + keys[i], new_rows[i])
-        for i in np.nonzero(outcome == log.REMOVED)[0].tolist():
-            batch.delete(ROW + keys[i])
         end = self._end
         records = log.build_records(self.arrow_schema, self.value_positions, self.counted,
                                     before, after, outcome, end) if len(keys) else None
@@ -219,10 +226,72 @@ class KvTablet:
             TabletStore.put_int(batch, END_OFFSET, end)
         if writer is not None:
             TabletStore.put_writer(batch, writer[0], writer[1], end)
-        if not batch.is_empty():
+        changed = np.nonzero((outcome == log.INSERTED) | (outcome == log.UPDATED))[0]
+        changed_keys = [keys[i] for i in changed.tolist()]
+        removed_keys = [keys[i] for i in np.nonzero(outcome == log.REMOVED)[0].tolist()]
+        rows = after.take(changed) if len(changed) else None
+        growth = (rows.nbytes if rows is not None else 0) \
+            + ENTRY_BYTES * (len(changed_keys) + len(removed_keys))
+        if growth and self._buffer.size_bytes + growth > self._buffer_limit:
+            pending = self._buffer.copy()  # readers keep the current buffer until the commit
+            pending.add(changed_keys, rows, removed_keys)
+            self._write_rows(batch, pending, end)
             self._store.commit(batch)
+            self._buffer = RowBuffer()
+        else:
+            if not batch.is_empty():
+                self._store.commit(batch)
+            self._buffer.add(changed_keys, rows, removed_keys)
+            if self._buffer.wants_compaction():
+                self._buffer = self._buffer.compacted()
         self._end = end
         return end
+
+    def _write_rows(self, batch, buffer: RowBuffer, applied: int) -> None:
+        """Put the buffer's rows into `batch`, marking the changelog applied up to `applied`."""
+        keys, rows, removed = buffer.drain()
+        if keys:
+            put = batch.put
+            for key, value in zip(keys, self.codec.encode(rows)):
+                put(ROW + key, value)
+        for key in removed:
+            batch.delete(ROW + key)
+        TabletStore.put_int(batch, KV_APPLIED, applied)
+
+    def flush(self) -> None:
+        """Write the buffered rows to RocksDB now (close and log truncation do this too)."""
+        with self._lock:
+            self._check_open()
+            self._flush()
+
+    def _flush(self) -> None:
+        if len(self._buffer) == 0 and self._store.get_int(KV_APPLIED, self._end) == self._end:
+            return
+        batch = self._store.new_batch()
+        self._write_rows(batch, self._buffer, self._end)
+        self._store.commit(batch)
+        self._buffer = RowBuffer()
+
+    def _replay_unflushed(self) -> None:
+        """After a crash: rebuild the buffer from the changelog records past the last flush."""
+        applied = self._store.get_int(KV_APPLIED, self._end)
+        if applied == self._end:
+            return
+        if not self._start <= applied < self._end:
+            raise StorageError(
+                f"The rows of {self.path} are applied up to offset {applied}, outside its log "
+                f"[{self._start}, {self._end}): the tablet is corrupt")
+        kinds = pa.array([log.INSERT, log.UPDATE_AFTER, log.DELETE])
+        for records in self.iter_changelog(applied, self._end):
+            records = records.filter(pc.is_in(records.column(log.CHANGE_TYPE), kinds))
+            keys = encode_keys([records.column(k).combine_chunks() for k in self.schema.primary_key])
+            deleted = pc.equal(records.column(log.CHANGE_TYPE), log.DELETE).to_numpy(
+                zero_copy_only=False)
+            kept = np.nonzero(~deleted)[0]
+            rows = self.records_to_state(records).take(kept)
+            self._buffer.add([keys[i] for i in kept.tolist()], rows,
+                             [keys[i] for i in np.nonzero(deleted)[0].tolist()])
+        self._flush()
 
     # --- reads ------------------------------------------------------------------------------
 
@@ -232,14 +301,23 @@ class KvTablet:
         if not isinstance(key, dict):
             raise InvalidInputError(f"lookup takes a dict of the primary key columns, got {key!r}")
         write = prepare_write([key], self.schema, self.aggregators, keys_only=True)
-        stored = self._store.get_rows(encode_keys(write.key_columns(self.schema)))[0]
-        if stored is None:
+        key_bytes = encode_keys(write.key_columns(self.schema))
+        buffer = self._buffer  # one buffer for the whole read (a flush replaces it)
+        found = buffer.find(key_bytes)
+        if found[0] == REMOVED:
             return None
-        return self.codec.decode([stored]).to_table(self.schema.names).to_pylist()[0]
+        if found[0] >= 0:
+            state = buffer.states(found)
+        else:
+            stored = self._store.get_rows(key_bytes)[0]
+            if stored is None:
+                return None
+            state = self.codec.decode([stored])
+        return state.to_table(self.schema.names).to_pylist()[0]
 
     def to_arrow(self) -> pa.Table:
-        """Every row, ordered by primary key."""
-        self._check_open()
+        """Every row, ordered by primary key (buffered rows are flushed first)."""
+        self.flush()
         tables = [self.codec.decode(chunk).to_table(self.schema.names)
                   for chunk in self._store.scan_rows()]
         if not tables:
@@ -292,6 +370,7 @@ class KvTablet:
                     f"{self._end}")
             if before <= self._start:
                 return self._start
+            self._flush()  # the records about to go may be the only copy of buffered rows
             entries = [first for first, _ in self._store.log_entry_times()]
             batch = self._store.new_batch()
             for first, following in zip(entries, entries[1:] + [self._end]):
@@ -335,6 +414,7 @@ class KvTablet:
     def close(self) -> None:
         with self._lock:
             if not self._closed:
+                self._flush()
                 self._closed = True
                 self._store.close()
 

@@ -16,6 +16,7 @@ import pyarrow as pa
 from hypothesis import strategies as st
 
 from aggfuncs import AggFunction as F
+from merge_engine.descriptor import KV_BUFFER_SIZE
 from merge_engine.testing.model_functions import empty_value
 from merge_engine.testing.ops import Delete, Put, Reopen
 from merge_engine.testing.spec import DELETE_BEHAVIOR, MERGE_ENGINE, ColumnSpec, TableSpec
@@ -184,6 +185,10 @@ def table_specs(draw, aggregation: bool | None = None, functions: Iterable[F | N
     behavior = draw(st.sampled_from([None, "ignore", "disable", "allow", "allow"]))
     if behavior is not None:
         properties[DELETE_BEHAVIOR] = behavior
+    # Write-through (0), a buffer that fills every few writes, or the default one.
+    buffer_size = draw(st.sampled_from([None, None, "0", "600", "4kb"]))
+    if buffer_size is not None:
+        properties[KV_BUFFER_SIZE] = buffer_size
     return TableSpec(tuple(columns), tuple(k.name for k in keys), properties)
 
 

@@ -1,0 +1,178 @@
+"""RowBuffer: the rows a bucket merged since its last flush, held in memory, newest per key.
+
+Why it exists: reading and writing RocksDB one key at a time costs about as much as all the
+merging put together, and a hot key set is read back by the very next put. So a put commits only
+its changelog batch (which holds every changed row's full after-image) and keeps the merged rows
+here; they reach RocksDB in one sorted write batch when the buffer outgrows
+`table.kv.buffer-size`, before the changelog is truncated, and at close. The changelog is the
+write-ahead log: RocksDB records up to which offset its rows are applied, and a bucket reopened
+after a crash replays the changelog from there into a fresh buffer. KV state and changelog
+therefore never disagree; on disk the rows may just lag the log.
+
+Rows stay in Arrow form (StateBatch runs, one per put) so the next put takes them without
+decoding. The index is a sorted numpy array of the encoded keys (as fixed-width 'S' strings:
+key encodings are prefix-free, so zero padding keeps their order and equality) with each key's
+row id; ids are global and each run covers a consecutive id range. Lookups may run while a put
+adds to the buffer: the index is replaced as a whole, never changed in place, and a run is
+appended before the index points at it.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from merge_engine.state import StateBatch
+
+ABSENT = -2  # the key is not in the buffer: its row, if any, is in RocksDB
+REMOVED = -1  # the key was deleted since the last flush
+
+ENTRY_BYTES = 64  # what one index entry costs beyond its row: search key, bytes object, id
+COMPACT_MIN_ROWS = 4096
+MAX_RUNS = 256
+
+
+class _Index(NamedTuple):
+    search: np.ndarray  # sorted keys, dtype S<width>
+    keys: np.ndarray  # the same keys as bytes objects (numpy's S strips trailing zeros)
+    ids: np.ndarray  # row id per key, or REMOVED
+
+
+def _search_keys(keys: list[bytes]) -> np.ndarray:
+    return np.array(keys, dtype=bytes) if keys else np.empty(0, dtype="S1")
+
+
+def _widen(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    width = max(a.dtype.itemsize, b.dtype.itemsize)
+    return a.astype(f"S{width}", copy=False), b.astype(f"S{width}", copy=False)
+
+
+_EMPTY = _Index(np.empty(0, dtype="S1"), np.empty(0, dtype=object), np.empty(0, dtype=np.int64))
+
+
+class RowBuffer:
+    """Newest merged row per key since the last flush (or a removal mark)."""
+
+    def __init__(self) -> None:
+        self._index = _EMPTY
+        self._bases: list[int] = []  # first row id of each run
+        self._runs: list[StateBatch] = []
+        self._next_id = 0
+        self._run_bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._index.ids)
+
+    @property
+    def size_bytes(self) -> int:
+        """An estimate of the memory the buffer holds (rows, superseded ones included)."""
+        return self._run_bytes + ENTRY_BYTES * len(self._index.ids)
+
+    # --- reads ------------------------------------------------------------------------------
+
+    def find(self, keys: list[bytes]) -> np.ndarray:
+        """Per key its row id, REMOVED, or ABSENT."""
+        index = self._index
+        found = np.full(len(keys), ABSENT, dtype=np.int64)
+        if len(index.ids) and keys:
+            search, wanted = _widen(index.search, _search_keys(keys))
+            at = np.minimum(np.searchsorted(search, wanted), len(search) - 1)
+            hit = search[at] == wanted
+            found[hit] = index.ids[at[hit]]
+        return found
+
+    def states(self, ids: np.ndarray) -> StateBatch:
+        """The rows with these ids (all >= 0), in the given order."""
+        ids = np.asarray(ids, dtype=np.int64)
+        runs = self._runs[:]
+        bases = np.array(self._bases[:len(runs)], dtype=np.int64)
+        run_of = np.searchsorted(bases, ids, side="right") - 1
+        first, last = int(run_of.min()), int(run_of.max())
+        if first == last:
+            return runs[first].take(ids - bases[first])
+        order = np.argsort(run_of, kind="stable")
+        grouped, sorted_runs = ids[order], run_of[order]
+        used = np.unique(sorted_runs)
+        bounds = np.searchsorted(sorted_runs, used).tolist() + [len(ids)]
+        parts = [runs[r].take(grouped[lo:hi] - bases[r])
+                 for r, lo, hi in zip(used.tolist(), bounds, bounds[1:])]
+        inverse = np.empty(len(ids), dtype=np.int64)
+        inverse[order] = np.arange(len(ids))
+        return StateBatch.concat(*parts).take(inverse)
+
+    # --- writes -----------------------------------------------------------------------------
+
+    def add(self, keys: list[bytes], rows: StateBatch | None, removed: list[bytes]) -> None:
+        """Record a put's changed rows (`keys` aligned with `rows`) and removed keys."""
+        if not keys and not removed:
+            return
+        ids = np.concatenate([np.arange(self._next_id, self._next_id + len(keys)),
+                              np.full(len(removed), REMOVED)]).astype(np.int64)
+        if keys:
+            # The run is in place before the index points at it: a concurrent lookup that
+            # finds an id always finds its run.
+            self._bases.append(self._next_id)
+            self._runs.append(rows)
+            self._next_id += len(keys)
+            self._run_bytes += rows.nbytes
+        self._index = self._merged(self._index, keys + removed, ids)
+
+    @staticmethod
+    def _merged(index: _Index, keys: list[bytes], ids: np.ndarray) -> _Index:
+        """`index` with `keys` set to `ids` (new keys inserted in order)."""
+        search = _search_keys(keys)
+        objects = np.empty(len(keys), dtype=object)
+        objects[:] = keys
+        order = np.argsort(search, kind="stable")
+        search, objects, ids = search[order], objects[order], ids[order]
+        old, search = _widen(index.search, search)
+        at = np.searchsorted(old, search)
+        hit = old[np.minimum(at, max(len(old) - 1, 0))] == search if len(old) else \
+            np.zeros(len(search), dtype=bool)
+        merged_ids = index.ids.copy()
+        merged_ids[at[hit]] = ids[hit]
+        new, where = ~hit, at[~hit]
+        return _Index(np.insert(old, where, search[new]), np.insert(index.keys, where, objects[new]),
+                      np.insert(merged_ids, where, ids[new]))
+
+    def copy(self) -> "RowBuffer":
+        """A buffer with the same rows that can change without changing this one."""
+        other = RowBuffer()
+        other._index = self._index
+        other._bases = list(self._bases)
+        other._runs = list(self._runs)
+        other._next_id = self._next_id
+        other._run_bytes = self._run_bytes
+        return other
+
+    def wants_compaction(self) -> bool:
+        """True when superseded rows outnumber live ones, or puts left many small runs."""
+        return (self._next_id >= COMPACT_MIN_ROWS and self._next_id > 2 * len(self._index.ids)) \
+            or len(self._runs) > MAX_RUNS
+
+    def compacted(self) -> "RowBuffer":
+        """A new buffer holding only the live rows, in key order in one run."""
+        index = self._index
+        live = index.ids >= 0
+        other = RowBuffer()
+        ids = np.full(len(index.ids), REMOVED, dtype=np.int64)
+        if live.any():
+            rows = self.states(index.ids[live])
+            ids[live] = np.arange(len(rows))
+            other._bases, other._runs = [0], [rows]
+            other._next_id, other._run_bytes = len(rows), rows.nbytes
+        other._index = _Index(index.search, index.keys, ids)
+        return other
+
+    def drain(self) -> tuple[list[bytes], StateBatch | None, list[bytes]]:
+        """(live keys in key order, their rows, removed keys): what a flush writes."""
+        index = self._index
+        live = index.ids >= 0
+        removed = index.keys[~live].tolist()
+        if not live.any():
+            return [], None, removed
+        return index.keys[live].tolist(), self.states(index.ids[live]), removed
+
+    def __repr__(self) -> str:
+        return f"RowBuffer({len(self)} keys, {len(self._runs)} runs, ~{self.size_bytes} bytes)"
