@@ -124,8 +124,9 @@ class RowBuffer:
         search = _search_keys(keys)
         objects = np.empty(len(keys), dtype=object)
         objects[:] = keys
-        order = np.argsort(search, kind="stable")
-        search, objects, ids = search[order], objects[order], ids[order]
+        if len(search) > 1 and not (search[1:] > search[:-1]).all():
+            order = np.argsort(search, kind="stable")
+            search, objects, ids = search[order], objects[order], ids[order]
         old, search = _widen(index.search, search)
         at = np.searchsorted(old, search)
         hit = old[np.minimum(at, max(len(old) - 1, 0))] == search if len(old) else \

@@ -1,8 +1,10 @@
 """The changelog: Arrow record batches of +I, -U, +U and -D records with full row images.
 
 One offset per record. One put appends at most one batch (one entry per key per put: +I for a
-new key, -U/+U for a changed one, -D for a removed one), stored as an Arrow IPC stream beside
-the rows in the same RocksDB write batch, so rows and changelog can never disagree.
+new key, -U/+U for a changed one, -D for a removed one), stored as an Arrow IPC stream in the
+same RocksDB write batch as the offsets. The stored batch is leaner than what readers get: the
+change type is an int8 code and offsets are implied by the batch's first offset (its RocksDB
+key); `deserialize` restores the `_offset` and `_change_type` columns.
 """
 
 from __future__ import annotations
@@ -21,20 +23,33 @@ INSERT, UPDATE_BEFORE, UPDATE_AFTER, DELETE = "+I", "-U", "+U", "-D"
 # What happened to each key of a write.
 UNCHANGED, INSERTED, UPDATED, REMOVED = 0, 1, 2, 3
 
+CHANGE_CODE = "_change"  # stored form of the change type: an index into CHANGE_TYPES
+CHANGE_TYPES = pa.array([INSERT, UPDATE_BEFORE, UPDATE_AFTER, DELETE], type=pa.string())
+
 
 def changelog_schema(arrow_schema: pa.Schema) -> pa.Schema:
+    """The schema readers see."""
     fields = [pa.field(OFFSET, pa.int64(), nullable=False),
               pa.field(CHANGE_TYPE, pa.string(), nullable=False)]
-    fields += [pa.field(f.name, f.type) for f in arrow_schema]
+    return pa.schema(fields + _image_fields(arrow_schema))
+
+
+def stored_schema(arrow_schema: pa.Schema) -> pa.Schema:
+    """The schema of a stored batch."""
+    return pa.schema([pa.field(CHANGE_CODE, pa.int8(), nullable=False)]
+                     + _image_fields(arrow_schema))
+
+
+def _image_fields(arrow_schema: pa.Schema) -> list[pa.Field]:
+    fields = [pa.field(f.name, f.type) for f in arrow_schema]
     fields.append(pa.field(UNWRITTEN, pa.list_(pa.string())))
     fields.append(pa.field(CONTRIBUTIONS, pa.list_(pa.int64())))
-    return pa.schema(fields)
+    return fields
 
 
 def build_records(schema: pa.Schema, value_positions: list[int], counted: list[int],
-                  before: StateBatch, after: StateBatch, outcome: np.ndarray,
-                  start_offset: int) -> pa.Table | None:
-    """The changelog records of one write, or None when nothing changed.
+                  before: StateBatch, after: StateBatch, outcome: np.ndarray) -> pa.Table | None:
+    """The changelog records of one write in stored form, or None when nothing changed.
 
     `before` and `after` hold one row per key (aligned); `outcome` says per key whether it was
     inserted, updated, removed or left unchanged. Records follow the keys' order.
@@ -50,16 +65,12 @@ def build_records(schema: pa.Schema, value_positions: list[int], counted: list[i
     # Rows of concat(before, after): before images at g, after images at m + g.
     take_after = (kind == INSERTED) | ((kind == UPDATED) & ~first)
     index = np.where(take_after, m + key, key)
-    change = np.where(kind == INSERTED, INSERT,
-                      np.where(kind == REMOVED, DELETE,
-                               np.where(first, UPDATE_BEFORE, UPDATE_AFTER)))
+    change = np.where(kind == INSERTED, 0, np.where(kind == REMOVED, 3, np.where(first, 1, 2)))
     images = StateBatch.concat(before, after).take(index)
-    arrays = [pa.array(np.arange(start_offset, start_offset + total), type=pa.int64()),
-              pa.array(change, type=pa.string())]
-    arrays += images.columns
+    arrays = [pa.array(change.astype(np.int8))] + images.columns
     arrays.append(_unwritten_lists(images.written, value_positions, schema.names))
     arrays.append(contribution_lists(images.counts(), counted))
-    return pa.Table.from_arrays(arrays, schema=changelog_schema(schema))
+    return pa.Table.from_arrays(arrays, schema=stored_schema(schema))
 
 
 def contribution_lists(counts: np.ndarray, counted: list[int]) -> pa.Array:
@@ -88,8 +99,15 @@ def serialize(records: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def deserialize(data: bytes) -> pa.Table:
-    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+def deserialize(data: bytes, first_offset: int) -> pa.Table:
+    """A stored batch as readers see it, its first record at `first_offset`."""
+    stored = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    n = stored.num_rows
+    codes = stored.column(CHANGE_CODE).combine_chunks()
+    return stored.drop_columns([CHANGE_CODE]) \
+        .add_column(0, pa.field(CHANGE_TYPE, pa.string(), nullable=False), [CHANGE_TYPES.take(codes)]) \
+        .add_column(0, pa.field(OFFSET, pa.int64(), nullable=False),
+                    [pa.array(np.arange(first_offset, first_offset + n, dtype=np.int64))])
 
 
 def state_from_records(records: pa.Table, names: list[str], value_positions: list[int],

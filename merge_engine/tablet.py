@@ -219,7 +219,7 @@ class KvTablet:
         batch = self._store.new_batch()
         end = self._end
         records = log.build_records(self.arrow_schema, self.value_positions, self.counted,
-                                    before, after, outcome, end) if len(keys) else None
+                                    before, after, outcome) if len(keys) else None
         if records is not None:
             TabletStore.put_log_entry(batch, end, log.serialize(records), int(time.time() * 1000))
             end += records.num_rows
@@ -229,7 +229,8 @@ class KvTablet:
         changed = np.nonzero((outcome == log.INSERTED) | (outcome == log.UPDATED))[0]
         changed_keys = [keys[i] for i in changed.tolist()]
         removed_keys = [keys[i] for i in np.nonzero(outcome == log.REMOVED)[0].tolist()]
-        rows = after.take(changed) if len(changed) else None
+        rows = None if not len(changed) else after if len(changed) == len(after) \
+            else after.take(changed)
         growth = (rows.nbytes if rows is not None else 0) \
             + ENTRY_BYTES * (len(changed_keys) + len(removed_keys))
         if growth and self._buffer.size_bytes + growth > self._buffer_limit:
@@ -344,7 +345,7 @@ class KvTablet:
         for first, data in self._store.log_entries(start):
             if first >= end:
                 break
-            records = log.deserialize(data)
+            records = log.deserialize(data, first)
             low, high = max(start - first, 0), min(end - first, records.num_rows)
             if high > low:
                 yield records.slice(low, high - low)

@@ -13,7 +13,7 @@ from bench.suite import BENCHMARKS, Sizes, run_suite
 from cli.main import build_parser
 
 TINY = Sizes(rows=3_000, keys=500, batch=1_000, lookups=50, undo_tables=(2_000, 4_000),
-             undo_batches=(20, 200))
+             undo_batches=(20, 200), repeat=1)
 LOCAL = ["ingest", "cluster", "undo"]
 
 
