@@ -33,14 +33,27 @@ def stable_order(ids: np.ndarray) -> np.ndarray:
 class Segments:
     """Row indices grouped by group id; within a group, rows keep their input order."""
 
-    def __init__(self, group_ids: np.ndarray, group_count: int):
+    def __init__(self, group_ids: np.ndarray, group_count: int, order: np.ndarray | None = None):
         group_ids = np.asarray(group_ids, dtype=np.int64)
         self.group_ids = group_ids
         self.count = int(group_count)
-        self.order = stable_order(group_ids)
+        self.order = stable_order(group_ids) if order is None else order
         self.sorted_ids = group_ids[self.order]
         self.lengths = np.bincount(group_ids, minlength=self.count).astype(np.int64)
         self.starts = np.cumsum(self.lengths) - self.lengths
+
+    @classmethod
+    def after_stored(cls, input_groups: "Segments") -> "Segments":
+        """Segments over [one stored row per group (row g of group g), then the input rows]:
+        each group's stored row first, then its input rows in order. Built from the input's
+        order without sorting again."""
+        m, n = input_groups.count, len(input_groups)
+        ids = np.concatenate([np.arange(m, dtype=np.int64), input_groups.group_ids])
+        order = np.empty(m + n, dtype=np.int64)
+        # group g occupies [starts[g] + g, starts[g] + g + lengths[g] + 1) of the sorted order
+        order[input_groups.starts + np.arange(m)] = np.arange(m)
+        order[input_groups.sorted_ids + 1 + np.arange(n)] = m + input_groups.order
+        return cls(ids, m, order)
 
     def __len__(self) -> int:
         return len(self.group_ids)
@@ -49,7 +62,10 @@ class Segments:
         """The segments of the rows where `keep` (in input order) is true; groups may go empty."""
         if keep.all():
             return self
-        return Segments(self.group_ids[keep], self.count)
+        # The kept rows in the parent's order, renumbered: no second sort.
+        kept = self.order[keep[self.order]]
+        renumbered = np.cumsum(keep) - 1
+        return Segments(self.group_ids[keep], self.count, renumbered[kept])
 
     def any(self, mask: np.ndarray) -> np.ndarray:
         """Per group: whether `mask` (in input order) is true for any of its rows."""

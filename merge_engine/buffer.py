@@ -10,9 +10,9 @@ after a crash replays the changelog from there into a fresh buffer. KV state and
 therefore never disagree; on disk the rows may just lag the log.
 
 Rows stay in Arrow form (StateBatch runs, one per put) so the next put takes them without
-decoding. The index is a sorted numpy array of the encoded keys (as fixed-width 'S' strings:
-key encodings are prefix-free, so zero padding keeps their order and equality) with each key's
-row id; ids are global and each run covers a consecutive id range. Lookups may run while a put
+decoding. The index is a sorted numpy array of the encoded keys (as big-endian uint64 when they
+fit in 8 bytes, else fixed-width 'S' strings: key encodings are prefix-free, so zero padding
+keeps their order and equality) with each key's row id; ids are global and each run covers a consecutive id range. Lookups may run while a put
 adds to the buffer: the index is replaced as a whole, never changed in place, and a run is
 appended before the index points at it.
 """
@@ -34,21 +34,40 @@ MAX_RUNS = 256
 
 
 class _Index(NamedTuple):
-    search: np.ndarray  # sorted keys, dtype S<width>
+    search: np.ndarray  # sorted keys, uint64 or S<width> (see _search_keys)
     keys: np.ndarray  # the same keys as bytes objects (numpy's S strips trailing zeros)
     ids: np.ndarray  # row id per key, or REMOVED
 
 
 def _search_keys(keys: list[bytes]) -> np.ndarray:
-    return np.array(keys, dtype=bytes) if keys else np.empty(0, dtype="S1")
+    """Keys as a numpy array that sorts and compares like the bytes: uint64 when every key fits
+    in 8 bytes (zero padded: several times faster to search), else fixed-width 'S' strings."""
+    if not keys:
+        return np.empty(0, dtype=np.uint64)
+    strings = np.array(keys, dtype=bytes)
+    if strings.dtype.itemsize <= 8:
+        return strings.astype("S8").view(">u8").astype(np.uint64)
+    return strings
+
+
+def _as_strings(a: np.ndarray) -> np.ndarray:
+    return a.astype(">u8").view("S8") if a.dtype == np.uint64 else a
 
 
 def _widen(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both arrays in one comparable dtype."""
+    if a.dtype == b.dtype:
+        return a, b
+    if len(a) == 0:
+        return a.astype(b.dtype), b
+    if len(b) == 0:
+        return a, b.astype(a.dtype)
+    a, b = _as_strings(a), _as_strings(b)
     width = max(a.dtype.itemsize, b.dtype.itemsize)
     return a.astype(f"S{width}", copy=False), b.astype(f"S{width}", copy=False)
 
 
-_EMPTY = _Index(np.empty(0, dtype="S1"), np.empty(0, dtype=object), np.empty(0, dtype=np.int64))
+_EMPTY = _Index(np.empty(0, dtype=np.uint64), np.empty(0, dtype=object), np.empty(0, dtype=np.int64))
 
 
 class RowBuffer:
@@ -84,22 +103,30 @@ class RowBuffer:
 
     def states(self, ids: np.ndarray) -> StateBatch:
         """The rows with these ids (all >= 0), in the given order."""
+        rows, order = self.states_grouped(ids)
+        if len(order) > 1 and not (order[1:] > order[:-1]).all():
+            inverse = np.empty(len(order), dtype=np.int64)
+            inverse[order] = np.arange(len(order))
+            rows = rows.take(inverse)
+        return rows
+
+    def states_grouped(self, ids: np.ndarray) -> tuple[StateBatch, np.ndarray]:
+        """The rows with these ids (all >= 0) grouped by run, and which id each row is
+        (row j holds ids[order[j]]): callers that reorder anyway save a take."""
         ids = np.asarray(ids, dtype=np.int64)
         runs = self._runs[:]
         bases = np.array(self._bases[:len(runs)], dtype=np.int64)
         run_of = np.searchsorted(bases, ids, side="right") - 1
         first, last = int(run_of.min()), int(run_of.max())
         if first == last:
-            return runs[first].take(ids - bases[first])
+            return runs[first].take(ids - bases[first]), np.arange(len(ids))
         order = np.argsort(run_of, kind="stable")
         grouped, sorted_runs = ids[order], run_of[order]
         used = np.unique(sorted_runs)
         bounds = np.searchsorted(sorted_runs, used).tolist() + [len(ids)]
         parts = [runs[r].take(grouped[lo:hi] - bases[r])
                  for r, lo, hi in zip(used.tolist(), bounds, bounds[1:])]
-        inverse = np.empty(len(ids), dtype=np.int64)
-        inverse[order] = np.arange(len(ids))
-        return StateBatch.concat(*parts).take(inverse)
+        return StateBatch.concat(*parts), order
 
     # --- writes -----------------------------------------------------------------------------
 
@@ -147,10 +174,11 @@ class RowBuffer:
         other._run_bytes = self._run_bytes
         return other
 
-    def wants_compaction(self) -> bool:
-        """True when superseded rows outnumber live ones, or puts left many small runs."""
-        return (self._next_id >= COMPACT_MIN_ROWS and self._next_id > 2 * len(self._index.ids)) \
-            or len(self._runs) > MAX_RUNS
+    def wants_compaction(self, limit: int) -> bool:
+        """True when superseded rows outnumber live ones and hold a good part of the memory
+        allowed (`limit` bytes), or when puts left many small runs."""
+        superseded = self._next_id > max(2 * len(self._index.ids), COMPACT_MIN_ROWS)
+        return (superseded and self.size_bytes > limit // 2) or len(self._runs) > MAX_RUNS
 
     def compacted(self) -> "RowBuffer":
         """A new buffer holding only the live rows, in key order in one run."""

@@ -186,18 +186,24 @@ class KvTablet:
         found = np.fromiter((v is not None for v in stored), dtype=bool, count=len(stored))
         present = ids >= 0
         present[unknown[found]] = True
-        parts, where = [], np.empty(len(keys), dtype=np.int64)
-        placed = 0
-        for rows, make in ((np.nonzero(ids >= 0)[0], lambda r: self._buffer.states(ids[r])),
-                           (unknown[found], lambda r: self.codec.decode(
-                               [v for v in stored if v is not None])),
-                           (np.nonzero(~present)[0], lambda r: self._empty_rows(write, firsts[r]))):
-            if len(rows):
-                parts.append(make(rows))
-                where[rows] = placed + np.arange(len(rows))
-                placed += len(rows)
+        parts, where, placed = [], np.empty(len(keys), dtype=np.int64), 0
+        buffered = np.nonzero(ids >= 0)[0]
+        if len(buffered):
+            rows, order = self._buffer.states_grouped(ids[buffered])
+            parts.append(rows)
+            where[buffered[order]] = np.arange(len(rows))
+            placed = len(rows)
+        from_store = unknown[found]
+        if len(from_store):
+            parts.append(self.codec.decode([v for v in stored if v is not None]))
+            where[from_store] = placed + np.arange(len(from_store))
+            placed += len(from_store)
+        new = np.nonzero(~present)[0]
+        if len(new):
+            parts.append(self._empty_rows(write, firsts[new]))
+            where[new] = placed + np.arange(len(new))
         state = parts[0] if len(parts) == 1 else StateBatch.concat(*parts)
-        if len(parts) > 1 or not (where[:-1] < where[1:]).all():
+        if len(where) > 1 and not (where[1:] > where[:-1]).all():
             state = state.take(where)
         return state, present
 
@@ -243,7 +249,7 @@ class KvTablet:
             if not batch.is_empty():
                 self._store.commit(batch)
             self._buffer.add(changed_keys, rows, removed_keys)
-            if self._buffer.wants_compaction():
+            if self._buffer.wants_compaction(self._buffer_limit):
                 self._buffer = self._buffer.compacted()
         self._end = end
         return end

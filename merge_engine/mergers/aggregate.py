@@ -27,8 +27,8 @@ class AggregateRowMerger:
     def merge(self, stored: StateBatch, write: WriteInput, group_ids: np.ndarray,
               mode: MergeMode) -> StateBatch:
         m, n = len(stored), write.rows
-        segments = Segments(np.concatenate([np.arange(m), group_ids]), m)
         input_groups = Segments(group_ids, m)
+        segments = Segments.after_stored(input_groups)
         columns = list(stored.columns)
         written = stored.written.copy()
         counts = stored.counts().copy()
