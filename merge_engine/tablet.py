@@ -1,12 +1,11 @@
 """KvTablet: one bucket of a primary-key table, rows in RocksDB plus an Arrow changelog.
 
 A write runs in four steps, each over the whole batch: validate the input; group its rows by
-key and take those keys' current rows from the RowBuffer, or from RocksDB in one multi-get;
+key and take those keys' current rows (BucketRows: the in-memory row buffer, then RocksDB);
 merge with the RowMerger of the mode; then commit the changelog records, the new offsets and the
-writer's sequence in one atomic RocksDB write batch and keep the changed rows in the RowBuffer.
-The buffer reaches RocksDB's rows in one batch when it outgrows `table.kv.buffer-size`
-(together with the changelog of the put that filled it), and a reopened bucket replays the
-changelog past the last flush (see merge_engine/buffer.py).
+writer's sequence in one atomic RocksDB write batch, after which the changed rows join the row
+buffer. The changelog is the write-ahead log: a reopened bucket replays it past the last flush
+of the row buffer (see merge_engine/rows.py and merge_engine/buffer.py).
 """
 
 from __future__ import annotations
@@ -20,16 +19,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from merge_engine import changelog as log
-from merge_engine.buffer import ABSENT, ENTRY_BYTES, REMOVED, RowBuffer
 from merge_engine.descriptor import KV_SYNC, TableDescriptor
 from merge_engine.input import WriteInput, prepare_write
 from merge_engine.keys import encode_keys, group_keys
 from merge_engine.mergers import AggregateRowMerger, DeleteMerger, OverwriteRowMerger
 from merge_engine.modes import DeleteBehavior, MergeMode
 from merge_engine.rowcodec import RowCodec
+from merge_engine.rows import BucketRows
 from merge_engine.state import StateBatch
-from merge_engine.storage import DESCRIPTOR, END_OFFSET, KV_APPLIED, ROW, START_OFFSET, TabletStore
+from merge_engine.storage import DESCRIPTOR, END_OFFSET, START_OFFSET, TabletStore
 from tally.errors import DeleteDisabledError, InvalidInputError, OffsetOutOfRangeError, StorageError
+
+
+_IMAGE_TYPES = pa.array([log.INSERT, log.UPDATE_AFTER, log.DELETE])
 
 
 class KvTablet:
@@ -58,8 +60,7 @@ class KvTablet:
         self._lock = threading.RLock()
         self._end = store.get_int(END_OFFSET)
         self._start = store.get_int(START_OFFSET)
-        self._buffer = RowBuffer()
-        self._buffer_limit = descriptor.kv_buffer_size
+        self._rows = BucketRows(store, self.codec, descriptor.kv_buffer_size)
         self._closed = False
         self._replay_unflushed()
 
@@ -73,7 +74,7 @@ class KvTablet:
         if saved is None:
             batch = store.new_batch()
             batch.put(DESCRIPTOR, descriptor.schema.to_json().encode())
-            TabletStore.put_int(batch, KV_APPLIED, 0)
+            BucketRows.initialise(batch)
             store.commit(batch)
         elif saved.decode() != descriptor.schema.to_json():
             store.close()
@@ -178,34 +179,8 @@ class KvTablet:
         return group_keys(write.key_columns(self.schema))
 
     def _load(self, keys: list[bytes], write: WriteInput, firsts: np.ndarray):
-        """The current state of each key (an empty row for new keys), and whether it exists:
-        from the RowBuffer when merged since the last flush, else from RocksDB."""
-        ids = self._buffer.find(keys)
-        unknown = np.nonzero(ids == ABSENT)[0]
-        stored = self._store.get_rows([keys[i] for i in unknown.tolist()])
-        found = np.fromiter((v is not None for v in stored), dtype=bool, count=len(stored))
-        present = ids >= 0
-        present[unknown[found]] = True
-        parts, where, placed = [], np.empty(len(keys), dtype=np.int64), 0
-        buffered = np.nonzero(ids >= 0)[0]
-        if len(buffered):
-            rows, order = self._buffer.states_grouped(ids[buffered])
-            parts.append(rows)
-            where[buffered[order]] = np.arange(len(rows))
-            placed = len(rows)
-        from_store = unknown[found]
-        if len(from_store):
-            parts.append(self.codec.decode([v for v in stored if v is not None]))
-            where[from_store] = placed + np.arange(len(from_store))
-            placed += len(from_store)
-        new = np.nonzero(~present)[0]
-        if len(new):
-            parts.append(self._empty_rows(write, firsts[new]))
-            where[new] = placed + np.arange(len(new))
-        state = parts[0] if len(parts) == 1 else StateBatch.concat(*parts)
-        if len(where) > 1 and not (where[1:] > where[:-1]).all():
-            state = state.take(where)
-        return state, present
+        """The current state of each key (an empty row for new keys), and whether it exists."""
+        return self._rows.current(keys, lambda new: self._empty_rows(write, firsts[new]))
 
     def _empty_rows(self, write: WriteInput, rows: np.ndarray) -> StateBatch:
         index = pa.array(rows, type=pa.int64())
@@ -233,72 +208,40 @@ class KvTablet:
         if writer is not None:
             TabletStore.put_writer(batch, writer[0], writer[1], end)
         changed = np.nonzero((outcome == log.INSERTED) | (outcome == log.UPDATED))[0]
-        changed_keys = [keys[i] for i in changed.tolist()]
-        removed_keys = [keys[i] for i in np.nonzero(outcome == log.REMOVED)[0].tolist()]
         rows = None if not len(changed) else after if len(changed) == len(after) \
             else after.take(changed)
-        growth = (rows.nbytes if rows is not None else 0) \
-            + ENTRY_BYTES * (len(changed_keys) + len(removed_keys))
-        if growth and self._buffer.size_bytes + growth > self._buffer_limit:
-            pending = self._buffer.copy()  # readers keep the current buffer until the commit
-            pending.add(changed_keys, rows, removed_keys)
-            self._write_rows(batch, pending, end)
-            self._store.commit(batch)
-            self._buffer = RowBuffer()
-        else:
-            if not batch.is_empty():
-                self._store.commit(batch)
-            self._buffer.add(changed_keys, rows, removed_keys)
-            if self._buffer.wants_compaction(self._buffer_limit):
-                self._buffer = self._buffer.compacted()
+        self._rows.commit(batch, end, [keys[i] for i in changed.tolist()], rows,
+                          [keys[i] for i in np.nonzero(outcome == log.REMOVED)[0].tolist()])
         self._end = end
         return end
-
-    def _write_rows(self, batch, buffer: RowBuffer, applied: int) -> None:
-        """Put the buffer's rows into `batch`, marking the changelog applied up to `applied`."""
-        keys, rows, removed = buffer.drain()
-        if keys:
-            put = batch.put
-            for key, value in zip(keys, self.codec.encode(rows)):
-                put(ROW + key, value)
-        for key in removed:
-            batch.delete(ROW + key)
-        TabletStore.put_int(batch, KV_APPLIED, applied)
 
     def flush(self) -> None:
         """Write the buffered rows to RocksDB now (close and log truncation do this too)."""
         with self._lock:
             self._check_open()
-            self._flush()
-
-    def _flush(self) -> None:
-        if len(self._buffer) == 0 and self._store.get_int(KV_APPLIED, self._end) == self._end:
-            return
-        batch = self._store.new_batch()
-        self._write_rows(batch, self._buffer, self._end)
-        self._store.commit(batch)
-        self._buffer = RowBuffer()
+            self._rows.flush(self._end)
 
     def _replay_unflushed(self) -> None:
-        """After a crash: rebuild the buffer from the changelog records past the last flush."""
-        applied = self._store.get_int(KV_APPLIED, self._end)
+        """After a crash: rebuild the row buffer from the changelog past the last flush."""
+        applied = self._rows.applied_offset(self._end)
         if applied == self._end:
             return
         if not self._start <= applied < self._end:
             raise StorageError(
                 f"The rows of {self.path} are applied up to offset {applied}, outside its log "
                 f"[{self._start}, {self._end}): the tablet is corrupt")
-        kinds = pa.array([log.INSERT, log.UPDATE_AFTER, log.DELETE])
-        for records in self.iter_changelog(applied, self._end):
-            records = records.filter(pc.is_in(records.column(log.CHANGE_TYPE), kinds))
-            keys = encode_keys([records.column(k).combine_chunks() for k in self.schema.primary_key])
-            deleted = pc.equal(records.column(log.CHANGE_TYPE), log.DELETE).to_numpy(
-                zero_copy_only=False)
-            kept = np.nonzero(~deleted)[0]
-            rows = self.records_to_state(records).take(kept)
-            self._buffer.add([keys[i] for i in kept.tolist()], rows,
-                             [keys[i] for i in np.nonzero(deleted)[0].tolist()])
-        self._flush()
+        self._rows.replay(map(self._row_changes, self.iter_changelog(applied, self._end)),
+                          self._end)
+
+    def _row_changes(self, records: pa.Table) -> tuple[list[bytes], StateBatch, list[bytes]]:
+        """(upserted keys, their after-images, removed keys) of one write's records."""
+        images = records.filter(pc.is_in(records.column(log.CHANGE_TYPE), _IMAGE_TYPES))
+        keys = encode_keys([images.column(k).combine_chunks() for k in self.schema.primary_key])
+        deleted = pc.equal(images.column(log.CHANGE_TYPE), log.DELETE).to_numpy(
+            zero_copy_only=False)
+        kept = np.nonzero(~deleted)[0]
+        return ([keys[i] for i in kept.tolist()], self.records_to_state(images).take(kept),
+                [keys[i] for i in np.nonzero(deleted)[0].tolist()])
 
     # --- reads ------------------------------------------------------------------------------
 
@@ -308,19 +251,8 @@ class KvTablet:
         if not isinstance(key, dict):
             raise InvalidInputError(f"lookup takes a dict of the primary key columns, got {key!r}")
         write = prepare_write([key], self.schema, self.aggregators, keys_only=True)
-        key_bytes = encode_keys(write.key_columns(self.schema))
-        buffer = self._buffer  # one buffer for the whole read (a flush replaces it)
-        found = buffer.find(key_bytes)
-        if found[0] == REMOVED:
-            return None
-        if found[0] >= 0:
-            state = buffer.states(found)
-        else:
-            stored = self._store.get_rows(key_bytes)[0]
-            if stored is None:
-                return None
-            state = self.codec.decode([stored])
-        return state.to_table(self.schema.names).to_pylist()[0]
+        state = self._rows.lookup(encode_keys(write.key_columns(self.schema))[0])
+        return None if state is None else state.to_table(self.schema.names).to_pylist()[0]
 
     def to_arrow(self) -> pa.Table:
         """Every row, ordered by primary key (buffered rows are flushed first)."""
@@ -377,7 +309,7 @@ class KvTablet:
                     f"{self._end}")
             if before <= self._start:
                 return self._start
-            self._flush()  # the records about to go may be the only copy of buffered rows
+            self._rows.flush(self._end)  # the records to go may be the only copy of buffered rows
             entries = [first for first, _ in self._store.log_entry_times()]
             batch = self._store.new_batch()
             for first, following in zip(entries, entries[1:] + [self._end]):
@@ -421,7 +353,7 @@ class KvTablet:
     def close(self) -> None:
         with self._lock:
             if not self._closed:
-                self._flush()
+                self._rows.flush(self._end)
                 self._closed = True
                 self._store.close()
 

@@ -1,0 +1,134 @@
+"""BucketRows: a bucket's current rows, the RowBuffer in front of RocksDB's row keys.
+
+KvTablet decides what a write changes; this class decides where the changed rows live. A put's
+rows join the buffer after its changelog batch commits, or, when the buffer would outgrow its
+limit, the whole buffer goes into that same write batch (with the offset the rows are then
+applied up to). Reads look in the buffer first, then in RocksDB. See merge_engine/buffer.py for
+why the rows wait in memory and how a crash is recovered (replay of the changelog).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import numpy as np
+from rocksdict import WriteBatch
+
+from merge_engine.buffer import ABSENT, ENTRY_BYTES, REMOVED, RowBuffer
+from merge_engine.rowcodec import RowCodec
+from merge_engine.state import StateBatch
+from merge_engine.storage import KV_APPLIED, ROW, TabletStore
+
+
+class BucketRows:
+    """Rows by encoded key. Writes are serialised by the tablet; reads may run alongside."""
+
+    def __init__(self, store: TabletStore, codec: RowCodec, buffer_limit: int):
+        self._store = store
+        self._codec = codec
+        self._limit = buffer_limit
+        self._buffer = RowBuffer()
+
+    # --- reads ------------------------------------------------------------------------------
+
+    def current(self, keys: list[bytes],
+                empty_rows: Callable[[np.ndarray], StateBatch]) -> tuple[StateBatch, np.ndarray]:
+        """Each key's current row (`empty_rows(positions)` for keys without one) and whether it
+        exists. Buffered rows are taken as Arrow; the rest come from one RocksDB multi-get."""
+        buffer = self._buffer
+        ids = buffer.find(keys)
+        unknown = np.nonzero(ids == ABSENT)[0]
+        stored = self._store.get_rows([keys[i] for i in unknown.tolist()])
+        found = np.fromiter((v is not None for v in stored), dtype=bool, count=len(stored))
+        present = ids >= 0
+        present[unknown[found]] = True
+        # Concatenate the three sources, then one take puts the rows in key order.
+        parts, where, placed = [], np.empty(len(keys), dtype=np.int64), 0
+        buffered = np.nonzero(ids >= 0)[0]
+        if len(buffered):
+            rows, order = buffer.states_grouped(ids[buffered])
+            parts.append(rows)
+            where[buffered[order]] = np.arange(len(rows))
+            placed = len(rows)
+        from_store = unknown[found]
+        if len(from_store):
+            parts.append(self._codec.decode([v for v in stored if v is not None]))
+            where[from_store] = placed + np.arange(len(from_store))
+            placed += len(from_store)
+        new = np.nonzero(~present)[0]
+        if len(new):
+            parts.append(empty_rows(new))
+            where[new] = placed + np.arange(len(new))
+        state = parts[0] if len(parts) == 1 else StateBatch.concat(*parts)
+        if len(where) > 1 and not (where[1:] > where[:-1]).all():
+            state = state.take(where)
+        return state, present
+
+    def lookup(self, key: bytes) -> StateBatch | None:
+        """One key's row, or None."""
+        buffer = self._buffer  # one buffer for the whole read: a flush replaces it
+        found = buffer.find([key])[0]
+        if found == REMOVED:
+            return None
+        if found >= 0:
+            return buffer.states(np.array([found]))
+        stored = self._store.get_rows([key])[0]
+        return None if stored is None else self._codec.decode([stored])
+
+    # --- writes -----------------------------------------------------------------------------
+
+    def commit(self, batch: WriteBatch, applied: int, keys: list[bytes], rows: StateBatch | None,
+               removed: list[bytes]) -> None:
+        """Commit `batch` (a write's changelog and offsets) and record its changed rows (`keys`
+        aligned with `rows`) and removed keys. If that would outgrow the buffer, every buffered
+        row goes into `batch` too, applied up to offset `applied` (the write's end offset)."""
+        growth = (rows.nbytes if rows is not None else 0) + ENTRY_BYTES * (len(keys) + len(removed))
+        if growth and self._buffer.size_bytes + growth > self._limit:
+            pending = self._buffer.copy()  # readers keep the current buffer until the commit
+            pending.add(keys, rows, removed)
+            self._write(batch, pending, applied)
+            self._store.commit(batch)
+            self._buffer = RowBuffer()
+            return
+        if not batch.is_empty():
+            self._store.commit(batch)
+        self._buffer.add(keys, rows, removed)
+        if self._buffer.wants_compaction(self._limit):
+            self._buffer = self._buffer.compacted()
+
+    def flush(self, applied: int) -> None:
+        """Write the buffered rows to RocksDB, applied up to offset `applied` (the log end)."""
+        if len(self._buffer) == 0 and self.applied_offset(applied) == applied:
+            return
+        batch = self._store.new_batch()
+        self._write(batch, self._buffer, applied)
+        self._store.commit(batch)
+        self._buffer = RowBuffer()
+
+    def applied_offset(self, log_end: int) -> int:
+        """The changelog offset RocksDB's rows are applied up to (tablets made before the row
+        buffer existed wrote rows with every put: for them it is the log end)."""
+        return self._store.get_int(KV_APPLIED, log_end)
+
+    def replay(self, changes: Iterable[tuple[list[bytes], StateBatch, list[bytes]]],
+               log_end: int) -> None:
+        """Rebuild the buffer from changelog changes past the last flush, oldest first: per
+        write, (upserted keys, their after-images, removed keys). Then flush."""
+        for keys, rows, removed in changes:
+            self._buffer.add(keys, rows, removed)
+        self.flush(log_end)
+
+    def _write(self, batch: WriteBatch, buffer: RowBuffer, applied: int) -> None:
+        keys, rows, removed = buffer.drain()
+        if keys:
+            put = batch.put
+            for key, value in zip(keys, self._codec.encode(rows)):
+                put(ROW + key, value)
+        for key in removed:
+            batch.delete(ROW + key)
+        TabletStore.put_int(batch, KV_APPLIED, applied)
+
+    @staticmethod
+    def initialise(batch: WriteBatch) -> None:
+        """Mark a new bucket's (empty) rows as applied up to offset 0."""
+        TabletStore.put_int(batch, KV_APPLIED, 0)
