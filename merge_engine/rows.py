@@ -20,6 +20,11 @@ from merge_engine.state import StateBatch
 from merge_engine.storage import KV_APPLIED, ROW, TabletStore
 
 
+# Rows are flushed once the changelog since the last flush reaches this many buffer sizes, so a
+# hot key set that never fills the buffer still leaves a bounded changelog to replay.
+REPLAY_FACTOR = 4
+
+
 class BucketRows:
     """Rows by encoded key. Writes are serialised by the tablet; reads may run alongside."""
 
@@ -28,6 +33,7 @@ class BucketRows:
         self._codec = codec
         self._limit = buffer_limit
         self._buffer = RowBuffer()
+        self._log_bytes = 0  # changelog written since the last flush: what a crash replays
 
     # --- reads ------------------------------------------------------------------------------
 
@@ -78,17 +84,20 @@ class BucketRows:
     # --- writes -----------------------------------------------------------------------------
 
     def commit(self, batch: WriteBatch, applied: int, keys: list[bytes], rows: StateBatch | None,
-               removed: list[bytes]) -> None:
-        """Commit `batch` (a write's changelog and offsets) and record its changed rows (`keys`
-        aligned with `rows`) and removed keys. If that would outgrow the buffer, every buffered
-        row goes into `batch` too, applied up to offset `applied` (the write's end offset)."""
+               removed: list[bytes], log_bytes: int) -> None:
+        """Commit `batch` (a write's changelog of `log_bytes` and its offsets) and record its
+        changed rows (`keys` aligned with `rows`) and removed keys. If that would outgrow the
+        buffer, or leave more changelog than REPLAY_FACTOR buffers to replay after a crash, every
+        buffered row goes into `batch` too, applied up to offset `applied` (the write's end)."""
         growth = (rows.nbytes if rows is not None else 0) + ENTRY_BYTES * (len(keys) + len(removed))
-        if growth and self._buffer.size_bytes + growth > self._limit:
+        self._log_bytes += log_bytes
+        if growth and (self._buffer.size_bytes + growth > self._limit
+                       or self._log_bytes > REPLAY_FACTOR * self._limit):
             pending = self._buffer.copy()  # readers keep the current buffer until the commit
             pending.add(keys, rows, removed)
             self._write(batch, pending, applied)
             self._store.commit(batch)
-            self._buffer = RowBuffer()
+            self._buffer, self._log_bytes = RowBuffer(), 0
             return
         if not batch.is_empty():
             self._store.commit(batch)
@@ -103,7 +112,7 @@ class BucketRows:
         batch = self._store.new_batch()
         self._write(batch, self._buffer, applied)
         self._store.commit(batch)
-        self._buffer = RowBuffer()
+        self._buffer, self._log_bytes = RowBuffer(), 0
 
     def applied_offset(self, log_end: int) -> int:
         """The changelog offset RocksDB's rows are applied up to (tablets made before the row
@@ -116,6 +125,8 @@ class BucketRows:
         write, (upserted keys, their after-images, removed keys). Then flush."""
         for keys, rows, removed in changes:
             self._buffer.add(keys, rows, removed)
+            if self._buffer.wants_compaction(self._limit):
+                self._buffer = self._buffer.compacted()
         self.flush(log_end)
 
     def _write(self, batch: WriteBatch, buffer: RowBuffer, applied: int) -> None:

@@ -198,11 +198,12 @@ class KvTablet:
         """One atomic RocksDB write: the changelog records, offsets and writer sequence (and
         every buffered row when the buffer is full); then the changed rows join the buffer."""
         batch = self._store.new_batch()
-        end = self._end
+        end, data = self._end, b""
         records = log.build_records(self.arrow_schema, self.value_positions, self.counted,
                                     before, after, outcome) if len(keys) else None
         if records is not None:
-            TabletStore.put_log_entry(batch, end, log.serialize(records), int(time.time() * 1000))
+            data = log.serialize(records)
+            TabletStore.put_log_entry(batch, end, data, int(time.time() * 1000))
             end += records.num_rows
             TabletStore.put_int(batch, END_OFFSET, end)
         if writer is not None:
@@ -211,7 +212,8 @@ class KvTablet:
         rows = None if not len(changed) else after if len(changed) == len(after) \
             else after.take(changed)
         self._rows.commit(batch, end, [keys[i] for i in changed.tolist()], rows,
-                          [keys[i] for i in np.nonzero(outcome == log.REMOVED)[0].tolist()])
+                          [keys[i] for i in np.nonzero(outcome == log.REMOVED)[0].tolist()],
+                          len(data))
         self._end = end
         return end
 
