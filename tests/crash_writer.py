@@ -1,10 +1,12 @@
 """A process that writes to a KvTablet until it is killed: the subject of the kill -9 tests.
 
-Run as `python -m tests.crash_writer PATH SEED START_SEQ [PAUSE]`. Write number `seq` is a pure function
-of (SEED, seq), so the parent test can regenerate every write and recompute the table in plain
-Python. Each write carries `writer=(WRITER_ID, seq)`; a restarted writer starts again at the
+Run as `python -m tests.crash_writer PATH SEED START_SEQ [PAUSE [BUFFER_SIZE]]`. Write number
+`seq` is a pure function of (SEED, seq), so the parent test can regenerate every write and
+recompute the table in plain Python. Each write carries `writer=(WRITER_ID, seq)`; a restarted writer starts again at the
 first unacknowledged seq, so a write that was applied but not acknowledged before the kill is
-re-sent and must then be a no-op (idempotent writer).
+re-sent and must then be a no-op (idempotent writer). BUFFER_SIZE sets `table.kv.buffer-size`
+('default' or absent: the 64 MiB default, so rows reach RocksDB only when the tablet is reopened;
+a small size such as '8kb' flushes the row buffer every few writes, so kills land in flushes too).
 
 Protocol on stdout, one flushed line per event:
   ready <log_end_offset>          the tablet is open
@@ -34,7 +36,9 @@ DELETE_TARGETS = (("id", "tag"), ("id", "qty", "price"), ("id", "status"))
 BIG_ROWS = 4000  # large enough that a kill often lands inside put()
 
 
-def descriptor():
+def descriptor(buffer_size: str | None = None):
+    """The crash table; `buffer_size` sets `table.kv.buffer-size` (runtime only: a tablet may be
+    reopened with any size)."""
     from aggfuncs import AggFunction
     from merge_engine import Schema, TableDescriptor
 
@@ -48,10 +52,10 @@ def descriptor():
         .primary_key("id")
         .build()
     )
-    return TableDescriptor(
-        schema,
-        properties={"table.merge-engine": "aggregation", "table.delete.behavior": "allow"},
-    )
+    properties = {"table.merge-engine": "aggregation", "table.delete.behavior": "allow"}
+    if buffer_size is not None:
+        properties["table.kv.buffer-size"] = buffer_size
+    return TableDescriptor(schema, properties=properties)
 
 
 @dataclass
@@ -118,7 +122,8 @@ def main(argv: list[str]) -> None:
 
     path, seed, seq = argv[0], int(argv[1]), int(argv[2])
     pause = float(argv[3]) if len(argv) > 3 else 0.0
-    tablet = KvTablet.open(path, descriptor())
+    buffer_size = argv[4] if len(argv) > 4 and argv[4] != "default" else None
+    tablet = KvTablet.open(path, descriptor(buffer_size))
     print(f"ready {tablet.log_end_offset}", flush=True)
     while True:  # until the parent kills us
         write = make_write(seed, seq)

@@ -7,6 +7,11 @@ into. After each kill the parent reopens the tablet and checks (issue 2, section
 - the KV state (to_arrow) equals the replay of the whole changelog;
 - the KV state equals a plain-Python recomputation of the acknowledged writes, or of those plus
   the one write in flight at the kill (which may or may not have landed, but never half).
+
+Every other writer runs with a small row buffer (`table.kv.buffer-size` = SMALL_BUFFER), so it
+flushes buffered rows to RocksDB every few writes and kills land in flushes too; the others keep
+the default size, so their rows exist only in the changelog until the tablet is reopened. The
+parent reopens with either size (the option is runtime only), in all four combinations.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 STRATEGIES = ("during-start", "after-sleep", "mid-write", "mid-big-write", "applied-not-acked")
 KILLS_PER_STRATEGY = 5  # 25 kills in all
 READY_TIMEOUT = 30.0
+SMALL_BUFFER = "8kb"
 
 
 @dataclass
@@ -44,10 +50,12 @@ class ChildRun:
     ready: bool = False
 
 
-def spawn(path: Path, seed: int, start_seq: int, pause: float) -> tuple[subprocess.Popen, queue.Queue]:
+def spawn(path: Path, seed: int, start_seq: int, pause: float,
+          buffer_size: str | None = None) -> tuple[subprocess.Popen, queue.Queue]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     child = subprocess.Popen(
-        [sys.executable, "-m", "tests.crash_writer", str(path), str(seed), str(start_seq), str(pause)],
+        [sys.executable, "-m", "tests.crash_writer", str(path), str(seed), str(start_seq), str(pause),
+         buffer_size or "default"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
     )
     lines: queue.Queue = queue.Queue()
@@ -92,7 +100,7 @@ def drain(lines: queue.Queue, seen: list[str]) -> None:
 
 
 def kill_at_random(path: Path, seed: int, start_seq: int, strategy: str, rnd: random.Random,
-                   durations: dict[str, list[float]]) -> ChildRun:
+                   durations: dict[str, list[float]], buffer_size: str | None = None) -> ChildRun:
     """Start a writer, SIGKILL it at a random moment chosen by `strategy`, parse what it said.
 
     during-start: at a random time after spawn (maybe while opening or recovering the tablet);
@@ -103,7 +111,8 @@ def kill_at_random(path: Path, seed: int, start_seq: int, strategy: str, rnd: ra
     earlier writes in `durations`), so kills spread over the whole put, its commit included.
     """
     # only the last strategy slows the writer: it pauses between a write's return and its ack
-    child, lines = spawn(path, seed, start_seq, 0.5 if strategy == "applied-not-acked" else 0.0)
+    child, lines = spawn(path, seed, start_seq, 0.5 if strategy == "applied-not-acked" else 0.0,
+                         buffer_size)
     seen: list[str] = []
     if strategy == "during-start":
         time.sleep(rnd.uniform(0.0, 0.6))  # maybe while opening / recovering the tablet
@@ -156,15 +165,28 @@ def _failure(child: subprocess.Popen, seen: list[str], what: str) -> str:
     return f"crash writer {what}; stdout tail {seen[-5:]}; stderr:\n{child.stderr.read()[-3000:]}"
 
 
+def rows_applied(path: Path) -> tuple[int, int]:
+    """(KV_APPLIED, log end offset) as the killed writer left them: how far RocksDB's rows
+    were flushed. Read straight from RocksDB, before the tablet is reopened."""
+    from merge_engine.storage import END_OFFSET, KV_APPLIED, TabletStore
+
+    store = TabletStore(str(path))
+    try:
+        return store.get_int(KV_APPLIED), store.get_int(END_OFFSET)
+    finally:
+        store.close()
+
+
 def check_reopened(path: Path, seed: int, last_seq: int, last_offset: int,
                    acked: crash_model.State, with_inflight: crash_model.State,
-                   applied_offset: int | None) -> bool:
-    """Reopen after a kill and check every invariant; True when the in-flight write landed."""
+                   applied_offset: int | None, buffer_size: str | None = None) -> bool:
+    """Reopen after a kill (with `table.kv.buffer-size` = buffer_size) and check every
+    invariant; True when the in-flight write landed."""
     from merge_engine import KvTablet
     from merge_engine.testing.model import ReferenceTable
     from tests.crash_writer import descriptor
 
-    with KvTablet.open(path, descriptor()) as tablet:
+    with KvTablet.open(path, descriptor(buffer_size)) as tablet:
         end = tablet.log_end_offset
         assert end >= last_offset, f"acknowledged offset {last_offset} lost: log end {end}"
         assert tablet.log_start_offset == 0
@@ -207,14 +229,27 @@ def test_kill9_cycles_keep_acknowledged_writes_and_replay(tmp_path, seed):
     path = tmp_path / "tablet"
     model: crash_model.State = {}  # the table after writes 1..last_seq
     last_seq, last_offset = 0, 0
-    stats = {"kills": 0, "mid_write": 0, "inflight_landed": 0, "acks": 0}
+    stats = {"kills": 0, "mid_write": 0, "inflight_landed": 0, "acks": 0, "small_buffer": 0,
+             "flushed_by_writer": 0, "replayed": 0}
+    reopened_end = 0  # the log end when the parent last closed the tablet (all rows flushed)
     started = time.monotonic()
     durations: dict[str, list[float]] = {"small": [], "big": []}
     strategies = list(STRATEGIES) * KILLS_PER_STRATEGY
     rnd.shuffle(strategies)
     for cycle, strategy in enumerate(strategies):
-        run = kill_at_random(path, seed, last_seq + 1, strategy, rnd, durations)
+        # the writer's row buffer: small in even cycles; the parent's: small in cycles 2, 3, 6, 7, ...
+        child_buffer = SMALL_BUFFER if cycle % 2 == 0 else None
+        reopen_buffer = SMALL_BUFFER if cycle // 2 % 2 else None
+        run = kill_at_random(path, seed, last_seq + 1, strategy, rnd, durations, child_buffer)
         stats["kills"] += 1
+        stats["small_buffer"] += child_buffer is not None
+        kv_applied, kv_end = rows_applied(path)
+        # the parent closed the tablet with every row flushed; since then only the writer's
+        # flushes (small buffer) can have moved KV_APPLIED, and never past the log end
+        assert reopened_end <= kv_applied <= kv_end, \
+            f"KV_APPLIED {kv_applied} outside [{reopened_end}, {kv_end}]"
+        stats["flushed_by_writer"] += kv_applied > reopened_end
+        stats["replayed"] += kv_applied < kv_end
         seqs = [s for s, _ in run.acks]
         assert seqs == list(range(last_seq + 1, last_seq + 1 + len(seqs))), f"acks out of order: {seqs}"
         offsets = [last_offset] + [o for _, o in run.acks]
@@ -228,11 +263,18 @@ def test_kill9_cycles_keep_acknowledged_writes_and_replay(tmp_path, seed):
         with_inflight = crash_model.apply(model, make_write(seed, last_seq + 1))
         applied = [o for s, o in run.applied if s == last_seq + 1]
         landed = check_reopened(path, seed, last_seq, last_offset, model, with_inflight,
-                                applied[0] if applied else None)
+                                applied[0] if applied else None, reopen_buffer)
         stats["inflight_landed"] += landed
-        print(f"cycle {cycle + 1}/{len(strategies)} ({strategy}): {len(seqs)} acks, last seq {last_seq}, "
-              f"offset {last_offset}, in-flight landed: {landed}", flush=True)
+        reopened_end = rows_applied(path)[1]
+        print(f"cycle {cycle + 1}/{len(strategies)} ({strategy}, buffer {child_buffer or 'default'}"
+              f" then {reopen_buffer or 'default'}): {len(seqs)} acks, last seq {last_seq}, "
+              f"offset {last_offset}, in-flight landed: {landed}, rows flushed up to {kv_applied} of "
+              f"{kv_end}", flush=True)
     medians = {k: f"{statistics.median(v) * 1000:.1f} ms" for k, v in durations.items() if v}
     print(f"crash summary: {stats}, median put/delete time {medians}, {time.monotonic() - started:.1f} s")
     assert stats["kills"] >= 20
     assert stats["acks"] > 0, "the writer never acknowledged a write: nothing was tested"
+    assert stats["small_buffer"] >= 10
+    # both recoveries were exercised: rows flushed by a killed writer, and rows replayed
+    assert stats["flushed_by_writer"] > 0, "no small-buffer writer flushed before its kill"
+    assert stats["replayed"] > 0, "no kill left rows to replay from the changelog"
