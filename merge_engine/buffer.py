@@ -10,11 +10,10 @@ after a crash replays the changelog from there into a fresh buffer. KV state and
 therefore never disagree; on disk the rows may just lag the log.
 
 Rows stay in Arrow form (StateBatch runs, one per put) so the next put takes them without
-decoding. The index is a sorted numpy array of the encoded keys (as big-endian uint64 when they
-fit in 8 bytes, else fixed-width 'S' strings: key encodings are prefix-free, so zero padding
-keeps their order and equality) with each key's row id; ids are global and each run covers a consecutive id range. Lookups may run while a put
-adds to the buffer: the index is replaced as a whole, never changed in place, and a run is
-appended before the index points at it.
+decoding. The index is the sorted keys as a KeyArray (merge_engine/keys.py: numpy values that
+compare like the encoded bytes) with each key's row id; ids are global and each run covers a
+consecutive id range. Lookups may run while a put adds to the buffer: the index is replaced as a
+whole, never changed in place, and a run is appended before the index points at it.
 """
 
 from __future__ import annotations
@@ -23,51 +22,32 @@ from typing import NamedTuple
 
 import numpy as np
 
+from merge_engine.keys import KeyArray
 from merge_engine.state import StateBatch
 
 ABSENT = -2  # the key is not in the buffer: its row, if any, is in RocksDB
 REMOVED = -1  # the key was deleted since the last flush
 
-ENTRY_BYTES = 64  # what one index entry costs beyond its row: search key, bytes object, id
+ENTRY_BYTES = 64  # what one index entry costs beyond its row (key, id, copies during rebuilds)
 COMPACT_MIN_ROWS = 4096
 MAX_RUNS = 256
 
 
 class _Index(NamedTuple):
-    search: np.ndarray  # sorted keys, uint64 or S<width> (see _search_keys)
-    keys: np.ndarray  # the same keys as bytes objects (numpy's S strips trailing zeros)
+    keys: KeyArray | None  # sorted; None while the buffer has never held a key
     ids: np.ndarray  # row id per key, or REMOVED
 
 
-def _search_keys(keys: list[bytes]) -> np.ndarray:
-    """Keys as a numpy array that sorts and compares like the bytes: uint64 when every key fits
-    in 8 bytes (zero padded: several times faster to search), else fixed-width 'S' strings."""
-    if not keys:
-        return np.empty(0, dtype=np.uint64)
-    strings = np.array(keys, dtype=bytes)
-    if strings.dtype.itemsize <= 8:
-        return strings.astype("S8").view(">u8").astype(np.uint64)
-    return strings
-
-
-def _as_strings(a: np.ndarray) -> np.ndarray:
-    return a.astype(">u8").view("S8") if a.dtype == np.uint64 else a
-
-
-def _widen(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Both arrays in one comparable dtype."""
+def _comparable(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both arrays in one dtype: variable-width keys of different longest lengths are widened
+    (zero padding keeps their order, see KeyArray)."""
     if a.dtype == b.dtype:
         return a, b
-    if len(a) == 0:
-        return a.astype(b.dtype), b
-    if len(b) == 0:
-        return a, b.astype(a.dtype)
-    a, b = _as_strings(a), _as_strings(b)
     width = max(a.dtype.itemsize, b.dtype.itemsize)
     return a.astype(f"S{width}", copy=False), b.astype(f"S{width}", copy=False)
 
 
-_EMPTY = _Index(np.empty(0, dtype=np.uint64), np.empty(0, dtype=object), np.empty(0, dtype=np.int64))
+_EMPTY = _Index(None, np.empty(0, dtype=np.int64))
 
 
 class RowBuffer:
@@ -90,12 +70,12 @@ class RowBuffer:
 
     # --- reads ------------------------------------------------------------------------------
 
-    def find(self, keys: list[bytes]) -> np.ndarray:
+    def find(self, keys: KeyArray) -> np.ndarray:
         """Per key its row id, REMOVED, or ABSENT."""
         index = self._index
         found = np.full(len(keys), ABSENT, dtype=np.int64)
-        if len(index.ids) and keys:
-            search, wanted = _widen(index.search, _search_keys(keys))
+        if len(index.ids) and len(keys):
+            search, wanted = _comparable(index.keys.search, keys.search)
             at = np.minimum(np.searchsorted(search, wanted), len(search) - 1)
             hit = search[at] == wanted
             found[hit] = index.ids[at[hit]]
@@ -130,38 +110,42 @@ class RowBuffer:
 
     # --- writes -----------------------------------------------------------------------------
 
-    def add(self, keys: list[bytes], rows: StateBatch | None, removed: list[bytes]) -> None:
+    def add(self, keys: KeyArray, rows: StateBatch | None, removed: KeyArray) -> None:
         """Record a put's changed rows (`keys` aligned with `rows`) and removed keys."""
-        if not keys and not removed:
+        if not len(keys) and not len(removed):
             return
         ids = np.concatenate([np.arange(self._next_id, self._next_id + len(keys)),
                               np.full(len(removed), REMOVED)]).astype(np.int64)
-        if keys:
+        if len(keys):
             # The run is in place before the index points at it: a concurrent lookup that
             # finds an id always finds its run.
             self._bases.append(self._next_id)
             self._runs.append(rows)
             self._next_id += len(keys)
             self._run_bytes += rows.nbytes
-        self._index = self._merged(self._index, keys + removed, ids)
+        self._index = self._merged(self._index, keys, removed, ids)
 
     @staticmethod
-    def _merged(index: _Index, keys: list[bytes], ids: np.ndarray) -> _Index:
-        """`index` with `keys` set to `ids` (new keys inserted in order)."""
-        search = _search_keys(keys)
-        objects = np.empty(len(keys), dtype=object)
-        objects[:] = keys
+    def _merged(index: _Index, keys: KeyArray, removed: KeyArray, ids: np.ndarray) -> _Index:
+        """`index` with `keys` and then `removed` set to `ids` (new keys inserted in order)."""
+        search = np.concatenate(_comparable(keys.search, removed.search))
+        lengths = None if keys.lengths is None else np.concatenate([keys.lengths, removed.lengths])
         if len(search) > 1 and not (search[1:] > search[:-1]).all():
             order = np.argsort(search, kind="stable")
-            search, objects, ids = search[order], objects[order], ids[order]
-        old, search = _widen(index.search, search)
+            search, ids = search[order], ids[order]
+            lengths = None if lengths is None else lengths[order]
+        if index.keys is None:
+            return _Index(KeyArray(search, keys.width, lengths), ids)
+        old, search = _comparable(index.keys.search, search)
         at = np.searchsorted(old, search)
         hit = old[np.minimum(at, max(len(old) - 1, 0))] == search if len(old) else \
             np.zeros(len(search), dtype=bool)
         merged_ids = index.ids.copy()
         merged_ids[at[hit]] = ids[hit]
         new, where = ~hit, at[~hit]
-        return _Index(np.insert(old, where, search[new]), np.insert(index.keys, where, objects[new]),
+        merged_lengths = None if lengths is None else \
+            np.insert(index.keys.lengths, where, lengths[new])
+        return _Index(KeyArray(np.insert(old, where, search[new]), keys.width, merged_lengths),
                       np.insert(merged_ids, where, ids[new]))
 
     def copy(self) -> "RowBuffer":
@@ -191,17 +175,18 @@ class RowBuffer:
             ids[live] = np.arange(len(rows))
             other._bases, other._runs = [0], [rows]
             other._next_id, other._run_bytes = len(rows), rows.nbytes
-        other._index = _Index(index.search, index.keys, ids)
+        other._index = _Index(index.keys, ids)
         return other
 
-    def drain(self) -> tuple[list[bytes], StateBatch | None, list[bytes]]:
-        """(live keys in key order, their rows, removed keys): what a flush writes."""
+    def drain(self) -> tuple[KeyArray | None, StateBatch | None, KeyArray | None]:
+        """(live keys in key order, their rows, removed keys): what a flush writes (None
+        for a buffer that never held a key)."""
         index = self._index
+        if index.keys is None:
+            return None, None, None
         live = index.ids >= 0
-        removed = index.keys[~live].tolist()
-        if not live.any():
-            return [], None, removed
-        return index.keys[live].tolist(), self.states(index.ids[live]), removed
+        rows = self.states(index.ids[live]) if live.any() else None
+        return index.keys.take(live), rows, index.keys.take(~live)
 
     def __repr__(self) -> str:
         return f"RowBuffer({len(self)} keys, {len(self._runs)} runs, ~{self.size_bytes} bytes)"

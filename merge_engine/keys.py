@@ -72,7 +72,77 @@ def rows_as_bytes(matrix: np.ndarray) -> list[bytes]:
     return [flat[i:i + width] for i in range(0, len(flat), width)]
 
 
-def group_keys(key_columns: list[pa.Array]):
+class KeyArray:
+    """Encoded keys as one numpy array that sorts and compares like the bytes themselves.
+
+    Why: a bucket searches, sorts and merges a put's keys against its row buffer, and Python
+    bytes objects cost more to make than all of that. Fixed-width keys of up to 8 bytes are
+    big-endian uint64 (zero padded at the end), wider ones 'S<width>'; variable-width keys
+    (with a string or binary column) are 'S<longest>' strings plus their lengths: numpy pads
+    with zeros, which keeps order and equality because the encoding is prefix-free, and the
+    lengths restore keys that end in zero bytes. Bytes objects are made only where RocksDB
+    needs them (`to_list`).
+    """
+
+    __slots__ = ("search", "width", "lengths")
+
+    def __init__(self, search: np.ndarray, width: int | None, lengths: np.ndarray | None = None):
+        self.search = search
+        self.width = width  # bytes per key, or None for variable-width keys
+        self.lengths = lengths  # bytes per key when variable-width
+
+    @classmethod
+    def from_matrix(cls, matrix: np.ndarray) -> "KeyArray":
+        """Fixed-width keys given as an (n, width) byte matrix."""
+        n, width = matrix.shape
+        if width <= 8:
+            padded = np.zeros((n, 8), dtype=np.uint8)
+            padded[:, :width] = matrix
+            return cls(padded.view(">u8").ravel().astype(np.uint64), width)
+        return cls(np.ascontiguousarray(matrix).view(f"S{width}").ravel(), width)
+
+    @classmethod
+    def from_bytes(cls, keys: list[bytes]) -> "KeyArray":
+        """Variable-width keys given as bytes."""
+        lengths = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
+        return cls(np.array(keys, dtype=bytes) if keys else np.empty(0, dtype="S1"), None, lengths)
+
+    @classmethod
+    def empty_like(cls, other: "KeyArray") -> "KeyArray":
+        return other.take(np.zeros(0, dtype=np.int64))
+
+    def __len__(self) -> int:
+        return len(self.search)
+
+    def take(self, index) -> "KeyArray":
+        lengths = None if self.lengths is None else self.lengths[index]
+        return KeyArray(self.search[index], self.width, lengths)
+
+    def to_list(self) -> list[bytes]:
+        """The keys as bytes objects, exactly as encoded."""
+        if self.width is None:
+            size = self.search.dtype.itemsize
+            flat = self.search.tobytes()
+            return [flat[i * size:i * size + n] for i, n in enumerate(self.lengths.tolist())]
+        if self.search.dtype == np.uint64:
+            matrix = self.search.astype(">u8").view(np.uint8).reshape(-1, 8)[:, :self.width]
+        else:
+            matrix = self.search.view(np.uint8).reshape(-1, self.width)
+        return rows_as_bytes(matrix)
+
+    def __repr__(self) -> str:
+        return f"KeyArray({len(self)} keys, width {self.width})"
+
+
+def key_array(key_columns: list[pa.Array]) -> KeyArray:
+    """The encoded keys of these primary-key columns (no nulls allowed)."""
+    matrix = key_matrix(key_columns)
+    if matrix is not None:
+        return KeyArray.from_matrix(matrix)
+    return KeyArray.from_bytes(encode_keys(key_columns))
+
+
+def group_keys(key_columns: list[pa.Array]) -> tuple[KeyArray, np.ndarray, np.ndarray]:
     """(distinct encoded keys in key order, each row's group id, each group's first row).
 
     Fixed-width keys are grouped with one numpy sort, without making a bytes object per row;
@@ -80,15 +150,11 @@ def group_keys(key_columns: list[pa.Array]):
     """
     matrix = key_matrix(key_columns)
     if matrix is not None:
-        width = matrix.shape[1]
-        if width <= 8:
-            padded = np.zeros((len(matrix), 8), dtype=np.uint8)
-            padded[:, :width] = matrix
-            sortable = padded.view(">u8").ravel().astype(np.uint64)
-        else:
-            sortable = np.ascontiguousarray(matrix).view(np.dtype((np.void, width))).ravel()
+        keys = KeyArray.from_matrix(matrix)
+        search = keys.search
+        sortable = search if search.dtype == np.uint64 else search.view(np.dtype((np.void, keys.width)))
         _, firsts, group_ids = np.unique(sortable, return_index=True, return_inverse=True)
-        return rows_as_bytes(matrix[firsts]), group_ids.astype(np.int64).ravel(), firsts
+        return keys.take(firsts), group_ids.astype(np.int64).ravel(), firsts
     encoded = pa.array(encode_keys(key_columns), type=pa.binary()).dictionary_encode()
     order = pc.sort_indices(encoded.dictionary).to_numpy()
     rank = np.empty(len(order), dtype=np.int64)
@@ -98,7 +164,7 @@ def group_keys(key_columns: list[pa.Array]):
     # Assigning in reverse leaves each group's smallest row index (numpy applies repeated
     # fancy-index assignments in order).
     firsts[group_ids[::-1]] = np.arange(len(group_ids) - 1, -1, -1)
-    return encoded.dictionary.take(pa.array(order)).to_pylist(), group_ids, firsts
+    return KeyArray.from_bytes(encoded.dictionary.take(pa.array(order)).to_pylist()), group_ids, firsts
 
 
 def encode_keys(key_columns: list[pa.Array]) -> list[bytes]:

@@ -15,6 +15,7 @@ import numpy as np
 from rocksdict import WriteBatch
 
 from merge_engine.buffer import ABSENT, ENTRY_BYTES, REMOVED, RowBuffer
+from merge_engine.keys import KeyArray
 from merge_engine.rowcodec import RowCodec
 from merge_engine.state import StateBatch
 from merge_engine.storage import KV_APPLIED, ROW, TabletStore
@@ -37,14 +38,14 @@ class BucketRows:
 
     # --- reads ------------------------------------------------------------------------------
 
-    def current(self, keys: list[bytes],
+    def current(self, keys: KeyArray,
                 empty_rows: Callable[[np.ndarray], StateBatch]) -> tuple[StateBatch, np.ndarray]:
         """Each key's current row (`empty_rows(positions)` for keys without one) and whether it
         exists. Buffered rows are taken as Arrow; the rest come from one RocksDB multi-get."""
         buffer = self._buffer
         ids = buffer.find(keys)
         unknown = np.nonzero(ids == ABSENT)[0]
-        stored = self._store.get_rows([keys[i] for i in unknown.tolist()])
+        stored = self._store.get_rows(keys.take(unknown).to_list())
         found = np.fromiter((v is not None for v in stored), dtype=bool, count=len(stored))
         present = ids >= 0
         present[unknown[found]] = True
@@ -70,21 +71,21 @@ class BucketRows:
             state = state.take(where)
         return state, present
 
-    def lookup(self, key: bytes) -> StateBatch | None:
-        """One key's row, or None."""
+    def lookup(self, key: KeyArray) -> StateBatch | None:
+        """One key's row (`key` holds one key), or None."""
         buffer = self._buffer  # one buffer for the whole read: a flush replaces it
-        found = buffer.find([key])[0]
+        found = buffer.find(key)[0]
         if found == REMOVED:
             return None
         if found >= 0:
             return buffer.states(np.array([found]))
-        stored = self._store.get_rows([key])[0]
+        stored = self._store.get_rows(key.to_list())[0]
         return None if stored is None else self._codec.decode([stored])
 
     # --- writes -----------------------------------------------------------------------------
 
-    def commit(self, batch: WriteBatch, applied: int, keys: list[bytes], rows: StateBatch | None,
-               removed: list[bytes], log_bytes: int) -> None:
+    def commit(self, batch: WriteBatch, applied: int, keys: KeyArray, rows: StateBatch | None,
+               removed: KeyArray, log_bytes: int) -> None:
         """Commit `batch` (a write's changelog of `log_bytes` and its offsets) and record its
         changed rows (`keys` aligned with `rows`) and removed keys. If that would outgrow the
         buffer, or leave more changelog than REPLAY_FACTOR buffers to replay after a crash, every
@@ -119,7 +120,7 @@ class BucketRows:
         buffer existed wrote rows with every put: for them it is the log end)."""
         return self._store.get_int(KV_APPLIED, log_end)
 
-    def replay(self, changes: Iterable[tuple[list[bytes], StateBatch, list[bytes]]],
+    def replay(self, changes: Iterable[tuple[KeyArray, StateBatch, KeyArray]],
                log_end: int) -> None:
         """Rebuild the buffer from changelog changes past the last flush, oldest first: per
         write, (upserted keys, their after-images, removed keys). Then flush."""
@@ -131,12 +132,13 @@ class BucketRows:
 
     def _write(self, batch: WriteBatch, buffer: RowBuffer, applied: int) -> None:
         keys, rows, removed = buffer.drain()
-        if keys:
+        if rows is not None:
             put = batch.put
-            for key, value in zip(keys, self._codec.encode(rows)):
+            for key, value in zip(keys.to_list(), self._codec.encode(rows)):
                 put(ROW + key, value)
-        for key in removed:
-            batch.delete(ROW + key)
+        if removed is not None:
+            for key in removed.to_list():
+                batch.delete(ROW + key)
         TabletStore.put_int(batch, KV_APPLIED, applied)
 
     @staticmethod

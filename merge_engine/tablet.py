@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from merge_engine import changelog as log
 from merge_engine.descriptor import KV_SYNC, TableDescriptor
 from merge_engine.input import WriteInput, prepare_write
-from merge_engine.keys import encode_keys, group_keys
+from merge_engine.keys import KeyArray, group_keys, key_array
 from merge_engine.mergers import AggregateRowMerger, DeleteMerger, OverwriteRowMerger
 from merge_engine.modes import DeleteBehavior, MergeMode
 from merge_engine.rowcodec import RowCodec
@@ -110,7 +110,7 @@ class KvTablet:
                                   allow_unwritten=mode is MergeMode.OVERWRITE,
                                   allow_retractions=mode is not MergeMode.OVERWRITE)
             if write.rows == 0:
-                return self._commit([], None, None, np.zeros(0, dtype=np.int8), writer)
+                return self._commit(None, None, None, None, writer)
             keys, group_ids, firsts = self._group(write)
             before, present = self._load(keys, write, firsts)
             merger = self._overwrite if mode is MergeMode.OVERWRITE else self._engine
@@ -140,7 +140,7 @@ class KvTablet:
             write = prepare_write(keys, self.schema, self.aggregators, target_columns,
                                   keys_only=True)
             if behavior is DeleteBehavior.IGNORE or write.rows == 0:
-                return self._commit([], None, None, np.zeros(0, dtype=np.int8), writer)
+                return self._commit(None, None, None, None, writer)
             unique, _, firsts = self._group(write)
             before, present = self._load(unique, write, firsts)
             after, removed = self._deletes.delete(before, write.target)
@@ -178,7 +178,7 @@ class KvTablet:
         memtable inserts sequential, which is several times faster than random order."""
         return group_keys(write.key_columns(self.schema))
 
-    def _load(self, keys: list[bytes], write: WriteInput, firsts: np.ndarray):
+    def _load(self, keys: KeyArray, write: WriteInput, firsts: np.ndarray):
         """The current state of each key (an empty row for new keys), and whether it exists."""
         return self._rows.current(keys, lambda new: self._empty_rows(write, firsts[new]))
 
@@ -194,13 +194,14 @@ class KvTablet:
         written[:, sorted(self.key_positions)] = True
         return StateBatch(columns, written, np.zeros(written.shape, dtype=np.int64))
 
-    def _commit(self, keys, before, after, outcome, writer) -> int:
+    def _commit(self, keys: KeyArray | None, before, after, outcome, writer) -> int:
         """One atomic RocksDB write: the changelog records, offsets and writer sequence (and
-        every buffered row when the buffer is full); then the changed rows join the buffer."""
+        every buffered row when the buffer is full); then the changed rows join the buffer.
+        `keys` None: the write changes no row (only the writer's sequence is recorded)."""
         batch = self._store.new_batch()
         end, data = self._end, b""
-        records = log.build_records(self.arrow_schema, self.value_positions, self.counted,
-                                    before, after, outcome) if len(keys) else None
+        records = None if keys is None else log.build_records(
+            self.arrow_schema, self.value_positions, self.counted, before, after, outcome)
         if records is not None:
             data = log.serialize(records)
             TabletStore.put_log_entry(batch, end, data, int(time.time() * 1000))
@@ -208,12 +209,15 @@ class KvTablet:
             TabletStore.put_int(batch, END_OFFSET, end)
         if writer is not None:
             TabletStore.put_writer(batch, writer[0], writer[1], end)
+        if records is None:
+            if not batch.is_empty():
+                self._store.commit(batch)
+            return end
         changed = np.nonzero((outcome == log.INSERTED) | (outcome == log.UPDATED))[0]
         rows = None if not len(changed) else after if len(changed) == len(after) \
             else after.take(changed)
-        self._rows.commit(batch, end, [keys[i] for i in changed.tolist()], rows,
-                          [keys[i] for i in np.nonzero(outcome == log.REMOVED)[0].tolist()],
-                          len(data))
+        self._rows.commit(batch, end, keys.take(changed), rows,
+                          keys.take(np.nonzero(outcome == log.REMOVED)[0]), len(data))
         self._end = end
         return end
 
@@ -235,15 +239,15 @@ class KvTablet:
         self._rows.replay(map(self._row_changes, self.iter_changelog(applied, self._end)),
                           self._end)
 
-    def _row_changes(self, records: pa.Table) -> tuple[list[bytes], StateBatch, list[bytes]]:
+    def _row_changes(self, records: pa.Table) -> tuple[KeyArray, StateBatch, KeyArray]:
         """(upserted keys, their after-images, removed keys) of one write's records."""
         images = records.filter(pc.is_in(records.column(log.CHANGE_TYPE), _IMAGE_TYPES))
-        keys = encode_keys([images.column(k).combine_chunks() for k in self.schema.primary_key])
+        keys = key_array([images.column(k).combine_chunks() for k in self.schema.primary_key])
         deleted = pc.equal(images.column(log.CHANGE_TYPE), log.DELETE).to_numpy(
             zero_copy_only=False)
         kept = np.nonzero(~deleted)[0]
-        return ([keys[i] for i in kept.tolist()], self.records_to_state(images).take(kept),
-                [keys[i] for i in np.nonzero(deleted)[0].tolist()])
+        return (keys.take(kept), self.records_to_state(images).take(kept),
+                keys.take(np.nonzero(deleted)[0]))
 
     # --- reads ------------------------------------------------------------------------------
 
@@ -253,7 +257,7 @@ class KvTablet:
         if not isinstance(key, dict):
             raise InvalidInputError(f"lookup takes a dict of the primary key columns, got {key!r}")
         write = prepare_write([key], self.schema, self.aggregators, keys_only=True)
-        state = self._rows.lookup(encode_keys(write.key_columns(self.schema))[0])
+        state = self._rows.lookup(key_array(write.key_columns(self.schema)))
         return None if state is None else state.to_table(self.schema.names).to_pylist()[0]
 
     def to_arrow(self) -> pa.Table:

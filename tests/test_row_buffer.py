@@ -16,16 +16,17 @@ from hypothesis import strategies as st
 from aggfuncs import AggFunction
 from merge_engine import KvTablet, Schema, TableDescriptor
 from merge_engine.buffer import ABSENT, REMOVED, RowBuffer
-from merge_engine.keys import encode_keys
+from merge_engine.keys import KeyArray, encode_keys, group_keys, key_array
 from merge_engine.state import StateBatch
 
 STRINGS = st.text(alphabet=st.sampled_from(["a", "b", "\x00", "é", "z"]), max_size=12)
 INTS = st.integers(-2**63, 2**63 - 1)
 
 
-def encoded(values: list) -> list[bytes]:
-    kind = pa.string() if values and isinstance(values[0], str) else pa.int64()
-    return encode_keys([pa.array(values, type=kind)])
+def encoded(values: list, kind: pa.DataType | None = None) -> KeyArray:
+    """The real encoding of int64 or string key values (`kind`: their type, else guessed)."""
+    kind = kind or (pa.string() if values and isinstance(values[0], str) else pa.int64())
+    return key_array([pa.array(values, type=kind)])
 
 
 def rows(values: list[int]) -> StateBatch:
@@ -36,16 +37,20 @@ def rows(values: list[int]) -> StateBatch:
 @st.composite
 def writes(draw):
     """A sequence of writes: (upserted keys, removed keys) over one key type."""
-    pool = draw(st.lists(STRINGS, min_size=1, max_size=20, unique=True) if draw(st.booleans())
-                else st.lists(INTS, min_size=1, max_size=20, unique=True))
-    keys = encoded(pool)
+    strings = draw(st.booleans())
+    pool = draw(st.lists(STRINGS if strings else INTS, min_size=1, max_size=20, unique=True))
+    kind = pa.string() if strings else pa.int64()
     steps = []
     for _ in range(draw(st.integers(1, 12))):
-        chosen = draw(st.lists(st.sampled_from(keys), max_size=len(keys), unique=True))
+        chosen = draw(st.lists(st.sampled_from(pool), max_size=len(pool), unique=True))
         cut = draw(st.integers(0, len(chosen)))
-        steps.append((sorted(chosen[:cut]), sorted(chosen[cut:]),
+        # puts hand the buffer their keys in key order; removed keys come in any order
+        upserts = encoded(chosen[:cut], kind)
+        upserts = upserts.take(np.argsort(upserts.to_list(), kind="stable")) if len(upserts) \
+            else upserts
+        steps.append((upserts, encoded(chosen[cut:], kind),
                       draw(st.sampled_from(["none", "compact", "copy"]))))
-    return keys, steps
+    return encoded(pool, kind), steps
 
 
 @settings(max_examples=150, deadline=None)
@@ -56,37 +61,41 @@ def test_buffer_matches_a_dict(case):
     for upserts, removed, then in steps:
         values = list(range(serial, serial + len(upserts)))
         serial += len(upserts)
-        buffer.add(upserts, rows(values) if upserts else None, removed)
-        model.update(zip(upserts, values))
-        model.update((k, None) for k in removed)
+        buffer.add(upserts, rows(values) if len(upserts) else None, removed)
+        model.update(zip(upserts.to_list(), values))
+        model.update((k, None) for k in removed.to_list())
         if then == "compact":
             buffer = buffer.compacted()
         elif then == "copy":
             buffer = buffer.copy()
         found = buffer.find(keys)
-        for key, got in zip(keys, found.tolist()):
+        for key, got in zip(keys.to_list(), found.tolist()):
             expected = model.get(key, ABSENT)
             assert (got == ABSENT) == (expected is ABSENT)
             assert (got == REMOVED) == (expected is None)
         live = [i for i, g in enumerate(found.tolist()) if g >= 0]
         if live:
             got = buffer.states(found[live]).columns[0].to_pylist()
-            assert got == [model[keys[i]] for i in live]
+            assert got == [model[keys.to_list()[i]] for i in live]
     drained_keys, drained_rows, drained_removed = buffer.drain()
-    assert drained_keys == sorted(k for k, v in model.items() if v is not None)
-    assert sorted(drained_removed) == sorted(k for k, v in model.items() if v is None)
-    if drained_keys:
-        assert drained_rows.columns[0].to_pylist() == [model[k] for k in drained_keys]
+    if not model:
+        assert drained_keys is None and drained_rows is None
+        return
+    assert drained_keys.to_list() == sorted(k for k, v in model.items() if v is not None)
+    assert sorted(drained_removed.to_list()) == sorted(k for k, v in model.items() if v is None)
+    if len(drained_keys):
+        assert drained_rows.columns[0].to_pylist() == [model[k] for k in drained_keys.to_list()]
 
 
 def test_a_copy_does_not_change_when_the_original_grows():
     keys = encoded([1, 2, 3])
+    none = KeyArray.empty_like(keys)
     first = RowBuffer()
-    first.add(keys[:2], rows([10, 20]), [])
+    first.add(keys.take(slice(0, 2)), rows([10, 20]), none)
     second = first.copy()
-    first.add(keys[1:], rows([21, 30]), [keys[0]])
+    first.add(keys.take(slice(1, 3)), rows([21, 30]), keys.take(slice(0, 1)))
     assert second.find(keys).tolist()[2] == ABSENT
-    assert second.states(second.find(keys[:2])).columns[0].to_pylist() == [10, 20]
+    assert second.states(second.find(keys.take(slice(0, 2)))).columns[0].to_pylist() == [10, 20]
 
 
 def _hot_key_tablet(path, buffer_size: str) -> KvTablet:
@@ -121,3 +130,38 @@ def test_a_buffer_that_is_never_flushed_keeps_reads_exact(tmp_path):
         assert tablet.lookup({"id": 7}) == {"id": 7, "n": sum(range(50))}
         assert tablet.to_arrow().column("n").to_pylist() == [sum(range(50))] * 20
         assert tablet._rows.applied_offset(tablet.log_end_offset) == tablet.log_end_offset
+
+
+KEY_SHAPES = {  # key columns of each shape: fixed <= 8 bytes, fixed > 8, variable width
+    "int32": [pa.int32()],
+    "int64+int64": [pa.int64(), pa.int64()],
+    "string+int64": [pa.string(), pa.int64()],  # variable width, may end in zero bytes
+}
+
+
+@st.composite
+def key_columns(draw):
+    types = KEY_SHAPES[draw(st.sampled_from(sorted(KEY_SHAPES)))]
+    n = draw(st.integers(0, 30))
+    values = {pa.int32(): st.integers(-2**31, 2**31 - 1), pa.int64(): st.sampled_from(
+        [0, 1, 256, -256, 2**40, -1]) | INTS, pa.string(): STRINGS}
+    return [pa.array(draw(st.lists(values[t], min_size=n, max_size=n)), type=t) for t in types]
+
+
+@settings(max_examples=200, deadline=None)
+@given(key_columns())
+def test_key_arrays_are_the_encoded_bytes_and_sort_like_them(columns):
+    """KeyArray keeps every key's exact bytes (also keys ending in zero bytes) and its numpy
+    values compare like the bytes: the buffer's index relies on both."""
+    keys = key_array(columns)
+    encoded_bytes = encode_keys(columns)
+    assert keys.to_list() == encoded_bytes
+    order = np.argsort(keys.search, kind="stable")
+    assert [encoded_bytes[i] for i in order] == sorted(encoded_bytes)
+    for i in range(len(keys)):
+        for j in range(len(keys)):
+            assert (keys.search[i] == keys.search[j]) == (encoded_bytes[i] == encoded_bytes[j])
+    grouped, group_ids, firsts = group_keys(columns)
+    assert grouped.to_list() == sorted(set(encoded_bytes))
+    assert [grouped.to_list()[g] for g in group_ids] == encoded_bytes
+    assert [encoded_bytes[f] for f in firsts] == grouped.to_list()
