@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from merge_engine import changelog as log
+from merge_engine.allocator import use_bucket_allocator
 from merge_engine.descriptor import KV_SYNC, TableDescriptor
 from merge_engine.input import WriteInput, prepare_write
 from merge_engine.keys import KeyArray, group_keys, key_array
@@ -69,6 +70,7 @@ class KvTablet:
         """Open (or create) the bucket at `path`; its schema must match the one it was made with."""
         if not descriptor.schema.primary_key:
             raise StorageError("A KvTablet needs a primary-key table")
+        use_bucket_allocator()
         store = TabletStore(str(path), sync=descriptor.bool_option(KV_SYNC))
         saved = store.get_bytes(DESCRIPTOR)
         if saved is None:
