@@ -5,7 +5,8 @@ Cases (issue 2, section 6), both with the four-column workload of bench/workload
   (b) `rows` unique keys: target >= 1.2x.
 Each measurement (engine run, naive run, verification) is a fresh process. Both sides of a case
 write the same generated data; then the two results are compared on sampled keys. A last engine
-run on a table `rss_scale` times larger than (b) shows whether peak RSS grows with table size.
+runs on tables `rss_scales` times larger than (b) show whether peak RSS grows with table size:
+it rises while the row buffer and RocksDB's memtables fill, then stays flat.
 
 `run()` returns a list of dicts; `format_text()` renders them (bench/markdown.py and
 bench/charts.py make the report's table and plot).
@@ -105,41 +106,45 @@ def run_case(case: str, workload: Workload, workdir: Path, repeat: int, samples:
     }
 
 
-def run_rss(unique: dict, workload: Workload, scale: int, workdir: Path, progress: Progress) -> dict:
-    """Peak RSS of the engine at two table sizes: case (b)'s and `scale` times larger."""
-    larger = Workload(rows=workload.rows * scale, keys=None, batch=workload.batch, seed=workload.seed)
-    path = workdir / "engine-rss"
-    result = _measure("engine", path, larger, progress, f"(b x{scale}) {larger.label}")
-    shutil.rmtree(path, ignore_errors=True)
+def run_rss(unique: dict, workload: Workload, scales: tuple[int, ...], workdir: Path,
+            progress: Progress) -> dict:
+    """Peak RSS of the engine at case (b)'s table size and at `scales` times that size."""
+    sizes = [{"table_rows": workload.rows, "peak_rss_mb": unique["engine_peak_rss_mb"]}]
+    for scale in scales:
+        larger = Workload(rows=workload.rows * scale, keys=None, batch=workload.batch,
+                          seed=workload.seed)
+        path = workdir / "engine-rss"
+        result = _measure("engine", path, larger, progress, f"(b x{scale}) {larger.label}")
+        shutil.rmtree(path, ignore_errors=True)
+        sizes.append({"table_rows": larger.rows, "peak_rss_mb": result["peak_rss_mb"],
+                      "rows_per_s": result["rows_per_s"]})
     progress.step("baseline: interpreter + pyarrow + engine code + one batch")
     baseline = run_job("baseline", {"workload": _workload_args(workload)})["peak_rss_bytes"] / MB
     progress.done(f"peak RSS {baseline:.0f} MB")
-    small, large = unique["engine_peak_rss_mb"], result["peak_rss_mb"]
     return {
         "kind": "rss",
         "baseline_mb": baseline,
-        "sizes": [
-            {"table_rows": workload.rows, "peak_rss_mb": small},
-            {"table_rows": larger.rows, "peak_rss_mb": large, "rows_per_s": result["rows_per_s"]},
-        ],
-        "growth": large / small - 1.0,
+        "sizes": sizes,
+        # between the two largest tables: what more rows cost once buffers are full
+        "growth": sizes[-1]["peak_rss_mb"] / sizes[-2]["peak_rss_mb"] - 1.0,
     }
 
 
 def run(rows: int = 1_000_000, keys: int = 100_000, batch: int = 100_000, seed: int = 42,
-        repeat: int = 1, samples: int = 1000, rss_scale: int = 4, workdir: str | None = None,
-        progress: Progress | None = None) -> list[dict]:
+        repeat: int = 1, samples: int = 1000, rss_scales: tuple[int, ...] = (4, 8),
+        workdir: str | None = None, progress: Progress | None = None) -> list[dict]:
     """Run the whole ingest benchmark; return one dict per case plus one for peak RSS."""
-    steps = 2 * repeat * 3 + (2 if rss_scale > 1 else 0)
+    steps = 2 * repeat * 3 + (len(rss_scales) + 1 if rss_scales else 0)
     progress = progress or Progress(steps)
     base = Path(tempfile.mkdtemp(prefix="tally-bench-", dir=workdir))
     try:
         results = []
         for case, workload in cases(rows, keys, batch, seed):
             results.append(run_case(case, workload, base, repeat, samples, progress))
-        if rss_scale > 1:
+        if rss_scales:
             unique = next(r for r in results if r["case"] == "b")
-            results.append(run_rss(unique, cases(rows, keys, batch, seed)[1][1], rss_scale, base, progress))
+            results.append(run_rss(unique, cases(rows, keys, batch, seed)[1][1], tuple(rss_scales),
+                                   base, progress))
         return results
     finally:
         shutil.rmtree(base, ignore_errors=True)
@@ -174,13 +179,12 @@ def table_rows(results: list[dict]) -> list[list[str]]:
 def rss_line(results: list[dict]) -> str | None:
     for r in results:
         if r["kind"] == "rss":
-            small, large = r["sizes"]
+            sizes = ", ".join(f"{s['table_rows']:,} keys {s['peak_rss_mb']:,.0f} MB"
+                              for s in r["sizes"])
             return (
-                f"engine peak RSS by table size: {small['table_rows']:,} keys "
-                f"{small['peak_rss_mb']:,.0f} MB, {large['table_rows']:,} keys "
-                f"{large['peak_rss_mb']:,.0f} MB ({r['growth']:+.0%}); baseline before any put "
-                f"{r['baseline_mb']:,.0f} MB; put at the larger size: "
-                f"{large['rows_per_s']:,.0f} rows/s"
+                f"engine peak RSS by table size: {sizes} ({r['growth']:+.0%} between the two "
+                f"largest); baseline before any put {r['baseline_mb']:,.0f} MB; put at the "
+                f"largest size: {r['sizes'][-1]['rows_per_s']:,.0f} rows/s"
             )
     return None
 

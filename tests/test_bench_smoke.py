@@ -25,8 +25,8 @@ def test_workload_is_deterministic_and_shaped():
 
 
 def test_ingest_bench_small_run_verifies(tmp_path):
-    results = ingest.run(rows=20_000, keys=2_000, batch=5_000, samples=300, rss_scale=2,
-                         workdir=str(tmp_path), progress=Progress(8, stream=None))
+    results = ingest.run(rows=20_000, keys=2_000, batch=5_000, samples=300, rss_scales=(2, 4),
+                         workdir=str(tmp_path), progress=Progress(9, stream=None))
     throughput = [r for r in results if r["kind"] == "throughput"]
     assert [r["case"] for r in throughput] == ["a", "b"]
     for r in throughput:
@@ -36,7 +36,7 @@ def test_ingest_bench_small_run_verifies(tmp_path):
         assert r["engine_peak_rss_mb"] > 0
     assert throughput[1]["keys"] == 20_000
     rss = next(r for r in results if r["kind"] == "rss")
-    assert [s["table_rows"] for s in rss["sizes"]] == [20_000, 40_000]
+    assert [s["table_rows"] for s in rss["sizes"]] == [20_000, 40_000, 80_000]
     assert 0 < rss["baseline_mb"] <= rss["sizes"][0]["peak_rss_mb"]
     text = ingest.format_text(results)
     assert "(a) 20,000 rows over 2,000 keys" in text and "peak RSS" in text
