@@ -27,6 +27,8 @@ def _save(fig, path: Path) -> Path:
 
 
 def _label_bars(ax, bars, texts: list[str]) -> None:
+    ax.margins(y=0.12)  # room above the tallest bar for its label
+    ax.yaxis.set_major_formatter(lambda value, _: f"{value:,.0f}")  # no "1e6" offset
     for bar, text in zip(bars, texts):
         ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                     ha="center", va="bottom", fontsize=8, xytext=(0, 2),
