@@ -107,10 +107,6 @@ class KeyArray:
         lengths = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
         return cls(np.array(keys, dtype=bytes) if keys else np.empty(0, dtype="S1"), None, lengths)
 
-    @classmethod
-    def empty_like(cls, other: "KeyArray") -> "KeyArray":
-        return other.take(np.zeros(0, dtype=np.int64))
-
     def __len__(self) -> int:
         return len(self.search)
 
