@@ -73,6 +73,7 @@ def undo(results: list[dict]) -> str:
 
 def spark(result: dict) -> str:
     rows = [[leg["system"], f"{leg['rows_per_s']:,.0f}", f"{leg['seconds']:.1f}",
+             " / ".join(f"{s:.1f}" for s in leg["round_seconds"]),
              "yes" if leg["verified"] else "NO"] for leg in result["legs"]]
     ratios = ", ".join(f"Tally / {system}: **{ratio:.2f}x**"
                        for system, ratio in result["tally_over"].items())
@@ -80,7 +81,8 @@ def spark(result: dict) -> str:
     pg = result["tally_over"].get("postgresql", 0.0)
     return "\n\n".join([
         f"{result['rows']:,} source rows over {result['keys']:,} keys in "
-        f"{result['micro_batches']} micro-batches (sum per key).",
-        table(["sink", "rows/s", "seconds", "verified"], rows),
+        f"{result['micro_batches']} micro-batches (sum per key); after an untimed warm-up "
+        f"round, {result['rounds']} timed rounds in rotated leg order, each leg's median counts.",
+        table(["sink", "rows/s", "median seconds", "rounds (s)", "verified"], rows),
         f"{ratios}. Target >= {target:g}x PostgreSQL: {_mark(pg >= target)}.",
     ])

@@ -27,6 +27,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import statistics
 import tempfile
 import time
 
@@ -227,18 +228,37 @@ def run_paimon(spark, source, per_batch, work, buckets, expected) -> dict:
     return {"system": "pypaimon", "seconds": seconds, "verified": got == expected}
 
 
-def legs_of(spark, source, per_batch, work, buckets, expected) -> list[dict]:
+LEGS = {  # system -> leg(spark, source, per_batch, work, buckets, expected)
+    "tally": run_tally,
+    "postgresql": lambda spark, source, per_batch, work, _buckets, expected:
+        run_postgres(spark, source, per_batch, work, expected),
+    "pypaimon": run_paimon,
+}
+
+
+def run_leg(system: str, spark, source, per_batch, work, buckets, expected) -> dict:
     os.makedirs(work, exist_ok=True)
-    return [run_tally(spark, source, per_batch, work, buckets, expected),
-            run_postgres(spark, source, per_batch, work, expected),
-            run_paimon(spark, source, per_batch, work, buckets, expected)]
+    return LEGS[system](spark, source, per_batch, work, buckets, expected)
+
+
+def rotated(round_number: int) -> list[str]:
+    """The legs' order in a round: each round starts one leg later, so over the rounds no leg
+    always runs first (right after the warm-up, when the JVM is least warm) or last."""
+    names = list(LEGS)
+    shift = round_number % len(names)
+    return names[shift:] + names[:shift]
 
 
 # --- driver ----------------------------------------------------------------------------------
 
 def run(rows: int = 800_000, keys: int = 20_000, files: int = 8, per_batch: int = 2,
-        buckets: int = 4, seed: int = 7, master: str = "local[2]") -> dict:
-    """Run the three legs in one SparkSession; rows/s and ratios (Tally over the others)."""
+        buckets: int = 4, seed: int = 7, master: str = "local[2]", rounds: int = 3) -> dict:
+    """Run the three legs in one SparkSession; rows/s and ratios (Tally over the others).
+
+    One untimed warm-up round at full size (Spark's JIT keeps speeding up well past a small
+    job: a leg's first full-size run was measured up to 40% slower than its second), then
+    `rounds` timed rounds in rotated leg order; each leg counts its median round.
+    """
     ensure_python_packages()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -248,17 +268,27 @@ def run(rows: int = 800_000, keys: int = 20_000, files: int = 8, per_batch: int 
              .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
+    runs: dict[str, list[dict]] = {name: [] for name in LEGS}
     try:
-        # Warm-up: every leg once on a small source, so no leg pays the JVM's and the Python
-        # workers' first-use costs in its timed run.
-        small = make_source(os.path.join(work, "warm"), 4_000, 500, 2, seed)
-        legs_of(spark, os.path.join(work, "warm"), 1, os.path.join(work, "w"), buckets, small)
-        expected = make_source(os.path.join(work, "source"), rows, keys, files, seed)
-        legs = legs_of(spark, os.path.join(work, "source"), per_batch, os.path.join(work, "m"),
-                       buckets, expected)
+        source = os.path.join(work, "source")
+        expected = make_source(source, rows, keys, files, seed)
+        for name in LEGS:  # warm-up, untimed
+            run_leg(name, spark, source, per_batch, os.path.join(work, f"w-{name}"), buckets,
+                    expected)
+        for round_number in range(rounds):
+            for name in rotated(round_number):
+                runs[name].append(run_leg(name, spark, source, per_batch,
+                                          os.path.join(work, f"r{round_number}-{name}"),
+                                          buckets, expected))
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
+    legs = []
+    for name, done in runs.items():
+        seconds = sorted(r["seconds"] for r in done)
+        legs.append({"system": name, "seconds": statistics.median(seconds),
+                     "round_seconds": [r["seconds"] for r in done],
+                     "verified": all(r["verified"] for r in done)})
     total = (rows // files) * files
     for leg in legs:
         leg["rows"] = total
@@ -266,16 +296,18 @@ def run(rows: int = 800_000, keys: int = 20_000, files: int = 8, per_batch: int 
     tally = legs[0]["rows_per_s"]
     ratios = {leg["system"]: tally / leg["rows_per_s"] for leg in legs[1:]}
     return {"benchmark": "spark", "rows": total, "keys": keys, "micro_batches": files // per_batch,
-            "legs": legs, "tally_over": ratios, "target_vs_postgresql": 2.0,
+            "rounds": rounds, "legs": legs, "tally_over": ratios, "target_vs_postgresql": 2.0,
             "ok": all(leg["verified"] for leg in legs)}
 
 
 def format_text(outcome: dict) -> str:
     lines = [f"Spark streaming job: {outcome['rows']:,} rows, {outcome['keys']:,} keys, "
-             f"{outcome['micro_batches']} micro-batches (sum(v), sum(c) per key)"]
+             f"{outcome['micro_batches']} micro-batches (sum(v), sum(c) per key); after a "
+             f"warm-up round, the median of {outcome['rounds']} rounds in rotated order"]
     for leg in outcome["legs"]:
+        rounds = ", ".join(f"{s:.1f}" for s in leg["round_seconds"])
         lines.append(f"  {leg['system']:<11} {leg['rows_per_s']:>12,.0f} rows/s  "
-                     f"({leg['seconds']:.1f} s)  verified={leg['verified']}")
+                     f"({leg['seconds']:.1f} s; rounds {rounds} s)  verified={leg['verified']}")
     for system, ratio in outcome["tally_over"].items():
         lines.append(f"  tally / {system}: {ratio:.2f}x")
     pg = outcome["tally_over"].get("postgresql", 0.0)

@@ -137,7 +137,8 @@ BENCHMARKS = [
         "sum per key) into Tally through `TallySink` (exactly once), into PostgreSQL with "
         "`INSERT ... ON CONFLICT DO UPDATE` from foreachPartition, and into a pypaimon "
         "primary-key table with the aggregation merge engine; rows/s over the query's wall "
-        "time, every result verified against a plain-Python fold (target >= 2x PostgreSQL). "
+        "time (median of rotated rounds after a warm-up round), every result verified against "
+        "a plain-Python fold (target >= 2x PostgreSQL). "
         "See bench/spark.py.",
         _spark, lazy("bench.spark", "format_text"), lambda r: r["ok"],
         lazy("bench.markdown", "spark"), lazy("bench.charts", "spark")),

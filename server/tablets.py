@@ -14,6 +14,7 @@ import os
 import shutil
 import threading
 
+from merge_engine import KvTablet, TableDescriptor
 from server.routing import TableRouting
 
 log = logging.getLogger(__name__)
@@ -74,8 +75,6 @@ class TabletHost:
                 found = self._tablets.get(key)
             if found is not None:
                 return found
-            from merge_engine import KvTablet, TableDescriptor
-
             path = self.path(key)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             tablet = KvTablet.open(path, TableDescriptor.from_json(descriptor_json))
