@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import re
 
 from merge_engine.modes import DeleteBehavior
 from merge_engine.schema import Schema
 from tally.errors import InvalidOptionError, SchemaError
+from tally.sizes import parse_size
 
 MERGE_ENGINE = "table.merge-engine"
 DELETE_BEHAVIOR = "table.delete.behavior"
@@ -43,20 +43,6 @@ def parse_bool_option(key: str, value) -> bool:
     if text not in ("true", "false"):
         raise InvalidOptionError(f"Invalid value for option '{key}': {value!r} (expected true or false)")
     return text == "true"
-
-
-_SIZE_UNITS = {"": 1, "b": 1, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30}
-
-
-def parse_size_option(key: str, value) -> int:
-    """A byte size: an integer, optionally with a unit (b, kb, mb, gb; 1kb = 1024 bytes)."""
-    match = re.fullmatch(r"\s*(\d+)\s*([kmg]?b?)\s*", str(value).lower())
-    if match is None:
-        raise InvalidOptionError(
-            f"Invalid value for option '{key}': {value!r} (expected a size such as 67108864, "
-            "'64mb' or '0' for none)")
-    number, unit = match.groups()
-    return int(number) * _SIZE_UNITS[unit if unit.endswith("b") or not unit else unit + "b"]
 
 
 class TableDescriptor:
@@ -165,7 +151,7 @@ class TableDescriptor:
     def kv_buffer_size(self) -> int:
         """Bytes of merged rows a tablet may hold in memory before writing them to RocksDB."""
         value = self.properties.get(KV_BUFFER_SIZE)
-        return DEFAULT_KV_BUFFER_SIZE if value is None else parse_size_option(KV_BUFFER_SIZE, value)
+        return DEFAULT_KV_BUFFER_SIZE if value is None else parse_size(KV_BUFFER_SIZE, value)
 
     def bool_option(self, key: str, default: bool = False) -> bool:
         return parse_bool_option(key, self.properties.get(key, default))

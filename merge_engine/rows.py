@@ -82,6 +82,10 @@ class BucketRows:
         stored = self._store.get_rows(key.to_list())[0]
         return None if stored is None else self._codec.decode([stored])
 
+    @property
+    def buffered_bytes(self) -> int:
+        return self._buffer.size_bytes
+
     # --- writes -----------------------------------------------------------------------------
 
     def commit(self, batch: WriteBatch, applied: int, keys: KeyArray, rows: StateBatch | None,

@@ -41,12 +41,15 @@ def offset_of(key: bytes) -> int:
 class TabletStore:
     """Thin, typed access to the bucket's RocksDB."""
 
-    def __init__(self, path: str, sync: bool = False):
+    def __init__(self, path: str, sync: bool = False, budget=None):
+        """`budget`: a MemoryBudget whose memtable cap this bucket's RocksDB shares."""
         os.makedirs(path, exist_ok=True)
         options = Options(raw_mode=True)
         options.create_if_missing(True)
         options.set_write_buffer_size(64 << 20)
         options.set_max_background_jobs(2)
+        if budget is not None:
+            budget.configure(options)
         table = BlockBasedOptions()
         table.set_bloom_filter(10, False)  # new keys miss without reading data blocks
         options.set_block_based_table_factory(table)

@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from merge_engine import changelog as log
 from merge_engine.allocator import use_bucket_allocator
+from merge_engine.budget import MemoryBudget
 from merge_engine.descriptor import KV_SYNC, TableDescriptor
 from merge_engine.input import WriteInput, prepare_write
 from merge_engine.keys import KeyArray, group_keys, key_array
@@ -38,7 +39,8 @@ _IMAGE_TYPES = pa.array([log.INSERT, log.UPDATE_AFTER, log.DELETE])
 class KvTablet:
     """One bucket. Thread-safe: writes are serialised, reads run alongside them."""
 
-    def __init__(self, path: str, descriptor: TableDescriptor, store: TabletStore):
+    def __init__(self, path: str, descriptor: TableDescriptor, store: TabletStore,
+                 budget: MemoryBudget | None = None):
         self.path = path
         self.descriptor = descriptor
         self.schema = descriptor.schema
@@ -64,14 +66,19 @@ class KvTablet:
         self._rows = BucketRows(store, self.codec, descriptor.kv_buffer_size)
         self._closed = False
         self._replay_unflushed()
+        self._budget = budget
+        if budget is not None:
+            budget.join(self)
 
     @classmethod
-    def open(cls, path: str, descriptor: TableDescriptor) -> "KvTablet":
-        """Open (or create) the bucket at `path`; its schema must match the one it was made with."""
+    def open(cls, path: str, descriptor: TableDescriptor,
+             budget: MemoryBudget | None = None) -> "KvTablet":
+        """Open (or create) the bucket at `path`; its schema must match the one it was made with.
+        Buckets opened with one `budget` share its memory cap (merge_engine/budget.py)."""
         if not descriptor.schema.primary_key:
             raise StorageError("A KvTablet needs a primary-key table")
         use_bucket_allocator()
-        store = TabletStore(str(path), sync=descriptor.bool_option(KV_SYNC))
+        store = TabletStore(str(path), sync=descriptor.bool_option(KV_SYNC), budget=budget)
         saved = store.get_bytes(DESCRIPTOR)
         if saved is None:
             batch = store.new_batch()
@@ -84,7 +91,7 @@ class KvTablet:
                 f"The tablet at {path} was created with another schema; refusing to open it "
                 f"with {descriptor.schema!r}"
             )
-        return cls(str(path), descriptor, store)
+        return cls(str(path), descriptor, store, budget)
 
     # --- offsets ----------------------------------------------------------------------------
 
@@ -102,6 +109,20 @@ class KvTablet:
     def put(self, rows, mode: MergeMode = MergeMode.AGGREGATE, target_columns=None,
             writer: tuple[str, int] | None = None) -> int:
         """Merge `rows` into the bucket; returns the log end offset after the write."""
+        end = self._put(rows, mode, target_columns, writer)
+        if self._budget is not None:
+            self._budget.after_write()
+        return end
+
+    def delete(self, keys, mode: MergeMode = MergeMode.AGGREGATE, target_columns=None,
+               writer: tuple[str, int] | None = None) -> int:
+        """Delete keys (or, with target_columns, reset those columns); returns the end offset."""
+        end = self._delete(keys, mode, target_columns, writer)
+        if self._budget is not None:
+            self._budget.after_write()
+        return end
+
+    def _put(self, rows, mode, target_columns, writer) -> int:
         mode = MergeMode.parse(mode)
         with self._lock:
             self._check_open()
@@ -123,9 +144,7 @@ class KvTablet:
                 outcome = self._remove_empty(after, outcome, present)
             return self._commit(keys, before, after, outcome, writer)
 
-    def delete(self, keys, mode: MergeMode = MergeMode.AGGREGATE, target_columns=None,
-               writer: tuple[str, int] | None = None) -> int:
-        """Delete keys (or, with target_columns, reset those columns); returns the end offset."""
+    def _delete(self, keys, mode, target_columns, writer) -> int:
         mode = MergeMode.parse(mode)
         with self._lock:
             self._check_open()
@@ -228,6 +247,17 @@ class KvTablet:
         with self._lock:
             self._check_open()
             self._rows.flush(self._end)
+
+    def flush_if_open(self) -> None:
+        """flush(), or nothing once closed (a memory budget may ask while another thread closes)."""
+        with self._lock:
+            if not self._closed:
+                self._rows.flush(self._end)
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Memory held by rows merged since the last flush (an estimate, see RowBuffer)."""
+        return self._rows.buffered_bytes
 
     def _replay_unflushed(self) -> None:
         """After a crash: rebuild the row buffer from the changelog past the last flush."""
@@ -364,6 +394,8 @@ class KvTablet:
                 self._rows.flush(self._end)
                 self._closed = True
                 self._store.close()
+        if self._budget is not None:
+            self._budget.leave(self)
 
     def __enter__(self) -> "KvTablet":
         return self

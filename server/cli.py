@@ -9,9 +9,18 @@ from __future__ import annotations
 import argparse
 import os
 
-from server.settings import DEFAULT_MAX_BATCH_BYTES
+from server.settings import DEFAULT_MAX_BATCH_BYTES, DEFAULT_MEMORY_BUDGET
+from tally.errors import InvalidOptionError
+from tally.sizes import parse_size
 
 ROLES = ("all", "coordinator", "tablet")
+
+
+def _memory_budget(value: str) -> int:
+    try:
+        return parse_size("--memory-budget", value)
+    except InvalidOptionError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -29,6 +38,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                              "(default: $TALLY_AUTH_TOKEN)")
     parser.add_argument("--max-batch-bytes", type=int, default=DEFAULT_MAX_BATCH_BYTES,
                         help="largest write request a tablet server accepts (default 64 MiB)")
+    parser.add_argument("--memory-budget", default=DEFAULT_MEMORY_BUDGET, metavar="SIZE",
+                        type=_memory_budget,
+                        help="write memory shared by all buckets of a tablet server: half caps "
+                             "their row buffers, half their RocksDB memtables, e.g. 512mb "
+                             f"(default {DEFAULT_MEMORY_BUDGET})")
     parser.add_argument("--log-level", default="INFO")
     return parser
 

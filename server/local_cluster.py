@@ -108,7 +108,8 @@ class LocalCluster:
 
     def __init__(self, data_dir: str, tablet_servers: int = 2, zookeeper: str | None = None,
                  auth_token: str | None = None, host: str = "127.0.0.1",
-                 max_batch_bytes: int | None = None, startup_timeout: float = 60.0) -> None:
+                 max_batch_bytes: int | None = None, startup_timeout: float = 60.0,
+                 memory_budget: str | None = None) -> None:
         self.data_dir = os.path.abspath(data_dir)
         os.makedirs(self.data_dir, exist_ok=True)
         saved = self._load_settings()
@@ -125,6 +126,8 @@ class LocalCluster:
             common += ["--auth-token", auth_token]
         tablet_args = common + (["--max-batch-bytes", str(max_batch_bytes)]
                                 if max_batch_bytes else [])
+        if memory_budget is not None:
+            tablet_args += ["--memory-budget", str(memory_budget)]
         self.coordinator = ServerHandle("coordinator", os.path.join(self.data_dir, "coordinator"),
                                         common + ["--role", "coordinator"])
         self.tablet_servers = [

@@ -90,7 +90,8 @@ class ServerProcess:
             else:
                 raise SystemExit("a tablet server needs --coordinator URL or --zookeeper")
             self.tablet_server = TabletServer(args.data_dir, self.address, link,
-                                              max_batch_bytes=args.max_batch_bytes)
+                                              max_batch_bytes=args.max_batch_bytes,
+                                              memory_budget=args.memory_budget)
             self.flight.attach(tablet_server=self.tablet_server)
             if zk is not None:
                 from server.membership import EphemeralRegistration, live_path

@@ -89,11 +89,13 @@ class TabletServer:
     def __init__(self, data_dir: str, address: str, coordinator: Callable[[str, dict], object],
                  max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
                  heartbeat_interval: float = HEARTBEAT_INTERVAL,
-                 retention_interval: float = 30.0) -> None:
+                 retention_interval: float = 30.0, memory_budget: int | None = None) -> None:
+        """`memory_budget`: bytes of write memory all hosted buckets share (None: no cap
+        beyond each bucket's own; `tally serve` passes --memory-budget)."""
         self.server_id = load_server_id(data_dir)
         self.address = address
         self.max_batch_bytes = max_batch_bytes
-        self.host = TabletHost(data_dir)
+        self.host = TabletHost(data_dir, memory_budget)
         self._coordinator = coordinator
         self.write_checks: list[WriteCheck] = []
         self.actions = {"offsets": self.offsets, "drop_tablets": self.drop_tablets,

@@ -15,6 +15,7 @@ import shutil
 import threading
 
 from merge_engine import KvTablet, TableDescriptor
+from merge_engine.budget import MemoryBudget
 from server.routing import TableRouting
 
 log = logging.getLogger(__name__)
@@ -48,8 +49,9 @@ class HostedTablet:
 class TabletHost:
     """Opens, caches and closes the KvTablets under one data directory."""
 
-    def __init__(self, data_dir: str) -> None:
+    def __init__(self, data_dir: str, memory_budget: int | None = None) -> None:
         self.root = os.path.join(data_dir, "tablets")
+        self.budget = MemoryBudget(memory_budget) if memory_budget else None
         os.makedirs(self.root, exist_ok=True)
         self._tablets: dict[TabletKey, HostedTablet] = {}
         self._opening: dict[TabletKey, threading.Lock] = {}
@@ -77,7 +79,7 @@ class TabletHost:
                 return found
             path = self.path(key)
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            tablet = KvTablet.open(path, TableDescriptor.from_json(descriptor_json))
+            tablet = KvTablet.open(path, TableDescriptor.from_json(descriptor_json), self.budget)
             hosted = HostedTablet(key, tablet, routing, partition)
             with self._lock:
                 self._tablets[key] = hosted

@@ -24,8 +24,10 @@ def cluster(request, tmp_path_factory):
         zk_server = request.getfixturevalue("zookeeper")
         zk = zookeeper_chroot(zk_server)
     data_dir = tmp_path_factory.mktemp(f"cluster-{request.param}")
+    # A small memory budget: the buckets of every test share it, so row buffers keep being
+    # flushed to RocksDB by other buckets' writes while tests write, read, undo and truncate.
     with LocalCluster(str(data_dir), tablet_servers=2, zookeeper=zk,
-                      max_batch_bytes=6 << 20) as c:
+                      max_batch_bytes=6 << 20, memory_budget="1mb") as c:
         c.store_kind = request.param
         c.zookeeper_server = zk_server
         yield c
