@@ -109,15 +109,15 @@ class KvTablet:
     def put(self, rows, mode: MergeMode = MergeMode.AGGREGATE, target_columns=None,
             writer: tuple[str, int] | None = None) -> int:
         """Merge `rows` into the bucket; returns the log end offset after the write."""
-        end = self._put(rows, mode, target_columns, writer)
-        if self._budget is not None:
-            self._budget.after_write()
-        return end
+        return self._written(self._put(rows, mode, target_columns, writer))
 
     def delete(self, keys, mode: MergeMode = MergeMode.AGGREGATE, target_columns=None,
                writer: tuple[str, int] | None = None) -> int:
         """Delete keys (or, with target_columns, reset those columns); returns the end offset."""
-        end = self._delete(keys, mode, target_columns, writer)
+        return self._written(self._delete(keys, mode, target_columns, writer))
+
+    def _written(self, end: int) -> int:
+        """After a write, outside the bucket's lock: let a shared memory budget flush buffers."""
         if self._budget is not None:
             self._budget.after_write()
         return end
