@@ -285,8 +285,7 @@ def run(rows: int = 800_000, keys: int = 20_000, files: int = 8, per_batch: int 
         shutil.rmtree(work, ignore_errors=True)
     legs = []
     for name, done in runs.items():
-        seconds = sorted(r["seconds"] for r in done)
-        legs.append({"system": name, "seconds": statistics.median(seconds),
+        legs.append({"system": name, "seconds": statistics.median(r["seconds"] for r in done),
                      "round_seconds": [r["seconds"] for r in done],
                      "verified": all(r["verified"] for r in done)})
     total = (rows // files) * files

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
 
 from tally.errors import StorageError
+
+if TYPE_CHECKING:
+    from merge_engine.budget import MemoryBudget
 
 ROW = b"k"
 LOG = b"l"
@@ -41,7 +44,7 @@ def offset_of(key: bytes) -> int:
 class TabletStore:
     """Thin, typed access to the bucket's RocksDB."""
 
-    def __init__(self, path: str, sync: bool = False, budget=None):
+    def __init__(self, path: str, sync: bool = False, budget: MemoryBudget | None = None):
         """`budget`: a MemoryBudget whose memtable cap this bucket's RocksDB shares."""
         os.makedirs(path, exist_ok=True)
         options = Options(raw_mode=True)
