@@ -29,9 +29,12 @@ class Lease:
 
     `token` is the fencing token: it only grows per table, and tablet servers reject writes
     under any token older than the newest one issued for the same columns.
-    `initial_offsets` are the table's end offsets at the owner's first acquisition; they stay
-    the same across re-acquisitions by the same owner, so a restarted job knows where its own
-    changes begin even if it crashed before its first commit.
+    `tenure` numbers the lock's tenure: an acquisition that finds no unreleased lock of the
+    owner starts one (its number is that acquisition's token), and a re-acquisition of the
+    owner's unreleased lock continues it. `initial_offsets` are the table's end offsets when the
+    tenure began; they stay the same across re-acquisitions, so a restarted job knows where its
+    own changes begin even if it crashed before its first commit, and undo never reaches back
+    before them into another tenure.
     """
 
     table: str
@@ -42,6 +45,7 @@ class Lease:
     expires_at: float
     ttl: float
     initial_offsets: Offsets
+    tenure: int = 0
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
@@ -56,6 +60,7 @@ class Lease:
             columns=tuple(d["columns"]), token=int(d["token"]),
             expires_at=float(d["expires_at"]), ttl=float(d["ttl"]),
             initial_offsets=offsets_from_json(d["initial_offsets"]),
+            tenure=int(d["tenure"]),
         )
 
 
@@ -75,6 +80,7 @@ class LockRecord:
     # bucket -> newest registered task attempt (in-job fencing: a Spark task retry registers
     # before undoing its bucket, and earlier attempts of the owner may no longer write there)
     attempts: dict = dataclasses.field(default_factory=dict)
+    tenure: int = 0  # the token of the acquisition that began this tenure
 
     def live(self, now: float) -> bool:
         return self.expires_at > now
@@ -87,6 +93,7 @@ class LockRecord:
             "initial_offsets": offsets_to_json(self.initial_offsets),
             "created_at": self.created_at,
             "attempts": {str(b): n for b, n in self.attempts.items()},
+            "tenure": self.tenure,
         }
 
     @classmethod
@@ -99,18 +106,19 @@ class LockRecord:
             initial_offsets=offsets_from_json(d["initial_offsets"]),
             created_at=float(d["created_at"]),
             attempts={int(b): int(n) for b, n in d.get("attempts", {}).items()},
+            tenure=int(d["tenure"]),
         )
 
     def lease(self, table: str) -> Lease:
         return Lease(table, self.table_id, self.owner_id, self.column_names, self.token,
-                     self.expires_at, self.ttl, dict(self.initial_offsets))
+                     self.expires_at, self.ttl, dict(self.initial_offsets), self.tenure)
 
     def describe(self, now: float) -> dict:
         return {
             "owner_id": self.owner_id, "columns": list(self.column_names), "token": self.token,
             "expires_at": self.expires_at, "expires_in": round(self.expires_at - now, 3),
             "ttl": self.ttl, "initial_offsets": offsets_to_json(self.initial_offsets),
-            "created_at": self.created_at,
+            "created_at": self.created_at, "tenure": self.tenure,
         }
 
 

@@ -30,10 +30,14 @@ KNOWN_TABLE_OPTIONS = {
     "table.log.retention.offsets",
     "table.log.retention.ms",
     "table.log.retention.ignore-locks",
+    EXPIRED_LOCK_RETENTION,
     "table.agg.remove-record-on-empty",
 }
 
 AGGREGATION = "aggregation"
+# How long retention keeps the changelog an expired, unrecovered lock tenure needs for its undo.
+EXPIRED_LOCK_RETENTION = "table.log.retention.expired-lock-ms"
+DEFAULT_EXPIRED_LOCK_RETENTION_MS = 7 * 24 * 3600 * 1000
 
 
 def parse_bool_option(key: str, value) -> bool:
@@ -109,7 +113,8 @@ class TableDescriptor:
                 "before and after images only: aggregation tables need them for undo recovery."
             )
         self.delete_behavior  # validates the value
-        for key in ("table.log.retention.offsets", "table.log.retention.ms"):
+        for key in ("table.log.retention.offsets", "table.log.retention.ms",
+                    EXPIRED_LOCK_RETENTION):
             if key in self.properties:
                 value = self.properties[key]
                 if not str(value).strip().isdigit():
@@ -146,6 +151,12 @@ class TableDescriptor:
         return parse_bool_option(
             COLUMN_LOCK_ENABLED, self.properties.get(COLUMN_LOCK_ENABLED, self.is_aggregation)
         )
+
+    @property
+    def expired_lock_retention_ms(self) -> int:
+        """How long after its expiry an unrecovered lock still holds back retention."""
+        value = self.properties.get(EXPIRED_LOCK_RETENTION)
+        return DEFAULT_EXPIRED_LOCK_RETENTION_MS if value is None else int(value)
 
     @property
     def kv_buffer_size(self) -> int:
