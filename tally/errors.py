@@ -90,6 +90,12 @@ class ColumnLockConflict(TallyError):
     """Another owner holds a live lock on some of the requested columns."""
 
 
+class UnrecoveredLockError(ColumnLockConflict):
+    """An expired lock still covers the columns: its tenure's writes since its last commit may
+    have to be undone, so nobody else may write them until its owner recovers, another owner
+    takes the columns over (which undoes them first), or an operator discards the lock."""
+
+
 class LeaseLostError(TallyError):
     """A lease expired or was superseded: its owner is fenced and may not write any more."""
 
