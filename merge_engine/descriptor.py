@@ -18,6 +18,10 @@ KV_BUFFER_SIZE = "table.kv.buffer-size"
 DEFAULT_KV_BUFFER_SIZE = 64 << 20
 BUCKET_NUM = "bucket.num"
 
+# How long retention keeps the changelog an expired, unrecovered lock tenure needs for its undo.
+EXPIRED_LOCK_RETENTION = "table.log.retention.expired-lock-ms"
+DEFAULT_EXPIRED_LOCK_RETENTION_MS = 7 * 24 * 3600 * 1000
+
 # Every `table.*` option Tally understands; anything else under `table.` is a typo to report.
 KNOWN_TABLE_OPTIONS = {
     MERGE_ENGINE,
@@ -35,9 +39,6 @@ KNOWN_TABLE_OPTIONS = {
 }
 
 AGGREGATION = "aggregation"
-# How long retention keeps the changelog an expired, unrecovered lock tenure needs for its undo.
-EXPIRED_LOCK_RETENTION = "table.log.retention.expired-lock-ms"
-DEFAULT_EXPIRED_LOCK_RETENTION_MS = 7 * 24 * 3600 * 1000
 
 
 def parse_bool_option(key: str, value) -> bool:
