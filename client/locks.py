@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 
+from locks.commits import Commit
 from locks.lease import Lease, offsets_from_json, offsets_to_json
 from tally.errors import LeaseLostError, TallyError
 
@@ -57,13 +58,18 @@ class Locks:
     # --- locks --------------------------------------------------------------------------
 
     def acquire(self, table: str, owner_id: str, columns, ttl: float = 60) -> Lease:
-        """Lock `columns` of `table` for `owner_id` and keep the lease renewed."""
+        """Lock `columns` of `table` for `owner_id` and keep the lease renewed. An expired,
+        unrecovered lock of another owner in the way raises UnrecoveredLockError
+        (`recovery.acquire` takes such locks over)."""
         lease = Lease.from_json(self._call("lock_acquire", table=table, owner_id=owner_id,
                                            columns=list(columns), ttl=ttl))
+        self._keep(lease)
+        return lease
+
+    def _keep(self, lease: Lease) -> None:
         keeper = LeaseKeeper(self, lease)
         with self._lock:
             self._keepers[_key(lease)] = keeper
-        return lease
 
     def renew(self, lease: Lease) -> Lease:
         return Lease.from_json(self._call("lock_renew", lease=lease.to_json()))
@@ -75,6 +81,28 @@ class Locks:
         if keeper is not None:
             keeper.stop()
         return bool(self._call("lock_release", lease=lease.to_json()))
+
+    def take_over(self, table: str, owner_id: str, columns, ttl: float = 60) -> list[Lease]:
+        """Leases on the expired, unrecovered locks in the way of `owner_id` locking `columns`
+        (each under its original owner id and tenure, with a new token that fences its
+        zombie). Undo each one's tenure, then release it; `recovery.acquire` does all that.
+        Renewed in the background like any lease."""
+        leases = [Lease.from_json(d) for d in self._call(
+            "lock_take_over", table=table, owner_id=owner_id, columns=list(columns), ttl=ttl)]
+        for lease in leases:
+            self._keep(lease)
+        return leases
+
+    def discard(self, table: str, owner_id: str) -> bool:
+        """Drop an expired lock without undoing its uncommitted writes (they stay as they are).
+        For the operator whose owner will never come back and whose writes can no longer be
+        undone; a live lock is refused."""
+        return bool(self._call("lock_discard", table=table, owner_id=owner_id))
+
+    def undo_baselines(self, lease: Lease):
+        """({(partition, bucket): offset}, why): where an undo of the lease's tenure starts."""
+        offsets, source = self._call("undo_baselines", lease=lease.to_json())
+        return offsets_from_json(offsets), source
 
     def register_attempt(self, lease: Lease, bucket: int) -> int:
         """A new attempt number for this owner's writes to `bucket` (in every partition). When
@@ -101,10 +129,12 @@ class Locks:
         return bool(self._call("commit", lease=lease.to_json(), epoch=epoch,
                                offsets=offsets_to_json(offsets)))
 
-    def last_commit(self, table: str, owner_id: str):
-        """(epoch, {(partition, bucket): end offset}) of the owner's last commit, or None."""
+    def last_commit(self, table: str, owner_id: str) -> Commit | None:
+        """The owner's last commit (epoch, {(partition, bucket): end offset}, tenure), or None.
+        The epoch counts across tenures; the offsets are an undo baseline only in its tenure."""
         found = self._call("last_commit", table=table, owner_id=owner_id)
-        return None if found is None else (int(found[0]), offsets_from_json(found[1]))
+        return None if found is None else Commit(int(found[0]), offsets_from_json(found[1]),
+                                                 int(found[2]))
 
     def epoch_baseline(self, lease: Lease, epoch: int):
         """Every bucket's end offset before `epoch`'s first write (stored on the first call)."""

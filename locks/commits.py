@@ -2,17 +2,23 @@
 
 Layout in the metadata store:
 
-    /commits/<table_id>/<owner>                  {"epoch", "offsets", "token", "committed_at"}
-    /commits/<table_id>/<owner>/epochs/<epoch>   {"offsets"}   (the epoch's baseline)
+    /commits/<table_id>/<owner>                  {"epoch", "offsets", "tenure", "token",
+                                                  "committed_at"}
+    /commits/<table_id>/<owner>/epochs/<epoch>   {"offsets", "tenure"}   (the epoch's baseline)
 
 A commit moves only forward and is checked against the owner's lock in the same metadata
-transaction, so a fenced lease can never commit. A baseline is stored insert-if-absent: a
-replayed epoch keeps the offsets it had before its first write.
+transaction, so a fenced lease can never commit. Commits and baselines belong to the lock
+tenure they were made in: the epoch number goes on across tenures (a committed epoch is never
+written again), but the offsets are undo baselines only within their own tenure, because
+another owner may have written the columns between two tenures. A baseline is stored
+insert-if-absent within its tenure: a replayed epoch keeps the offsets it had before its first
+write, and a baseline left by an earlier tenure is replaced.
 """
 
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 from locks.lease import Lease, Offsets, offsets_from_json, offsets_to_json
 from locks.service import ColumnLockService, lock_path
@@ -36,16 +42,35 @@ def _check_epoch(epoch) -> int:
     return epoch
 
 
+class Commit(NamedTuple):
+    """An owner's last commit: the epoch, every bucket's end offset then, and its tenure."""
+
+    epoch: int
+    offsets: Offsets
+    tenure: int
+
+
 class CommitLog:
     def __init__(self, store: MetadataStore, locks: ColumnLockService):
         self.store = store
         self.locks = locks
 
-    def last_commit(self, table_id: int, owner_id: str) -> tuple[int, Offsets] | None:
+    def last_commit(self, table_id: int, owner_id: str) -> Commit | None:
         node = self.store.get(commit_path(table_id, owner_id))
         if node is None or "epoch" not in node.value:
             return None
-        return int(node.value["epoch"]), offsets_from_json(node.value["offsets"])
+        return Commit(int(node.value["epoch"]), offsets_from_json(node.value["offsets"]),
+                      int(node.value["tenure"]))
+
+    def undo_baselines(self, table_id: int, owner_id: str, tenure: int,
+                       tenure_start: Offsets) -> tuple[Offsets, str]:
+        """Where an undo of the owner's tenure starts, per bucket, and why: its last commit in
+        this tenure, else the offsets the tenure began at (a bucket in neither: from 0, since
+        its partition was created during the tenure)."""
+        last = self.last_commit(table_id, owner_id)
+        if last is not None and last.tenure == tenure:
+            return {**tenure_start, **last.offsets}, f"commit of epoch {last.epoch}"
+        return dict(tenure_start), f"the start of lock tenure {tenure} (no commit in it)"
 
     def commit(self, lease: Lease, epoch: int, offsets: Offsets) -> bool:
         """Record that `epoch` is fully written with these end offsets.
@@ -66,7 +91,7 @@ class CommitLog:
                         f"Epoch {epoch} is older than the last commit {last} of owner "
                         f"'{lease.owner_id}' on {lease.table}: commits only move forward")
             value = {"epoch": epoch, "offsets": offsets_to_json(offsets),
-                     "token": lease.token, "committed_at": time.time()}
+                     "tenure": record.tenure, "token": lease.token, "committed_at": time.time()}
             write = ("set", commit_path(lease.table_id, lease.owner_id), value, node.version) \
                 if node is not None else ("create", commit_path(lease.table_id, lease.owner_id), value)
             try:
@@ -74,40 +99,50 @@ class CommitLog:
                     ("check", lock_path(lease.table_id, lease.owner_id), lock_version), write])
             except _RACES:
                 continue
-            self._forget_baselines(lease, epoch)
+            self.forget_baselines(lease.table_id, lease.owner_id, epoch)
             return True
         raise VersionConflictError(f"Could not commit epoch {epoch} on {lease.table}; try again")
 
     def epoch_baseline(self, lease: Lease, epoch: int, current_offsets) -> Offsets:
-        """The end offsets before `epoch`'s first write: stored on the first call, returned
-        unchanged by every later call (a replayed epoch keeps its original baseline)."""
+        """The end offsets before `epoch`'s first write in this tenure: stored on the first
+        call, returned unchanged by every later call of the same tenure (a replayed epoch keeps
+        its original baseline). A baseline an earlier tenure left is replaced."""
         epoch = _check_epoch(epoch)
-        self.locks.current(lease)
+        record, _ = self.locks.current(lease)
         path = baseline_path(lease.table_id, lease.owner_id, epoch)
-        node = self.store.get(path)
-        if node is not None:
-            return offsets_from_json(node.value["offsets"])
-        try:
-            self.store.create(path, {"offsets": offsets_to_json(current_offsets())})
-        except AlreadyExistsError:
-            pass
-        return offsets_from_json(self.store.get(path).value["offsets"])
+        for _ in range(100):
+            node = self.store.get(path)
+            if node is not None and int(node.value["tenure"]) == record.tenure:
+                return offsets_from_json(node.value["offsets"])
+            value = {"offsets": offsets_to_json(current_offsets()), "tenure": record.tenure}
+            try:
+                if node is None:
+                    self.store.create(path, value)
+                else:
+                    self.store.set(path, value, version=node.version)
+            except _RACES:
+                continue
+            return offsets_from_json(value["offsets"])
+        raise VersionConflictError(f"Could not store the baseline of epoch {epoch}; try again")
 
-    def pending_baselines(self, table_id: int, owner_id: str) -> dict[int, Offsets]:
-        """Baselines of epochs stored but not committed yet (retention must keep them)."""
+    def pending_baselines(self, table_id: int, owner_id: str, tenure: int) -> dict[int, Offsets]:
+        """Baselines of epochs of this tenure stored but not committed yet (retention must
+        keep them)."""
         root = join_path("commits", str(table_id), node_name(owner_id), "epochs")
         found = {}
         for child in self.store.children(root):
             node = self.store.get(join_path(root, child))
-            if node is not None:
+            if node is not None and int(node.value["tenure"]) == tenure:
                 found[int(child)] = offsets_from_json(node.value["offsets"])
         return found
 
-    def _forget_baselines(self, lease: Lease, committed: int) -> None:
-        """Baselines of committed epochs are no longer needed."""
-        for epoch in self.pending_baselines(lease.table_id, lease.owner_id):
-            if epoch <= committed:
-                self.store.delete(baseline_path(lease.table_id, lease.owner_id, epoch))
+    def forget_baselines(self, table_id: int, owner_id: str, up_to: int | None = None) -> None:
+        """Drop stored baselines of epochs up to `up_to` (all when None): committed epochs,
+        or an ended tenure, need them no more."""
+        root = join_path("commits", str(table_id), node_name(owner_id), "epochs")
+        for child in self.store.children(root):
+            if up_to is None or int(child) <= up_to:
+                self.store.delete(join_path(root, child))
 
     def drop_table(self, table_id: int) -> None:
         self.store.delete(join_path("commits", str(table_id)), recursive=True)

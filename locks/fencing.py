@@ -2,9 +2,10 @@
 
 A tablet server keeps one `LockView` per table, pushed by the coordinator on every lock change
 (before the coordinator answers the acquirer) and re-fetched on start. A write touching a column
-under another owner's live lock is rejected; a write under a lease must carry the owner's newest
-token, and its lock must be live, so a zombie (a paused owner whose lock expired and was taken,
-or an earlier incarnation of a re-acquired owner) cannot write.
+under another owner's lock is rejected (live, or expired but unrecovered: a lock's record stays
+until it is released), and so is a write without a lease; a write under a lease must carry the
+owner's newest token, and its lock must be live, so a zombie (a paused owner whose lock expired
+and was taken, or an earlier incarnation of a re-acquired owner) cannot write.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from tally.errors import ColumnLockConflict, LeaseLostError
+from tally.errors import ColumnLockConflict, LeaseLostError, UnrecoveredLockError
 
 
 @dataclass(frozen=True)
@@ -55,20 +56,33 @@ class LockView:
             column_tokens={int(k): int(v) for k, v in d.get("column_tokens", {}).items()},
         )
 
+    def _refuse(self, lock: HeldLock, overlap, now: float, table: str) -> None:
+        """A lock of another owner covers the columns: live, or expired but not yet recovered
+        (its writes since its last commit may still be undone, so nothing else may land in
+        between)."""
+        where = f"Columns {_columns(lock, overlap)} of table {table or self.table_id}"
+        if lock.expires_at > now:
+            raise ColumnLockConflict(
+                f"{where} are locked by owner '{lock.owner_id}' (token {lock.token}) for "
+                f"{lock.expires_at - now:.1f}s more; this write was rejected")
+        raise UnrecoveredLockError(
+            f"{where} are held by the expired lock of owner '{lock.owner_id}' (token "
+            f"{lock.token}, expired {now - lock.expires_at:.1f}s ago), whose writes since its "
+            "last commit may still be undone; this write was rejected. Restart that owner, "
+            "take the columns over (recovery.acquire), or discard its lock")
+
     def check_write(self, column_ids: set[int], owner_id: str | None = None,
                     token: int | None = None, now: float | None = None,
                     table: str = "", bucket: int | None = None,
                     attempt: int | None = None) -> None:
         """Raise unless a write of `column_ids` by (owner_id, token) may be applied now."""
         now = time.time() if now is None else now
+        if token is None:
+            owner_id = None  # a write without a lease is nobody's
         for lock in self.locks:
             overlap = lock.column_ids & column_ids
-            if overlap and lock.owner_id != owner_id and lock.expires_at > now:
-                names = [n for n, c in zip(lock.column_names, sorted(lock.column_ids)) if c in overlap]
-                raise ColumnLockConflict(
-                    f"Columns {names or sorted(overlap)} of table {table or self.table_id} are "
-                    f"locked by owner '{lock.owner_id}' (token {lock.token}) for "
-                    f"{lock.expires_at - now:.1f}s more; this write was rejected")
+            if overlap and lock.owner_id != owner_id:
+                self._refuse(lock, overlap, now, table)
         if token is None:
             return
         newest = max((self.column_tokens.get(c, 0) for c in column_ids), default=0)
@@ -91,6 +105,11 @@ class LockView:
                 f"Write by owner '{owner_id}' to bucket {bucket} of table "
                 f"{table or self.table_id} rejected: it comes from attempt {attempt}, and "
                 f"attempt {newest} has registered since (a retried task replaced this one)")
+
+
+def _columns(lock: HeldLock, overlap) -> list:
+    return [n for n, c in zip(lock.column_names, sorted(lock.column_ids)) if c in overlap] \
+        or sorted(overlap)
 
 
 def view_from_records(table_id: int, records, column_tokens: dict[int, int]) -> LockView:

@@ -9,11 +9,17 @@ Layout in the metadata store:
 Every change is one metadata transaction that checks the table's guard node version and bumps
 it, so two acquirers can never both win, even across coordinator restarts. Expiry is judged on
 the coordinator's clock (`clock`, `time.time` by default).
+
+A lock node lives from the acquisition that starts its tenure until its owner releases it (or
+an operator discards it): expiry alone does not end a tenure, because the tenure's writes since
+its last commit may still have to be undone. Until then its columns stay closed to everyone
+else; `take_over` hands such an expired lock to another owner for exactly that undo.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -26,6 +32,7 @@ from tally.errors import (
     InvalidInputError,
     LeaseLostError,
     NotFoundError,
+    UnrecoveredLockError,
     VersionConflictError,
 )
 
@@ -39,6 +46,16 @@ class LockTarget:
     name: str
     table_id: int
     schema: object  # merge_engine.Schema (columns with stable ids, primary key)
+
+
+def _check_ttl(ttl) -> float:
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl < math.inf:
+        raise InvalidInputError(f"A lock ttl must be a positive number of seconds, got {ttl!r}")
+    return float(ttl)
+
+
+def _when(timestamp: float) -> str:
+    return time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(timestamp))
 
 
 def guard_path(table_id: int) -> str:
@@ -84,12 +101,11 @@ class ColumnLockService:
         """Lock `columns` of a table for `owner_id` (see Lease). Primary-key columns are dropped."""
         if not isinstance(owner_id, str) or not owner_id:
             raise InvalidInputError(f"A lock owner id must be a non-empty string, got {owner_id!r}")
-        if not isinstance(ttl, (int, float)) or ttl <= 0:
-            raise InvalidInputError(f"A lock ttl must be a positive number of seconds, got {ttl!r}")
+        ttl = _check_ttl(ttl)
         ids, names = self._resolve(target, columns)
         for _ in range(100):
             try:
-                lease = self._try_acquire(target, owner_id, ids, names, float(ttl), current_offsets)
+                lease = self._try_acquire(target, owner_id, ids, names, ttl, current_offsets)
             except _RACES:
                 continue  # another acquirer changed the table's locks first: look again
             self.on_change(target.table_id)
@@ -119,43 +135,129 @@ class ColumnLockService:
         records = self.records(target.table_id)
         mine_key = node_name(owner_id)
         mine = records.get(mine_key)
-        obsolete = []
-        for key, (record, version) in records.items():
-            overlap = set(record.column_ids) & set(ids)
-            if key == mine_key or not overlap:
-                continue
-            if record.live(now):
+        for key, (record, _) in records.items():
+            if key != mine_key and set(record.column_ids) & set(ids):
+                self._refuse_overlap(target, record, set(record.column_ids) & set(ids), now)
+        continues = mine is not None and set(mine[0].column_ids) == set(ids)
+        if mine is not None and not continues:
+            if mine[0].live(now):
                 raise ColumnLockConflict(
-                    f"Columns {sorted(self._names(target, overlap))} of table {target.name} are "
-                    f"locked by owner '{record.owner_id}' until "
-                    f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(record.expires_at))} "
-                    f"({record.expires_at - now:.1f}s from now)")
-            obsolete.append((key, version))  # expired: taken over, so its node goes
-        same_columns = mine is not None and set(mine[0].column_ids) == set(ids)
-        if mine is not None and mine[0].live(now) and not same_columns:
+                    f"Owner '{owner_id}' already holds a live lock on columns "
+                    f"{list(mine[0].column_names)} of table {target.name}; it cannot lock "
+                    f"{list(names)} as well. Release it first or use another owner id.")
+            raise UnrecoveredLockError(
+                f"Owner '{owner_id}' has an expired, unrecovered lock on columns "
+                f"{list(mine[0].column_names)} of table {target.name} (tenure "
+                f"{mine[0].tenure}); recover it with the same columns, or take it over "
+                "(recovery.acquire rolls its uncommitted writes back first)")
+        token, guard_op = self._next_token(guard, target.table_id, ids)
+        if continues:
+            # The owner's unreleased lock (a restarted job): its tenure goes on, with the
+            # offsets it began at; only the token is new, which fences the earlier incarnation.
+            record = dataclasses.replace(mine[0], ttl=ttl, expires_at=now + ttl, token=token)
+        else:
+            record = LockRecord(
+                owner_id=owner_id, table_id=target.table_id, column_ids=ids, column_names=names,
+                ttl=ttl, expires_at=now + ttl, token=token,
+                initial_offsets=dict(current_offsets()), created_at=now, tenure=token)
+        path = lock_path(target.table_id, owner_id)
+        write = ("set", path, record.to_json(), mine[1]) if mine else \
+            ("create", path, record.to_json())
+        self.store.transaction([guard_op, write])
+        return record.lease(target.name)
+
+    def _refuse_overlap(self, target, record: LockRecord, overlap: set, now: float) -> None:
+        columns = sorted(self._names(target, overlap))
+        if record.live(now):
             raise ColumnLockConflict(
-                f"Owner '{owner_id}' already holds a live lock on columns "
-                f"{list(mine[0].column_names)} of table {target.name}; it cannot lock "
-                f"{list(names)} as well. Release it first or use another owner id.")
+                f"Columns {columns} of table {target.name} are locked by owner "
+                f"'{record.owner_id}' until {_when(record.expires_at)} "
+                f"({record.expires_at - now:.1f}s from now)")
+        raise UnrecoveredLockError(
+            f"Columns {columns} of table {target.name} are held by the expired lock of owner "
+            f"'{record.owner_id}' (tenure {record.tenure}, expired {_when(record.expires_at)}): "
+            "its writes since its last commit may still be undone. Restart that owner, take "
+            "the columns over with recovery.acquire (which undoes them first), or discard the "
+            "lock (`tally locks --discard`), which keeps them as they are")
+
+    def _next_token(self, guard, table_id: int, ids) -> tuple[int, tuple]:
+        """A new fencing token, recorded as the newest for `ids`, and the guard write."""
         state = dict(guard.value) if guard else {}  # an empty guard: made as a parent node
         token = int(state.get("next_token", 1))
         tokens = dict(state.get("column_tokens", {}))
         tokens.update({str(c): token for c in ids})
-        record = LockRecord(
-            owner_id=owner_id, table_id=target.table_id, column_ids=ids, column_names=names,
-            ttl=ttl, expires_at=now + ttl, token=token,
-            initial_offsets=mine[0].initial_offsets if same_columns else dict(current_offsets()),
-            created_at=mine[0].created_at if same_columns else now,
-            attempts=dict(mine[0].attempts) if mine else {},  # attempt numbers only grow
-        )
-        path = lock_path(target.table_id, owner_id)
-        ops = [self._guard_op(guard, target.table_id,
-                              {"next_token": token + 1, "column_tokens": tokens})]
-        ops.append(("set", path, record.to_json(), mine[1]) if mine else ("create", path, record.to_json()))
-        ops += [("delete", join_path("locks", str(target.table_id), key), version)
-                for key, version in obsolete]
+        return token, self._guard_op(guard, table_id,
+                                     {"next_token": token + 1, "column_tokens": tokens})
+
+    # --- taking over expired locks ------------------------------------------------------------
+
+    def take_over(self, target: LockTarget, owner_id: str, columns, ttl: float) -> list[Lease]:
+        """Leases on every expired lock in the way of `owner_id` locking `columns`, so that the
+        caller can undo their tenures' uncommitted writes and then release them.
+
+        Each expired lock keeps its owner id, tenure and offsets and gets a new token (which
+        fences its zombie) and `ttl` to live. Live locks in the way raise ColumnLockConflict.
+        """
+        ttl = _check_ttl(ttl)
+        ids, _ = self._resolve(target, columns)
+        for _ in range(100):
+            try:
+                leases = self._try_take_over(target, owner_id, ids, ttl)
+            except _RACES:
+                continue
+            if leases:
+                self.on_change(target.table_id)
+            return leases
+        raise VersionConflictError(f"Locks of table {target.name} kept changing; try again")
+
+    def _try_take_over(self, target, owner_id, ids, ttl) -> list[Lease]:
+        now = self.clock()
+        mine_key = node_name(owner_id)
+        in_way = []
+        for key, (record, version) in self.records(target.table_id).items():
+            overlap = set(record.column_ids) & set(ids)
+            if key == mine_key and set(record.column_ids) == set(ids):
+                continue  # the owner's own tenure: it recovers it itself
+            if key != mine_key and not overlap:
+                continue
+            if record.live(now):
+                self._refuse_overlap(target, record, overlap, now)
+            in_way.append((record, version))
+        if not in_way:
+            return []
+        guard = self.store.get(guard_path(target.table_id))
+        revived_ids = sorted({c for record, _ in in_way for c in record.column_ids})
+        token, guard_op = self._next_token(guard, target.table_id, revived_ids)
+        ops, leases = [guard_op], []
+        for record, version in in_way:
+            revived = dataclasses.replace(record, token=token, ttl=ttl, expires_at=now + ttl)
+            ops.append(("set", lock_path(target.table_id, record.owner_id), revived.to_json(),
+                        version))
+            leases.append(revived.lease(target.name))
         self.store.transaction(ops)
-        return record.lease(target.name)
+        return leases
+
+    def discard(self, target: LockTarget, owner_id: str) -> bool:
+        """Drop an expired lock without undoing anything: its writes since its last commit
+        stay as they are (an operator's choice when they can no longer be undone). A live
+        lock is refused; False when there is no such lock."""
+        for _ in range(100):
+            node = self.store.get(lock_path(target.table_id, owner_id))
+            if node is None:
+                return False
+            record = LockRecord.from_json(node.value)
+            if record.live(self.clock()):
+                raise ColumnLockConflict(
+                    f"The lock of owner '{owner_id}' on table {target.name} is live until "
+                    f"{_when(record.expires_at)}; only an expired lock can be discarded")
+            try:
+                self.store.transaction([("delete", lock_path(target.table_id, owner_id),
+                                         node.version)])
+            except _RACES:
+                continue
+            self.on_change(target.table_id)
+            return True
+        raise VersionConflictError(f"Locks of table {target.name} kept changing; try again")
 
     def _guard_op(self, guard, table_id: int, value: dict):
         if guard is None:

@@ -1,10 +1,12 @@
 """recover(): bring an owner's columns back to its last commit after a crash.
 
-Baselines come from the owner's last commit; before the first commit, from the lock's initial
-offsets (a failover before the first commit); buckets of partitions created after the baseline
-start from 0. Every bucket whose end offset is past its baseline is undone. Nothing is changed
-when any check fails: the table was re-created, or some bucket's log no longer reaches back to
-its baseline.
+Baselines come from the owner's last commit in its lock tenure; before a commit in it, from the
+offsets the tenure began at (a failover before the first commit); buckets of partitions created
+after the baseline start from 0. Every bucket whose end offset is past its baseline is undone.
+Nothing is changed when any check fails: the table was re-created, or some bucket's log no
+longer reaches back to its baseline, or ends before it.
+
+`acquire` is the lock acquisition that takes over expired, unrecovered locks by undoing them.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass, field
 from aggfuncs import AggFunction
 from recovery.remote import undo_remote
 from recovery.undo import UndoResult
-from tally.errors import RecoveryError
+from tally.errors import RecoveryError, UnrecoveredLockError
 
 # Functions whose result is the same when the same rows are written twice.
 REPLAY_IDEMPOTENT = {
@@ -70,48 +72,87 @@ def undo_can_be_skipped(schema, target_columns, writer_deletes: bool) -> str | N
 def recover(conn, table: str, lease, target_columns=None, writer_deletes: bool = True,
             skip_idempotent: bool = True) -> RecoveryReport:
     """Undo every change of `lease.owner_id` to `target_columns` of `table` since its last
-    commit (or its lock's initial offsets)."""
+    commit in the lease's tenure (or the tenure's start): never further back, so nothing
+    another owner wrote before this tenure began is touched."""
     started = time.monotonic()
-    info = conn.admin.describe_table(table)
-    if info.table_id != lease.table_id:
-        raise RecoveryError(
-            f"Table {table} was dropped and re-created (table id {lease.table_id} recorded with "
-            f"the lock, now {info.table_id}): its changelog is not the one the baselines refer "
-            "to. Nothing was changed; start the job afresh with a new owner id.")
+    info = check_table(conn, table, lease)
     conn.locks.check(lease)
-    last = conn.locks.last_commit(table, lease.owner_id)
-    if last is not None:
-        baselines, source = last[1], f"commit of epoch {last[0]}"
-    else:
-        baselines, source = lease.initial_offsets, "the lock's initial offsets (no commit yet)"
+    baselines, source = conn.locks.undo_baselines(lease)
     report = RecoveryReport(table, lease.owner_id, source)
     reason = skip_idempotent and undo_can_be_skipped(info.descriptor.schema, target_columns,
                                                      writer_deletes)
     if reason:
         report.skipped = reason
         return report
-    current = conn.admin.list_log_offsets(table)
+    report.buckets = undo_since(conn, table, lease, baselines, target_columns)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def check_table(conn, table: str, lease):
+    """The table's description; refused when the table was dropped and re-created since the
+    lease was granted."""
+    info = conn.admin.describe_table(table)
+    table_id = info.table_id
+    if table_id != lease.table_id:
+        raise RecoveryError(
+            f"Table {table} was dropped and re-created (table id {lease.table_id} recorded with "
+            f"the lock, now {table_id}): its changelog is not the one the baselines refer "
+            "to. Nothing was changed; start the job afresh with a new owner id.")
+    return info
+
+
+def undo_since(conn, table: str, lease, baselines: dict, target_columns=None) -> list[UndoResult]:
+    """Undo the owner's columns of every bucket whose changelog goes past its baseline
+    (`baselines.get((partition, bucket), 0)`), fencing the owner's earlier task attempts on
+    that bucket first. Every bucket is checked before anything changes: a log that no longer
+    reaches back to the baseline (retention) or ends before it (a restored backup) is refused."""
+    check_table(conn, table, lease)
     todo = []
+    current = conn.admin.list_log_offsets(table)
     for (partition, bucket), (start, end) in sorted(current.items(),
                                                     key=lambda kv: (kv[0][0] or "", kv[0][1])):
         baseline = baselines.get((partition, bucket), 0)  # a partition made since: from 0
-        if end <= baseline:
+        where = f"bucket {bucket}{'' if partition is None else f' of partition {partition}'} of {table}"
+        if end < baseline:
+            raise RecoveryError(
+                f"Cannot undo {where} back to offset {baseline}: its changelog ends at {end}, "
+                "before the baseline (the bucket was restored from an older copy, or lost "
+                "records). The owner's writes can no longer be told apart. Nothing was changed.")
+        if end == baseline:
             continue
         if baseline < start:
             raise RecoveryError(
-                f"Cannot undo bucket {bucket}{'' if partition is None else f' of partition {partition}'}"
-                f" of {table} from offset {baseline}: its changelog now starts at {start} "
-                "(retention removed the records undo needs). Nothing was changed.")
+                f"Cannot undo {where} from offset {baseline}: its changelog now starts at "
+                f"{start} (retention removed the records undo needs). Nothing was changed.")
         todo.append((partition, bucket, baseline, end))
     handle = conn.table(table)
     attempts: dict[int, int] = {}
+    results = []
     for partition, bucket, baseline, end in todo:
         if bucket not in attempts:
             # A new attempt for the bucket first: any task of the crashed run that still
             # writes is fenced before the undo starts.
             attempts[bucket] = conn.locks.register_attempt(lease, bucket)
-        report.buckets.append(undo_remote(handle, bucket, baseline, partition=partition, end=end,
-                                          target_columns=target_columns, lease=lease,
-                                          attempt=attempts[bucket]))
-    report.seconds = time.monotonic() - started
-    return report
+        results.append(undo_remote(handle, bucket, baseline, partition=partition, end=end,
+                                   target_columns=target_columns, lease=lease,
+                                   attempt=attempts[bucket]))
+    return results
+
+
+def acquire(conn, table: str, owner_id: str, columns, ttl: float = 60):
+    """`conn.locks.acquire`, taking over expired, unrecovered locks in the way: each one's
+    tenure is undone back to its last commit (over its own columns) and then released, so
+    that no uncommitted write of an expired tenure survives another owner's takeover."""
+    for _ in range(10):
+        try:
+            return conn.locks.acquire(table, owner_id, columns, ttl=ttl)
+        except UnrecoveredLockError:
+            pass
+        key = list(conn.admin.describe_table(table).descriptor.schema.primary_key)
+        for expired in conn.locks.take_over(table, owner_id, columns, ttl=ttl):
+            recover(conn, table, expired, key + list(expired.columns), skip_idempotent=False)
+            conn.locks.release(expired)
+    raise UnrecoveredLockError(
+        f"Expired locks on columns {list(columns)} of {table} kept coming back while owner "
+        f"'{owner_id}' took them over; try again")

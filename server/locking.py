@@ -35,7 +35,7 @@ def lease_field(body: dict) -> Lease:
     doc = field(body, "lease", dict)
     for name in ("table", "owner_id"):
         field(doc, name, str)
-    for name in ("table_id", "token"):
+    for name in ("table_id", "token", "tenure"):
         field(doc, name, int)
     for name in ("expires_at", "ttl"):
         if isinstance(doc.get(name), bool) or not isinstance(doc.get(name), (int, float)):
@@ -58,6 +58,9 @@ class CoordinatorLocks:
             "lock_acquire": self.acquire,
             "lock_renew": self.renew,
             "lock_release": self.release,
+            "lock_take_over": self.take_over,
+            "lock_discard": self.discard,
+            "undo_baselines": self.undo_baselines,
             "register_attempt": lambda body: self.locks.register_attempt(
                 self.lease(body), field(body, "bucket", int)),
             "lock_describe": self.describe,
@@ -119,7 +122,33 @@ class CoordinatorLocks:
         return self.locks.renew(self.lease(body)).to_json()
 
     def release(self, body: dict) -> bool:
-        return self.locks.release(lease_field(body))
+        """Release ends the tenure: its uncommitted epochs' baselines go with it."""
+        lease = lease_field(body)
+        released = self.locks.release(lease)
+        if released:
+            self.commits.forget_baselines(lease.table_id, lease.owner_id)
+        return released
+
+    def take_over(self, body: dict) -> list[dict]:
+        target = self.target(field(body, "table", str))
+        leases = self.locks.take_over(target, field(body, "owner_id", str),
+                                      field(body, "columns", list), body.get("ttl", 60))
+        return [lease.to_json() for lease in leases]
+
+    def discard(self, body: dict) -> bool:
+        target = self.target(field(body, "table", str))
+        owner_id = field(body, "owner_id", str)
+        discarded = self.locks.discard(target, owner_id)
+        if discarded:
+            self.commits.forget_baselines(target.table_id, owner_id)
+        return discarded
+
+    def undo_baselines(self, body: dict) -> list:
+        """[offsets, why] an undo of the lease's tenure starts from (see CommitLog)."""
+        lease = self.lease(body)
+        offsets, source = self.commits.undo_baselines(
+            lease.table_id, lease.owner_id, lease.tenure, lease.initial_offsets)
+        return [offsets_to_json(offsets), source]
 
     def describe(self, body: dict) -> list[dict]:
         return self.locks.describe(self.target(field(body, "table", str)),
@@ -135,7 +164,8 @@ class CoordinatorLocks:
     def last_commit(self, body: dict):
         record = self.catalog.get_table(field(body, "table", str))
         found = self.commits.last_commit(record.table_id, field(body, "owner_id", str))
-        return None if found is None else [found[0], offsets_to_json(found[1])]
+        return None if found is None else [found.epoch, offsets_to_json(found.offsets),
+                                           found.tenure]
 
     def epoch_baseline(self, body: dict) -> list:
         lease = self.lease(body)
@@ -144,10 +174,15 @@ class CoordinatorLocks:
         return offsets_to_json(offsets)
 
     def retention_floor(self, body: dict) -> dict:
-        """Per bucket, the oldest offset a live lock (its last commit, else its initial offsets)
-        or an uncommitted epoch baseline still needs for undo: retention must keep it. While a
-        lock is live, a bucket it has no offset for (a partition created since) needs offset 0."""
+        """Per bucket, the oldest offset an unreleased lock tenure still needs for undo: its
+        last commit in the tenure (else the tenure's start) and its uncommitted epochs'
+        baselines. Retention must keep it. Expired tenures hold it for the table's
+        `table.log.retention.expired-lock-ms` after their expiry, then no longer (their undo
+        is then refused). While a tenure holds, a bucket it has no offset for (a partition
+        created since) needs offset 0."""
         table_id = field(body, "table_id", int)
+        hold = self.coordinator.parse_descriptor(
+            self.catalog.table_by_id(table_id).descriptor).expired_lock_retention_ms / 1000.0
         floor: dict = {}
 
         def need(offsets):
@@ -155,16 +190,17 @@ class CoordinatorLocks:
                 floor[key] = min(floor.get(key, offset), offset)
 
         now = self.locks.clock()
-        live = 0
+        holding = 0
         for record, _ in self.locks.records(table_id).values():
-            if not record.live(now):
+            if record.expires_at + hold <= now:
                 continue
-            live += 1
-            last = self.commits.last_commit(table_id, record.owner_id)
-            need(last[1] if last else record.initial_offsets)
-            for baseline in self.commits.pending_baselines(table_id, record.owner_id).values():
+            holding += 1
+            need(self.commits.undo_baselines(table_id, record.owner_id, record.tenure,
+                                             record.initial_offsets)[0])
+            for baseline in self.commits.pending_baselines(table_id, record.owner_id,
+                                                           record.tenure).values():
                 need(baseline)
-        return {"offsets": offsets_to_json(floor), "live_locks": live}
+        return {"offsets": offsets_to_json(floor), "live_locks": holding}
 
     def drop_table(self, table_id: int) -> None:
         self.locks.drop_table(table_id)

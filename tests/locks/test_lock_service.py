@@ -8,7 +8,7 @@ import pytest
 from locks import ColumnLockService, CommitLog, LockTarget, view_from_records
 from merge_engine import Schema
 from meta import open_store
-from tally.errors import ColumnLockConflict, InvalidInputError, LeaseLostError
+from tally.errors import ColumnLockConflict, InvalidInputError, LeaseLostError, UnrecoveredLockError
 
 
 class Clock:
@@ -76,9 +76,10 @@ def test_reacquire_keeps_initial_offsets_and_fences_the_old_lease(store, clock):
     assert locks.release(new) is True and locks.describe(TABLE) == []
 
 
-def test_expiry_then_takeover_gets_fresh_offsets(store, clock):
+def test_expired_lock_blocks_until_taken_over_then_everyone_starts_a_new_tenure(store, clock):
     locks = ColumnLockService(store, clock)
     a = locks.acquire(TABLE, "A", ["a", "b"], 10, offsets(5))
+    assert a.tenure == a.token
     clock.now += 5
     a = locks.renew(a)
     clock.now += 9
@@ -86,11 +87,55 @@ def test_expiry_then_takeover_gets_fresh_offsets(store, clock):
     clock.now += 11
     with pytest.raises(LeaseLostError, match="expired"):
         locks.renew(a)
+    # Expiry does not end the tenure: its uncommitted writes may still have to be undone.
+    with pytest.raises(UnrecoveredLockError, match=r"expired lock of owner 'A' \(tenure"):
+        locks.acquire(TABLE, "B", ["b"], 10, offsets(70))
+    assert [d["owner_id"] for d in locks.describe(TABLE, include_expired=True)] == ["A"]
+    [revived] = locks.take_over(TABLE, "B", ["b"], 10)
+    assert (revived.owner_id, revived.tenure, revived.initial_offsets) == ("A", a.tenure, a.initial_offsets)
+    assert revived.token > a.token  # the zombie is fenced
+    with pytest.raises(ColumnLockConflict, match="locked by owner 'A'"):  # held for the undo
+        locks.acquire(TABLE, "B", ["b"], 10, offsets(70))
+    assert locks.release(revived) is True
     b = locks.acquire(TABLE, "B", ["b"], 10, offsets(70))
-    assert b.initial_offsets == {(None, 0): 70, (None, 1): 71} and b.token > a.token
-    # A's expired lock node is gone, so A starts afresh with fresh offsets.
+    assert b.initial_offsets == {(None, 0): 70, (None, 1): 71} and b.tenure == b.token > revived.token
+    # A's lock is gone, so A starts a new tenure with fresh offsets.
     a2 = locks.acquire(TABLE, "A", ["a"], 10, offsets(80))
-    assert a2.initial_offsets[(None, 0)] == 80
+    assert a2.initial_offsets[(None, 0)] == 80 and a2.tenure == a2.token
+
+
+def test_same_owner_continues_its_tenure_after_expiry_but_not_after_release(store, clock):
+    locks = ColumnLockService(store, clock)
+    first = locks.acquire(TABLE, "job", ["a"], 10, offsets(5))
+    clock.now += 60
+    again = locks.acquire(TABLE, "job", ["a"], 10, offsets(50))  # a restart after expiry
+    assert (again.tenure, again.initial_offsets) == (first.tenure, first.initial_offsets)
+    # Other columns while the expired-then-continued lock is live: a conflict; once expired,
+    # the old tenure must be recovered or taken over first.
+    clock.now += 60
+    with pytest.raises(UnrecoveredLockError, match="expired, unrecovered lock"):
+        locks.acquire(TABLE, "job", ["a", "b"], 10, offsets(60))
+    assert locks.take_over(TABLE, "job", ["a"], 10) == []  # its own tenure: it recovers it
+    [own] = locks.take_over(TABLE, "job", ["a", "b"], 10)
+    assert own.tenure == first.tenure and locks.release(own)
+    fresh = locks.acquire(TABLE, "job", ["a", "b"], 10, offsets(60))
+    assert fresh.tenure == fresh.token and fresh.initial_offsets[(None, 0)] == 60
+
+
+def test_discard_drops_only_expired_locks(store, clock):
+    locks = ColumnLockService(store, clock)
+    locks.acquire(TABLE, "A", ["a"], 10, offsets())
+    with pytest.raises(ColumnLockConflict, match="only an expired lock"):
+        locks.discard(TABLE, "A")
+    clock.now += 11
+    assert locks.discard(TABLE, "A") is True and locks.discard(TABLE, "A") is False
+    assert locks.acquire(TABLE, "B", ["a"], 10, offsets()).owner_id == "B"
+
+
+@pytest.mark.parametrize("ttl", [0, -1, float("nan"), float("inf"), True, "10"])
+def test_ttl_must_be_finite_and_positive(store, clock, ttl):
+    with pytest.raises(InvalidInputError, match="ttl"):
+        ColumnLockService(store, clock).acquire(TABLE, "o", ["a"], ttl, offsets())
 
 
 def test_lock_view_fences_zombies(store, clock):
@@ -102,9 +147,18 @@ def test_lock_view_fences_zombies(store, clock):
     view().check_write(b_col, None, None, now=clock.now)  # unlocked columns are free
     with pytest.raises(ColumnLockConflict, match="locked by owner 'A'"):
         view().check_write(a_col | b_col, None, None, now=clock.now)
+    with pytest.raises(ColumnLockConflict, match="locked by owner 'A'"):
+        view().check_write(a_col, "A", None, now=clock.now)  # an owner id without a lease
     clock.now += 11
     with pytest.raises(LeaseLostError, match="expired"):
         view().check_write(a_col, "A", a.token, now=clock.now)
+    with pytest.raises(UnrecoveredLockError, match="expired lock of owner 'A'"):
+        view().check_write(a_col, None, None, now=clock.now)  # no lease-less write slips in
+    [revived] = locks.take_over(TABLE, "B", ["a"], 10)
+    with pytest.raises(LeaseLostError):
+        view().check_write(a_col, "A", a.token, now=clock.now)
+    view().check_write(a_col, "A", revived.token, now=clock.now)  # the takeover's undo
+    locks.release(revived)
     b = locks.acquire(TABLE, "B", ["a"], 10, offsets())
     with pytest.raises((LeaseLostError, ColumnLockConflict)):
         view().check_write(a_col, "A", a.token, now=clock.now)
@@ -160,10 +214,10 @@ def test_commits_move_forward_and_baselines_are_insert_if_absent(store, clock):
     assert commits.last_commit(7, "job") is None
     assert commits.epoch_baseline(lease, 0, offsets(10)) == {(None, 0): 10, (None, 1): 11}
     assert commits.epoch_baseline(lease, 0, offsets(20)) == {(None, 0): 10, (None, 1): 11}
-    assert commits.pending_baselines(7, "job").keys() == {0}
+    assert commits.pending_baselines(7, "job", lease.tenure).keys() == {0}
     assert commits.commit(lease, 0, {(None, 0): 12, (None, 1): 11}) is True
-    assert commits.last_commit(7, "job") == (0, {(None, 0): 12, (None, 1): 11})
-    assert commits.pending_baselines(7, "job") == {}
+    assert commits.last_commit(7, "job") == (0, {(None, 0): 12, (None, 1): 11}, lease.tenure)
+    assert commits.pending_baselines(7, "job", lease.tenure) == {}
     assert commits.commit(lease, 0, {(None, 0): 99}) is False  # replay of the same epoch
     assert commits.commit(lease, 1, {(None, 0): 13}) is True
     with pytest.raises(InvalidInputError, match="only move forward"):
@@ -172,3 +226,26 @@ def test_commits_move_forward_and_baselines_are_insert_if_absent(store, clock):
     with pytest.raises(LeaseLostError, match="superseded"):
         commits.commit(lease, 5, {})
     assert commits.commit(newer, 5, {(None, 0): 1}) is True
+
+
+def test_commits_and_baselines_belong_to_their_tenure(store, clock):
+    locks = ColumnLockService(store, clock)
+    commits = CommitLog(store, locks)
+    first = locks.acquire(TABLE, "job", ["a"], 30, offsets(5))
+    assert commits.undo_baselines(7, "job", first.tenure, first.initial_offsets)[0] == \
+        {(None, 0): 5, (None, 1): 6}
+    commits.commit(first, 0, {(None, 0): 9, (None, 1): 6})
+    assert commits.epoch_baseline(first, 1, offsets(9)) == {(None, 0): 9, (None, 1): 10}
+    baselines, why = commits.undo_baselines(7, "job", first.tenure, first.initial_offsets)
+    assert baselines == {(None, 0): 9, (None, 1): 6} and "epoch 0" in why
+    locks.release(first)
+    # Another owner wrote in between; the job's next tenure must not reach back before it.
+    second = locks.acquire(TABLE, "job", ["a"], 30, offsets(40))
+    assert second.tenure != first.tenure
+    baselines, why = commits.undo_baselines(7, "job", second.tenure, second.initial_offsets)
+    assert baselines == {(None, 0): 40, (None, 1): 41} and f"tenure {second.tenure}" in why
+    assert commits.last_commit(7, "job").epoch == 0  # epochs still count across tenures
+    assert commits.pending_baselines(7, "job", second.tenure) == {}
+    # The epoch baseline stored by the first tenure is replaced, not reused.
+    assert commits.epoch_baseline(second, 1, offsets(40)) == {(None, 0): 40, (None, 1): 41}
+    assert commits.epoch_baseline(second, 1, offsets(50)) == {(None, 0): 40, (None, 1): 41}
