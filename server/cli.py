@@ -44,6 +44,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                              "their row buffers, half their RocksDB memtables, e.g. 512mb "
                              f"(default {DEFAULT_MEMORY_BUDGET})")
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--lock-clock-file", metavar="PATH", help=argparse.SUPPRESS)  # tests
     return parser
 
 

@@ -10,7 +10,6 @@ the old view is still in flight, so none can slip in after the new lease was gra
 from __future__ import annotations
 
 import threading
-import time
 
 import pyarrow as pa
 
@@ -55,5 +54,5 @@ class TabletLocks:
         columns = {schema.column(name).id for name in targets if name not in schema.primary_key}
         lease = header.get("lease") or {}
         self.view(hosted.key.table_id).check_write(
-            columns, lease.get("owner_id"), lease.get("token"), now=time.time(),
+            columns, lease.get("owner_id"), lease.get("token"), now=self.server.clock(),
             table=hosted.routing.name, bucket=hosted.key.bucket, attempt=lease.get("attempt"))

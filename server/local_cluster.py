@@ -109,7 +109,9 @@ class LocalCluster:
     def __init__(self, data_dir: str, tablet_servers: int = 2, zookeeper: str | None = None,
                  auth_token: str | None = None, host: str = "127.0.0.1",
                  max_batch_bytes: int | None = None, startup_timeout: float = 60.0,
-                 memory_budget: str | None = None) -> None:
+                 memory_budget: str | None = None, lock_clock_file: str | None = None) -> None:
+        """`lock_clock_file`: every server judges lock expiry by the wall clock plus the
+        seconds in this file, so tests expire locks without sleeping (server.clock)."""
         self.data_dir = os.path.abspath(data_dir)
         os.makedirs(self.data_dir, exist_ok=True)
         saved = self._load_settings()
@@ -124,6 +126,8 @@ class LocalCluster:
             common += ["--zookeeper", self.zookeeper]
         if auth_token:
             common += ["--auth-token", auth_token]
+        if lock_clock_file:
+            common += ["--lock-clock-file", os.path.abspath(lock_clock_file)]
         tablet_args = common + (["--max-batch-bytes", str(max_batch_bytes)]
                                 if max_batch_bytes else [])
         if memory_budget is not None:

@@ -52,7 +52,8 @@ class CoordinatorLocks:
     def __init__(self, coordinator) -> None:
         self.coordinator = coordinator
         self.catalog = coordinator.catalog
-        self.locks = ColumnLockService(coordinator.store, on_change=self.push_view)
+        self.locks = ColumnLockService(coordinator.store, clock=coordinator.clock,
+                                       on_change=self.push_view)
         self.commits = CommitLog(coordinator.store, self.locks)
         coordinator.actions.update({
             "lock_acquire": self.acquire,

@@ -19,6 +19,7 @@ import threading
 
 from server.channel import FlightChannel
 from server.cli import add_serve_arguments
+from server.clock import lock_clock
 from server.flight_service import TallyFlightServer
 from server.tablet_server import TabletServer
 from tally.errors import UnavailableError
@@ -79,7 +80,8 @@ class ServerProcess:
             from server.coordinator import Coordinator
 
             store = self._store(open_store(zookeeper=args.zookeeper, data_dir=args.data_dir))
-            self.coordinator = Coordinator(store, self.address, args.auth_token)
+            self.coordinator = Coordinator(store, self.address, args.auth_token,
+                                           clock=lock_clock(args.lock_clock_file))
             self.flight.attach(coordinator=self.coordinator)
         if args.role in ("all", "tablet"):
             zk = self._store(open_store(zookeeper=args.zookeeper)) if args.zookeeper else None
@@ -91,7 +93,8 @@ class ServerProcess:
                 raise SystemExit("a tablet server needs --coordinator URL or --zookeeper")
             self.tablet_server = TabletServer(args.data_dir, self.address, link,
                                               max_batch_bytes=args.max_batch_bytes,
-                                              memory_budget=args.memory_budget)
+                                              memory_budget=args.memory_budget,
+                                              clock=lock_clock(args.lock_clock_file))
             self.flight.attach(tablet_server=self.tablet_server)
             if zk is not None:
                 from server.membership import EphemeralRegistration, live_path

@@ -2,9 +2,10 @@
 
 Every `interval` seconds each open tablet whose table sets `table.log.retention.offsets` or
 `table.log.retention.ms` is truncated to what those options allow, but never above the floor the
-coordinator reports: the oldest offset a live lock's last commit (or its initial offsets) or an
-uncommitted epoch's baseline still needs for undo. `table.log.retention.ignore-locks = true`
-drops that protection.
+coordinator reports: the oldest offset an unreleased lock tenure (live, or expired within the
+table's `table.log.retention.expired-lock-ms`) still needs for its undo: its last commit in the
+tenure (or the tenure's start) and its uncommitted epochs' baselines.
+`table.log.retention.ignore-locks = true` drops that protection.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 import uuid
 from typing import Callable
 
@@ -89,9 +90,12 @@ class TabletServer:
     def __init__(self, data_dir: str, address: str, coordinator: Callable[[str, dict], object],
                  max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
                  heartbeat_interval: float = HEARTBEAT_INTERVAL,
-                 retention_interval: float = 30.0, memory_budget: int | None = None) -> None:
+                 retention_interval: float = 30.0, memory_budget: int | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         """`memory_budget`: bytes of write memory all hosted buckets share (None: no cap
-        beyond each bucket's own; `tally serve` passes --memory-budget)."""
+        beyond each bucket's own; `tally serve` passes --memory-budget). `clock`: the time
+        lock expiry is judged by (tests move it; see server.clock)."""
+        self.clock = clock
         self.server_id = load_server_id(data_dir)
         self.address = address
         self.max_batch_bytes = max_batch_bytes

@@ -169,6 +169,10 @@ def action_fields(ctx: Context, role: str, name: str) -> dict[str, tuple[str, ob
         ("coordinator", "last_commit"): {"table": table, "owner_id": ("str", ctx.owner, True)},
         ("coordinator", "epoch_baseline"): {"lease": lease, "epoch": ("int", 1, True)},
         ("coordinator", "retention_floor"): {"table_id": ("int", ctx.table_id, True)},
+        ("coordinator", "lock_take_over"): {"table": table, "owner_id": ("str", "fuzz-3", True),
+                                            "columns": ("columns", ["total"], True)},
+        ("coordinator", "lock_discard"): {"table": table, "owner_id": ("str", "fuzz-4", True)},
+        ("coordinator", "undo_baselines"): {"lease": lease},
         ("tablet", "offsets"): {"table_id": ("int", ctx.table_id, True),
                                 "buckets": ("buckets", [[b.partition_id, b.bucket]], True)},
         ("tablet", "drop_tablets"): {"table_id": ("int", ctx.table_id, True)},
@@ -187,7 +191,7 @@ COORDINATOR_ACTIONS = ["create_database", "drop_database", "create_table", "drop
                        "truncate_log", "lock_acquire", "lock_renew", "lock_release",
                        "register_attempt",
                        "lock_describe", "lock_view", "commit", "last_commit", "epoch_baseline",
-                       "retention_floor"]
+                       "retention_floor", "lock_take_over", "lock_discard", "undo_baselines"]
 TABLET_ACTIONS = ["offsets", "drop_tablets", "install_lock_view", "truncate_log"]
 KNOWN = set(COORDINATOR_ACTIONS) | set(TABLET_ACTIONS) | set(NO_BODY_ACTIONS) | {"lookup"}
 
