@@ -85,6 +85,11 @@ class LockRecord:
     def live(self, now: float) -> bool:
         return self.expires_at > now
 
+    def recoverable(self, now: float, hold: float) -> bool:
+        """Whether retention still keeps what an undo of this tenure needs: while live, and
+        for `hold` seconds after expiry."""
+        return self.expires_at + hold > now
+
     def to_json(self) -> dict:
         return {
             "owner_id": self.owner_id, "table_id": self.table_id,

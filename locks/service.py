@@ -32,6 +32,7 @@ from tally.errors import (
     InvalidInputError,
     LeaseLostError,
     NotFoundError,
+    RecoveryError,
     UnrecoveredLockError,
     VersionConflictError,
 )
@@ -46,6 +47,8 @@ class LockTarget:
     name: str
     table_id: int
     schema: object  # merge_engine.Schema (columns with stable ids, primary key)
+    # seconds after expiry that retention keeps what an undo of the lock needs (a table option)
+    expired_hold: float = math.inf
 
 
 def _check_ttl(ttl) -> float:
@@ -139,6 +142,8 @@ class ColumnLockService:
             if key != mine_key and set(record.column_ids) & set(ids):
                 self._refuse_overlap(target, record, set(record.column_ids) & set(ids), now)
         continues = mine is not None and set(mine[0].column_ids) == set(ids)
+        if continues:
+            self._refuse_unrecoverable(target, mine[0], now)
         if mine is not None and not continues:
             if mine[0].live(now):
                 raise ColumnLockConflict(
@@ -179,6 +184,18 @@ class ColumnLockService:
             "its writes since its last commit may still be undone. Restart that owner, take "
             "the columns over with recovery.acquire (which undoes them first), or discard the "
             "lock (`tally locks --discard`), which keeps them as they are")
+
+    @staticmethod
+    def _refuse_unrecoverable(target, record: LockRecord, now: float) -> None:
+        """An expired tenure past the table's expired-lock retention may have lost the
+        changelog its undo needs: continuing or taking it over would undo only part of it."""
+        if not record.recoverable(now, target.expired_hold):
+            raise RecoveryError(
+                f"The lock of owner '{record.owner_id}' on table {target.name} (tenure "
+                f"{record.tenure}) expired {_when(record.expires_at)}, longer ago than the "
+                f"table's table.log.retention.expired-lock-ms ({target.expired_hold:.0f}s): "
+                "retention may have removed the changelog its undo needs. Nothing was changed. "
+                "Discard the lock (`tally locks --discard`) to keep its writes as they are")
 
     def _next_token(self, guard, table_id: int, ids) -> tuple[int, tuple]:
         """A new fencing token, recorded as the newest for `ids`, and the guard write."""
@@ -222,6 +239,7 @@ class ColumnLockService:
                 continue
             if record.live(now):
                 self._refuse_overlap(target, record, overlap, now)
+            self._refuse_unrecoverable(target, record, now)
             in_way.append((record, version))
         if not in_way:
             return []

@@ -76,8 +76,9 @@ class CoordinatorLocks:
 
     def target(self, name: str) -> LockTarget:
         record = self.catalog.get_table(name)
-        return LockTarget(record.name, record.table_id,
-                          self.coordinator.parse_descriptor(record.descriptor).schema)
+        descriptor = self.coordinator.parse_descriptor(record.descriptor)
+        return LockTarget(record.name, record.table_id, descriptor.schema,
+                          descriptor.expired_lock_retention_ms / 1000.0)
 
     def lease(self, body: dict) -> Lease:
         lease = lease_field(body)
@@ -182,8 +183,7 @@ class CoordinatorLocks:
         is then refused). While a tenure holds, a bucket it has no offset for (a partition
         created since) needs offset 0."""
         table_id = field(body, "table_id", int)
-        hold = self.coordinator.parse_descriptor(
-            self.catalog.table_by_id(table_id).descriptor).expired_lock_retention_ms / 1000.0
+        target = self.target(self.catalog.table_by_id(table_id).name)
         floor: dict = {}
 
         def need(offsets):
@@ -193,7 +193,7 @@ class CoordinatorLocks:
         now = self.locks.clock()
         holding = 0
         for record, _ in self.locks.records(table_id).values():
-            if record.expires_at + hold <= now:
+            if not record.recoverable(now, target.expired_hold):
                 continue
             holding += 1
             need(self.commits.undo_baselines(table_id, record.owner_id, record.tenure,

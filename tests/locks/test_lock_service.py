@@ -8,7 +8,8 @@ import pytest
 from locks import ColumnLockService, CommitLog, LockTarget, view_from_records
 from merge_engine import Schema
 from meta import open_store
-from tally.errors import ColumnLockConflict, InvalidInputError, LeaseLostError, UnrecoveredLockError
+from tally.errors import (ColumnLockConflict, InvalidInputError, LeaseLostError, RecoveryError,
+                          UnrecoveredLockError)
 
 
 class Clock:
@@ -249,3 +250,19 @@ def test_commits_and_baselines_belong_to_their_tenure(store, clock):
     # The epoch baseline stored by the first tenure is replaced, not reused.
     assert commits.epoch_baseline(second, 1, offsets(40)) == {(None, 0): 40, (None, 1): 41}
     assert commits.epoch_baseline(second, 1, offsets(50)) == {(None, 0): 40, (None, 1): 41}
+
+
+def test_an_expired_lock_past_its_retention_hold_is_refused_until_discarded(store, clock):
+    locks = ColumnLockService(store, clock)
+    held = LockTarget("db.t", 7, SCHEMA, expired_hold=100.0)
+    locks.acquire(held, "A", ["a"], 10, offsets())
+    clock.now += 10 + 99
+    assert locks.acquire(held, "A", ["a"], 10, offsets()).owner_id == "A"  # within the hold
+    clock.now += 10 + 100
+    with pytest.raises(RecoveryError, match="expired-lock-ms"):
+        locks.acquire(held, "A", ["a"], 10, offsets())
+    with pytest.raises(RecoveryError, match="Nothing was changed"):
+        locks.take_over(held, "B", ["a"], 10)
+    assert [r.token for r, _ in locks.records(7).values()] == [2]
+    assert locks.discard(held, "A")
+    assert locks.acquire(held, "B", ["a"], 10, offsets()).owner_id == "B"
