@@ -85,10 +85,19 @@ def cmd_servers(args: argparse.Namespace) -> int:
 
 
 def cmd_locks(args: argparse.Namespace) -> int:
-    """Print the live column locks of one table, or of every table."""
+    """Print the column locks of one table, or of every table; or discard an expired one."""
     import client
 
     with client.connect(args.url, token=args.auth_token) as conn:
+        if args.discard:
+            if not args.table:
+                raise InvalidOptionError("--discard OWNER needs the table: tally locks TABLE "
+                                         "--discard OWNER")
+            found = conn.locks.discard(args.table, args.discard)
+            print(f"discarded the expired lock of '{args.discard}' on {args.table}; its writes "
+                  "since its last commit stay as they are" if found else
+                  f"no lock of '{args.discard}' on {args.table}")
+            return 0
         if args.table:
             tables = [args.table]
         else:
@@ -99,7 +108,8 @@ def cmd_locks(args: argparse.Namespace) -> int:
             for lock in conn.locks.describe(table, include_expired=args.all):
                 offsets = " ".join(f"{p + '/' if p else ''}{b}:{o}"
                                    for p, b, o in lock["initial_offsets"])
-                state = "EXPIRED" if lock["expired"] else f"{lock['expires_in']:.1f}s"
+                state = "EXPIRED (unrecovered)" if lock["expired"] else \
+                    f"{lock['expires_in']:.1f}s"
                 rows.append((table, lock["owner_id"], ",".join(lock["columns"]), state,
                              str(lock["token"]), offsets))
         if not rows:
@@ -134,6 +144,10 @@ def add_commands(commands) -> None:
                                                "token, initial offsets")
     locks.add_argument("table", nargs="?", help="'<database>.<table>' (default: every table)")
     locks.add_argument("--url", required=True, help="the coordinator's URL")
-    locks.add_argument("--all", action="store_true", help="include expired locks")
+    locks.add_argument("--all", action="store_true",
+                       help="include expired locks (they keep their columns closed until their "
+                            "owner recovers, another owner takes them over, or --discard)")
+    locks.add_argument("--discard", metavar="OWNER",
+                       help="drop OWNER's expired lock without undoing its uncommitted writes")
     locks.add_argument("--auth-token", default=os.environ.get("TALLY_AUTH_TOKEN"))
     locks.set_defaults(func=cmd_locks)

@@ -220,3 +220,35 @@ def test_task_attempts_fence_earlier_attempts_of_the_same_bucket(conn, table_nam
         new.upsert([{"k": key0, "a": 10}])
     assert {r["k"]: r["a"] for r in table.to_arrow().to_pylist()} == {key0: 11, key1: 5}
     conn.locks.release(again)
+
+
+def wait_until_expired(conn, table, owner, deadline=60.0):
+    """Poll the coordinator (no fixed sleep) until `owner`'s lock on `table` has expired."""
+    stop = time.monotonic() + deadline
+    while time.monotonic() < stop:
+        locks = {d["owner_id"]: d for d in conn.locks.describe(table, include_expired=True)}
+        if locks.get(owner, {}).get("expired"):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the lock of {owner} on {table} did not expire within {deadline}s")
+
+
+def test_expired_lock_refuses_lease_less_writes_until_discarded(cluster, conn, table_name, capsys):
+    from cli.main import main
+
+    table = make_table(conn, table_name)
+    lease = unkept_lease(conn, table_name, "gone", ["a"], ttl=0.5)
+    with table.upsert_writer(target_columns=["k", "a"], lease=lease) as w:
+        w.upsert([{"k": 1, "a": 5}])
+    wait_until_expired(conn, table_name, "gone")
+    writer = table.upsert_writer(target_columns=["k", "a"])
+    writer.upsert([{"k": 1, "a": 1000}])
+    with pytest.raises(UnrecoveredLockError, match="expired lock of owner 'gone'"):
+        writer.flush()
+    assert main(["locks", table_name, "--url", cluster.url, "--all"]) == 0
+    assert "EXPIRED (unrecovered)" in capsys.readouterr().out
+    assert main(["locks", table_name, "--url", cluster.url, "--discard", "gone"]) == 0
+    assert "discarded the expired lock of 'gone'" in capsys.readouterr().out
+    with table.upsert_writer(target_columns=["k", "a"]) as w:  # the operator kept its write
+        w.upsert([{"k": 1, "a": 1}])
+    assert rows(table)[1]["a"] == 6
