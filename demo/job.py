@@ -2,8 +2,9 @@
 
     python -m demo.job URL TABLE SOURCE_DIR CHECKPOINT_DIR
 
-Reads the order files one per micro-batch and writes them through TallySink. With the
-environment variable TALLY_DEMO_CRASH_EPOCH set, the job kills itself inside that micro-batch.
+Reads the order files one per micro-batch, in modification-time order, and writes them through
+TallySink with `order_id` as the sequence column. With the environment variable
+TALLY_DEMO_CRASH_EPOCH set, the job kills itself inside that micro-batch.
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ def main() -> int:
     schema = StructType.fromJson({"type": "struct", "fields": [
         {"name": f.name, "type": _spark_type(f.type), "nullable": True, "metadata": {}}
         for f in ORDER_SCHEMA]})
-    orders = (spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).json(source)
+    # One file per micro-batch, oldest modification time first (the demo gives the files
+    # strictly increasing ones, in file order): batch i reads file i (demo/orders.py).
+    orders = (spark.readStream.schema(schema).option("maxFilesPerTrigger", 1)
+              .option("latestFirst", "false").json(source)
               .withColumnRenamed("amount", "revenue").withColumnRenamed("price", "max_price")
               .selectExpr("product", "revenue", "order_id as orders", "max_price", "tags",
                           "order_id as order_ids", "status", "order_id"))

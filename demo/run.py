@@ -4,6 +4,13 @@ equals the exactly-once result.
 
 The job runs as a subprocess (demo/job.py) so it can really be killed: the kill comes from inside
 a write task, after it wrote half of its rows, and takes the driver and the JVM down with it.
+
+The check is deterministic (docs/guide.md, "The demo"): each run works in a new temporary
+directory (source files, checkpoint, cluster; with --zookeeper, a new chroot of its own), the
+source files have strictly increasing modification times so Spark reads file i in micro-batch i,
+the model folds exactly the batches Spark recorded in its checkpoint in the sink's order
+(demo/orders.py), the crash is checked to have happened in the planned batch, and no process of
+the killed job is left when the job restarts.
 """
 
 from __future__ import annotations
@@ -17,8 +24,9 @@ from decimal import Decimal
 
 import pyarrow as pa
 
-from demo.crash import CRASH_EPOCH, JOB_PIDS
-from demo.orders import expected_totals, write_orders
+from demo.crash import CRASH_EPOCH, JOB_MARKER, JOB_PIDS, end_job_processes
+from demo.orders import (expected_totals, file_name, orders_of_batches, spark_batches,
+                         write_orders)
 
 TABLE = "shop.product_totals"
 FILES, PER_FILE, CRASH_IN = 6, 400, 3
@@ -51,23 +59,33 @@ def product_totals_descriptor():
     return TableDescriptor(schema, bucket_count=4, properties={"table.merge-engine": "aggregation"})
 
 
-def run_job(url: str, source: str, checkpoint: str, crash_epoch: int | None, work: str) -> int:
+def run_job(url: str, source: str, checkpoint: str, crash_epoch: int | None, work: str,
+            marker: str) -> int:
+    """Run demo/job.py to its end (or its crash); when it returns, no process of it is left."""
     env = dict(os.environ)
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    env[JOB_MARKER] = marker
+    env.pop(CRASH_EPOCH, None)
+    env.pop(JOB_PIDS, None)
     if crash_epoch is not None:
         env[CRASH_EPOCH] = str(crash_epoch)
         env[JOB_PIDS] = os.path.join(work, "job.pids")
     command = [sys.executable, "-m", "demo.job", url, TABLE, source, checkpoint]
-    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True) as proc:
-        for line in proc.stdout:
-            line = line.rstrip()
-            if line.startswith("tally sink"):
-                print(f"   job | {_shorten(line)}", flush=True)
-            elif "Error" in line or "error" in line:
-                print(f"   job | {line[:300]}", flush=True)
-        return proc.wait()
+    try:
+        with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL, text=True) as proc:
+            for line in proc.stdout:
+                line = line.rstrip()
+                if line.startswith("tally sink"):
+                    print(f"   job | {_shorten(line)}", flush=True)
+                elif "Error" in line or "error" in line:
+                    print(f"   job | {line[:300]}", flush=True)
+            return proc.wait()
+    finally:
+        left = end_job_processes(marker)
+        if left:
+            print(f"   ended what was left of the job: {', '.join(left)}", flush=True)
 
 
 def _shorten(line: str) -> str:
@@ -88,8 +106,27 @@ def show_state(conn, expected_orders: int) -> None:
               f"expires in {lock['expires_in']:.0f}s")
 
 
-def verify(conn, orders: list[dict]) -> tuple[bool, list[dict]]:
-    expected = expected_totals(orders)
+def crashed_in(checkpoint: str, epoch: int) -> bool:
+    """Whether Spark planned micro-batch `epoch` (offsets/<epoch>) and never finished it."""
+    return (os.path.exists(os.path.join(checkpoint, "offsets", str(epoch)))
+            and not os.path.exists(os.path.join(checkpoint, "commits", str(epoch))))
+
+
+def check_schedule(checkpoint: str, files: int) -> tuple[bool, list[tuple[int, list[str]]]]:
+    """Spark's record of which files each batch read, and whether it is the planned one:
+    file i alone in batch i."""
+    schedule = spark_batches(checkpoint)
+    planned = [(i, [file_name(i)]) for i in range(files)]
+    read = " ".join(f"{b}:{','.join(n.removesuffix('.json') for n in names)}"
+                    for b, names in schedule)
+    ok = schedule == planned
+    print(f"   Spark's source log (batch:files): {read}"
+          f"{'  (one file per batch, in file order)' if ok else '  NOT THE PLANNED ORDER'}")
+    return ok, schedule
+
+
+def verify(conn, batches: list[list[dict]]) -> tuple[bool, list[dict]]:
+    expected = expected_totals(batches)
     rows = {r["product"]: r for r in conn.table(TABLE).to_arrow().to_pylist()}
     problems = []
     for product in sorted(set(expected) | set(rows)):
@@ -99,6 +136,25 @@ def verify(conn, orders: list[dict]) -> tuple[bool, list[dict]]:
     for p in problems[:5]:
         print(f"   MISMATCH {p}")
     return not problems, sorted(rows.values(), key=lambda r: r["revenue"], reverse=True)
+
+
+def demo_zookeeper(zookeeper: str, tag: str) -> tuple[str, str, str]:
+    """(connect string of this run's own chroot, parent connect string, node under the parent):
+    a chroot of its own keeps the run clear of any earlier run's metadata in that ZooKeeper."""
+    hosts, _, chroot = zookeeper.partition("/")
+    parent = "/" + chroot.strip("/") if chroot.strip("/") else "/tally"
+    node = f"demo-{tag}"
+    return f"{hosts}{parent}/{node}", f"{hosts}{parent}", node
+
+
+def drop_zookeeper_chroot(parent: str, node: str) -> None:
+    from meta import open_store
+
+    try:
+        with open_store(zookeeper=parent) as store:
+            store.delete("/" + node, recursive=True)
+    except Exception as e:  # noqa: BLE001 - cleaning up is best effort
+        print(f"   (could not remove the demo's metadata {parent}/{node}: {e})")
 
 
 def print_top(rows: list[dict], n: int = 8) -> None:
@@ -111,11 +167,22 @@ def print_top(rows: list[dict], n: int = 8) -> None:
 
 
 def run(zookeeper: str | None = None) -> int:
+    step = Steps(7)
+    work = tempfile.mkdtemp(prefix="tally-demo-")  # new and empty: nothing of an earlier run
+    zookeeper_chroot = None
+    if zookeeper:
+        zookeeper, *zookeeper_chroot = demo_zookeeper(zookeeper, os.path.basename(work))
+    try:
+        return _run(step, work, zookeeper)
+    finally:
+        if zookeeper_chroot:
+            drop_zookeeper_chroot(*zookeeper_chroot)
+
+
+def _run(step: Steps, work: str, zookeeper: str | None) -> int:
     import client
     from server import LocalCluster
 
-    step = Steps(7)
-    work = tempfile.mkdtemp(prefix="tally-demo-")
     source, checkpoint = os.path.join(work, "orders"), os.path.join(work, "checkpoint")
     step("start a single-node Tally cluster" + (f" on ZooKeeper {zookeeper}" if zookeeper else
                                                 " (embedded metadata store)"))
@@ -129,22 +196,34 @@ def run(zookeeper: str | None = None) -> int:
         for c in descriptor.schema.columns:
             print(f"   {c.name:<10} {str(c.type):<16} {c.agg.value if c.agg else 'primary key'}")
         step(f"generate {FILES * PER_FILE} orders in {FILES} files (one micro-batch each)")
-        orders = write_orders(source, FILES, PER_FILE)
+        by_file = write_orders(source, FILES, PER_FILE)
+        orders = [o for batch in by_file for o in batch]
+        print(f"   {file_name(0)} .. {file_name(FILES - 1)}, modification times strictly "
+              f"increasing in file order")
         step(f"run the Spark streaming job; it is killed (SIGKILL) inside micro-batch {CRASH_IN}")
-        code = run_job(cluster.url, source, checkpoint, CRASH_IN, work)
+        code = run_job(cluster.url, source, checkpoint, CRASH_IN, work, f"{work}:crashing")
+        unfinished = crashed_in(checkpoint, CRASH_IN)
+        if code == 0 or not unfinished:
+            print(f"   CRASH NOT AS PLANNED: the job exited with code {code}, and Spark's "
+                  f"checkpoint {'shows' if unfinished else 'does not show'} micro-batch "
+                  f"{CRASH_IN} begun and unfinished")
+            return 1
         print(f"   the job died with exit code {code} in the middle of micro-batch {CRASH_IN}")
         show_state(conn, len(orders))
         step("restart the job from the same checkpoint: it undoes the half-written batch")
-        code = run_job(cluster.url, source, checkpoint, None, work)
+        code = run_job(cluster.url, source, checkpoint, None, work, f"{work}:restarted")
         if code != 0:
             print(f"   the restarted job failed with exit code {code}")
             return 1
         show_state(conn, len(orders))
         step("verify every row against the exactly-once result")
-        ok, rows = verify(conn, orders)
+        in_order, schedule = check_schedule(checkpoint, FILES)
+        exact, rows = verify(conn, orders_of_batches(by_file, schedule))
+        ok = exact and in_order
         print(f"   {'every row is exact' if ok else 'VERIFICATION FAILED'}: {len(rows)} products, "
               f"{sum(r['orders'] for r in rows)} orders, revenue "
-              f"{sum((r['revenue'] for r in rows), Decimal(0))}")
+              f"{sum((r['revenue'] for r in rows), Decimal(0))}"
+              f"{'' if in_order or not exact else ' (rows exact for the batches Spark recorded)'}")
         step("top products")
         print_top(rows)
         return 0 if ok else 1
