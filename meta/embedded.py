@@ -1,9 +1,17 @@
 """The embedded metadata store: one fsynced JSON file per node under the data directory.
 
-Why files and not one big document: every write touches one small file, written to a temporary
-name, fsynced, renamed over the old one and the directory fsynced, so a crash (kill -9, power
-loss) leaves either the old or the new version of that node and never a torn one. Node `/a/b`
-lives in directory `<root>/a/b/` as `.node.json`; its children are the subdirectories.
+Why files and not one big document: every write touches one small file. Node `/a/b` lives in
+directory `<root>/a/b/` as `.node.json`; its children are the subdirectories.
+
+Crash safety (kill -9, power loss): every change reaches the tree in one rename, so a crash at
+any point leaves the old state or the new one. A set writes the file in `.scratch/` and renames
+it over the old one; a create builds the node (and missing parents, as {}) in `.scratch/` and
+renames it into place; a delete renames the subtree into `.scratch/` under a fresh name, then
+removes it; a transaction journals its changes in `.txn.json`, applies them, removes the journal.
+Opening replays a journal from its start (each change sets or removes a whole node, so a replay
+ends where one run does) and empties `.scratch/`, so no crash leaves anything in a later change's
+way. (The old layout deleted via `<node>.deleting` in place: a leftover blocked the next delete
+of the re-created node at every start; opening such a store sweeps its leftovers once.)
 
 Only one process may own a store: an exclusive `fcntl` lock on `<root>/.lock` guarantees it, so
 in a cluster without ZooKeeper the coordinator is the single writer and tablet servers reach the
@@ -16,14 +24,34 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import shutil
 import threading
 
-from meta.store import ChildrenCallback, MetadataStore, Node, join_path, split_path
+from meta.store import ChildrenCallback, CrashPoints, MetadataStore, Node, join_path, split_path
 from tally.errors import AlreadyExistsError, NotFoundError, StorageError, VersionConflictError
 
 NODE_FILE = ".node.json"
 JOURNAL_FILE = ".txn.json"
+SCRATCH_DIR = ".scratch"
+FORMAT_FILE = ".format"  # present once a store uses this layout (legacy leftovers swept)
+FORMAT = b'{"layout": 2}'
+
+# Crash points, a test hook (see `CrashPoints`): TALLY_META_CRASH_AT="<step>:<n>" kills this
+# process with SIGKILL the n-th time it reaches <step>. Every step of this store is listed here.
+CRASH_STEPS = frozenset({
+    "file.written",     # a temporary file is complete in .scratch, not yet renamed into place
+    "file.renamed",     # ... renamed into place, its directory not yet fsynced
+    "create.staged",    # one more node of a new subtree is complete in .scratch
+    "create.renamed",   # the new subtree is renamed into place
+    "delete.renamed",   # a node's directory is renamed into .scratch, not yet removed
+    "tree.removed",     # one file or directory of a doomed subtree is removed
+    "journal.applied",  # every change of a transaction is applied, the journal still there
+    "journal.removed",  # ... the journal removed, the root not yet fsynced
+    "legacy.swept",     # an old layout's leftovers are gone, the format file not yet written
+})
+_crash_point = CrashPoints(CRASH_STEPS)
+
+
+# --- file primitives -----------------------------------------------------------------------------
 
 
 def _fsync_dir(path: str) -> None:
@@ -34,15 +62,27 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _write_atomically(path: str, payload: bytes) -> None:
-    """Replace `path` with `payload` so that a crash leaves the old or the new file, whole."""
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
+def _write_new(path: str, payload: bytes) -> None:
+    with open(path, "xb") as f:
         f.write(payload)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(path))
+
+
+def _node_payload(node: Node) -> bytes:
+    return json.dumps({"version": node.version, "value": node.value}, sort_keys=True).encode()
+
+
+def _remove_tree(path: str) -> None:
+    """Remove a file or a directory tree, one entry at a time (each a crash point)."""
+    if not os.path.isdir(path) or os.path.islink(path):
+        os.unlink(path)
+        _crash_point("tree.removed")
+        return
+    for name in os.listdir(path):
+        _remove_tree(os.path.join(path, name))
+    os.rmdir(path)
+    _crash_point("tree.removed")
 
 
 class EmbeddedStore(MetadataStore):
@@ -57,20 +97,76 @@ class EmbeddedStore(MetadataStore):
         except BlockingIOError:
             self._lock_file.close()
             raise StorageError(f"metadata directory {self._root} is in use by another process")
+        self._scratch = os.path.join(self._root, SCRATCH_DIR)
+        self._journal = os.path.join(self._root, JOURNAL_FILE)
         self._mutex = threading.RLock()
         self._ephemeral: dict[str, Node] = {}
         self._watches: dict[str, list[ChildrenCallback]] = {}
         self._closed = False
-        self._finish_journal()
+        self._failed: str | None = None
+        try:
+            self._recover()
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def kind(self) -> str:
         return "embedded"
 
-    # --- paths ----------------------------------------------------------------------------------
+    # --- recovery: whatever a crash left, the store opens and every operation works ------------
+
+    def _recover(self) -> None:
+        os.makedirs(self._scratch, exist_ok=True)
+        for entry in os.listdir(self._scratch):
+            _remove_tree(os.path.join(self._scratch, entry))
+        if not os.path.exists(os.path.join(self._root, FORMAT_FILE)):
+            self._sweep_legacy(self._root)
+            _crash_point("legacy.swept")
+            self._write_file(os.path.join(self._root, FORMAT_FILE), FORMAT)
+        if os.path.exists(self._journal):
+            try:
+                with open(self._journal, "rb") as f:
+                    changes = json.loads(f.read())
+            except (OSError, ValueError) as e:
+                raise StorageError(f"metadata journal {self._journal} is unreadable: {e}") from e
+            self._apply_journal(changes)
+
+    def _sweep_legacy(self, directory: str) -> bool:
+        """Remove the old layout's crash leftovers, so that nothing hidden blocks a change.
+
+        That is `<node>.deleting` directories, `*.tmp` files and directories without a node file
+        (a create stopped after its mkdir); one with nodes below becomes their empty parent.
+        The old `children()` hid `*.deleting` names, so no visible node is lost.
+        """
+        holds_node = False
+        for entry in list(os.scandir(directory)):
+            if entry.name.endswith(".tmp") and not entry.is_dir(follow_symlinks=False):
+                _remove_tree(entry.path)
+            elif directory == self._root and entry.name.startswith("."):
+                continue  # the lock, journal, scratch: never nodes
+            elif entry.is_dir(follow_symlinks=False):
+                if entry.name.endswith(".deleting"):
+                    _remove_tree(entry.path)
+                elif self._sweep_legacy(entry.path):
+                    holds_node = True
+        if directory == self._root:
+            return holds_node
+        if os.path.exists(os.path.join(directory, NODE_FILE)):
+            return True
+        if holds_node:
+            self._write_file(os.path.join(directory, NODE_FILE), _node_payload(Node({}, 0)))
+            return True
+        _remove_tree(directory)
+        return False
+
+    # --- paths and single-rename changes ---------------------------------------------------------
 
     def _dir(self, path: str) -> str:
         return os.path.join(self._root, *split_path(path))
+
+    def _scratch_name(self) -> str:
+        return os.path.join(self._scratch, os.urandom(12).hex())
 
     def _read(self, path: str) -> Node | None:
         if path in self._ephemeral:
@@ -85,26 +181,60 @@ class EmbeddedStore(MetadataStore):
             raise StorageError(f"metadata node {path} is unreadable ({file}): {e}") from e
         return Node(doc["value"], int(doc["version"]))
 
-    def _write(self, path: str, node: Node) -> None:
-        payload = json.dumps({"version": node.version, "value": node.value},
-                             sort_keys=True).encode()
-        _write_atomically(os.path.join(self._dir(path), NODE_FILE), payload)
+    def _write_file(self, target: str, payload: bytes) -> None:
+        """Replace `target` with `payload`: a crash leaves the old or the new file, whole."""
+        tmp = self._scratch_name()
+        _write_new(tmp, payload)
+        _crash_point("file.written")
+        os.replace(tmp, target)
+        _crash_point("file.renamed")
+        _fsync_dir(os.path.dirname(target))
 
-    def _make_dirs(self, path: str) -> None:
-        """Create the node directories down to `path`, each parent a persistent empty node."""
-        current = self._root
+    def _put(self, path: str, node: Node) -> None:
+        """Write a persistent node, creating it and its missing parents (as {}) in one rename."""
         parts = split_path(path)
-        for i, part in enumerate(parts):
-            current = os.path.join(current, part)
-            if not os.path.isdir(current):
-                os.mkdir(current)
-                _fsync_dir(os.path.dirname(current))
-            if i < len(parts) - 1 and not os.path.exists(os.path.join(current, NODE_FILE)):
-                self._write(join_path(*parts[: i + 1]), Node({}, 0))
+        if os.path.exists(os.path.join(self._dir(path), NODE_FILE)):
+            self._write_file(os.path.join(self._dir(path), NODE_FILE), _node_payload(node))
+            return
+        top = 0  # the highest missing node: it and all below it are built in scratch
+        while top < len(parts) - 1 and os.path.exists(
+                os.path.join(self._root, *parts[: top + 1], NODE_FILE)):
+            top += 1
+        staged = directory = self._scratch_name()
+        for i in range(top, len(parts)):
+            if i > top:
+                directory = os.path.join(directory, parts[i])
+            os.mkdir(directory)
+            _write_new(os.path.join(directory, NODE_FILE),
+                       _node_payload(node if i == len(parts) - 1 else Node({}, 0)))
+            _fsync_dir(directory)
+            _fsync_dir(os.path.dirname(directory))
+            _crash_point("create.staged")
+        target = os.path.join(self._root, *parts[: top + 1])
+        try:
+            os.rename(staged, target)  # absent: the tree never keeps a directory without a node
+        except OSError as e:
+            raise StorageError(f"metadata node {path}: cannot place {target}: {e}") from e
+        _crash_point("create.renamed")
+        _fsync_dir(os.path.dirname(target))
+
+    def _remove(self, path: str) -> None:
+        """Delete a persistent node and its subtree: gone with one rename, then cleaned up."""
+        directory = self._dir(path)
+        if not os.path.isdir(directory):
+            return
+        doomed = self._scratch_name()
+        os.rename(directory, doomed)
+        _crash_point("delete.renamed")
+        _fsync_dir(os.path.dirname(directory))
+        _remove_tree(doomed)
 
     def _parent(self, path: str) -> str:
-        parts = split_path(path)
-        return join_path(*parts[:-1])
+        return join_path(*split_path(path)[:-1])
+
+    def _check_parent(self, path: str) -> None:
+        if self._parent(path) in self._ephemeral:
+            raise StorageError(f"metadata node {path}: an ephemeral node cannot have children")
 
     # --- the interface --------------------------------------------------------------------------
 
@@ -120,16 +250,15 @@ class EmbeddedStore(MetadataStore):
                 raise AlreadyExistsError("the root node always exists")
             if self._read(path) is not None:
                 raise AlreadyExistsError(f"metadata node {path} already exists")
+            self._check_parent(path)
             node = Node(dict(value), 0)
             parent = self._parent(path)
-            if parent != "/" and self._read(parent) is None:
-                self._make_dirs(parent)
-                self._write(parent, Node({}, 0))
-            if ephemeral:
-                self._ephemeral[path] = node
+            if not ephemeral:
+                self._put(path, node)
             else:
-                os.makedirs(self._dir(path), exist_ok=True)
-                self._write(path, node)
+                if parent != "/" and self._read(parent) is None:
+                    self._put(parent, Node({}, 0))
+                self._ephemeral[path] = node
         self._fire(parent)
         return node
 
@@ -146,7 +275,7 @@ class EmbeddedStore(MetadataStore):
             if path in self._ephemeral:
                 self._ephemeral[path] = node
             else:
-                self._write(path, node)
+                self._put(path, node)
             return node
 
     def delete(self, path: str, *, version: int | None = None, recursive: bool = False) -> bool:
@@ -162,13 +291,7 @@ class EmbeddedStore(MetadataStore):
                 raise StorageError(f"metadata node {path} has children; delete them first")
             for eph in [p for p in self._ephemeral if p == path or p.startswith(path + "/")]:
                 del self._ephemeral[eph]
-            directory = self._dir(path)
-            if os.path.isdir(directory):
-                # Rename first so a crash mid-delete never leaves a half-deleted live node.
-                doomed = directory + ".deleting"
-                os.replace(directory, doomed)
-                _fsync_dir(os.path.dirname(directory))
-                shutil.rmtree(doomed, ignore_errors=True)
+            self._remove(path)
         self._fire(self._parent(path))
         return True
 
@@ -177,7 +300,7 @@ class EmbeddedStore(MetadataStore):
         directory = self._dir(path)
         if os.path.isdir(directory):
             for entry in os.listdir(directory):
-                if not entry.startswith(".") and not entry.endswith(".deleting") and \
+                if not entry.startswith(".") and \
                         os.path.exists(os.path.join(directory, entry, NODE_FILE)):
                     names.add(entry)
         prefix = path.rstrip("/") + "/"
@@ -221,8 +344,13 @@ class EmbeddedStore(MetadataStore):
                 kind, path = op[0], op[1]
                 node = current(path)
                 if kind == "create":
-                    if node is not None:
+                    if node is not None or not split_path(path):
                         raise AlreadyExistsError(f"metadata node {path} already exists")
+                    self._check_parent(path)
+                    parts = split_path(path)
+                    for parent in (join_path(*parts[:i]) for i in range(1, len(parts))):
+                        if current(parent) is None:  # `_put` makes missing parents as {}
+                            view[parent] = Node({}, 0)
                     view[path] = Node(dict(op[2]), 0)
                     changes.append(["put", path, dict(op[2]), 0])
                     touched.add(self._parent(path))
@@ -243,44 +371,34 @@ class EmbeddedStore(MetadataStore):
                 elif kind != "check":
                     raise StorageError(f"unknown metadata transaction op {kind!r}")
             if changes:
-                journal = os.path.join(self._root, JOURNAL_FILE)
-                _write_atomically(journal, json.dumps(changes).encode())
-                self._apply_journal(changes)
-                os.remove(journal)
-                _fsync_dir(self._root)
+                try:  # committed once the journal is in place: replayed on open if need be
+                    self._write_file(self._journal, json.dumps(changes).encode())
+                    self._apply_journal(changes)
+                except OSError as e:
+                    if os.path.exists(self._journal):  # committed: the next open finishes it
+                        self._failed = f"a committed transaction is half applied ({e}); reopen it"
+                    raise StorageError(f"metadata transaction failed: {e}") from e
         for parent in touched:
             self._fire(parent)
 
     def _apply_journal(self, changes: list) -> None:
-        """Apply journaled changes; each is idempotent, so a crash mid-way is finished on open."""
+        """Apply journaled changes, then drop the journal; each change sets or removes a whole
+        node, so a replay after a crash at any point ends where one uninterrupted run does."""
         for change in changes:
             if change[0] == "put":
-                path = change[1]
-                parent = self._parent(path)
-                if parent != "/" and self._read(parent) is None:
-                    self._make_dirs(parent)
-                    self._write(parent, Node({}, 0))
-                os.makedirs(self._dir(path), exist_ok=True)
-                self._write(path, Node(change[2], change[3]))
+                self._put(change[1], Node(change[2], change[3]))
             else:
-                directory = self._dir(change[1])
-                if os.path.isdir(directory):
-                    doomed = directory + ".deleting"
-                    os.replace(directory, doomed)
-                    _fsync_dir(os.path.dirname(directory))
-                    shutil.rmtree(doomed, ignore_errors=True)
-
-    def _finish_journal(self) -> None:
-        journal = os.path.join(self._root, JOURNAL_FILE)
-        if os.path.exists(journal):
-            with open(journal, "rb") as f:
-                self._apply_journal(json.loads(f.read()))
-            os.remove(journal)
-            _fsync_dir(self._root)
+                self._remove(change[1])
+        _crash_point("journal.applied")
+        os.remove(self._journal)
+        _crash_point("journal.removed")
+        _fsync_dir(self._root)
 
     def _check_open(self) -> None:
         if self._closed:
             raise StorageError("the metadata store is closed")
+        if self._failed:
+            raise StorageError(f"metadata store: {self._failed}")
 
     def close(self) -> None:
         with self._mutex:

@@ -16,7 +16,10 @@ both win. Ephemeral nodes vanish with the session that made them (tablet server 
 from __future__ import annotations
 
 import abc
+import collections
 import dataclasses
+import os
+import signal
 import urllib.parse
 from typing import Any, Callable
 
@@ -59,6 +62,48 @@ def text_of(name: str) -> str:
     if not name.startswith("n-"):
         raise InvalidInputError(f"not a quoted node name: {name!r}")
     return urllib.parse.unquote(name[2:])
+
+
+class CrashPoints:
+    """A test hook: kill this process at a named point of a store's work, to test crash safety.
+
+    A store calls its `CrashPoints` between any two file operations. With the environment
+    variable TALLY_META_CRASH_AT="<step>:<n>" (read once, when the store module is imported),
+    the n-th call with <step> ("*": with any step) sends SIGKILL to this process: no cleanup
+    runs, as with kill -9. "trace" only records the steps passed (`trace()`). Unset, a call
+    costs one comparison.
+    """
+
+    ENV = "TALLY_META_CRASH_AT"
+
+    def __init__(self, steps: frozenset[str]) -> None:
+        self.steps = steps
+        self._at: tuple[str, int] | None = None
+        self._hits: collections.Counter[str] = collections.Counter()
+        self._trace: list[str] = []
+        text = os.environ.get(self.ENV)
+        if text == "trace":
+            self._at = ("trace", 0)
+        elif text:
+            step, _, n = text.rpartition(":")
+            if (step != "*" and step not in steps) or not n.isdigit() or int(n) < 1:
+                raise InvalidInputError(f"{self.ENV}={text!r}: expected trace or <step>:<n>, "
+                                        f"n >= 1, <step> '*' or one of {sorted(steps)}")
+            self._at = (step, int(n))
+
+    def __call__(self, step: str) -> None:
+        if self._at is None:
+            return
+        if step not in self.steps:
+            raise InvalidInputError(f"crash point {step!r} is not among the store's steps")
+        self._trace.append(step)
+        self._hits.update((step, "*"))
+        if self._at[0] in (step, "*") and self._hits[self._at[0]] == self._at[1]:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def trace(self) -> list[str]:
+        """The steps this process passed, in order (recorded only while the hook is on)."""
+        return list(self._trace)
 
 
 class MetadataStore(abc.ABC):
