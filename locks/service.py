@@ -138,12 +138,14 @@ class ColumnLockService:
         records = self.records(target.table_id)
         mine_key = node_name(owner_id)
         mine = records.get(mine_key)
-        for key, (record, _) in records.items():
-            if key != mine_key and set(record.column_ids) & set(ids):
-                self._refuse_overlap(target, record, set(record.column_ids) & set(ids), now)
+        # The owner's own lock first: a tenure that can no longer be recovered is refused
+        # before anyone else's expired lock is taken over on its behalf.
         continues = mine is not None and set(mine[0].column_ids) == set(ids)
         if continues:
             self._refuse_unrecoverable(target, mine[0], now)
+        for key, (record, _) in records.items():
+            if key != mine_key and set(record.column_ids) & set(ids):
+                self._refuse_overlap(target, record, set(record.column_ids) & set(ids), now)
         if mine is not None and not continues:
             if mine[0].live(now):
                 raise ColumnLockConflict(
