@@ -29,7 +29,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import client
 import recovery
@@ -124,6 +124,14 @@ class OwnersMachine(RuleBasedStateMachine):
 
     # --- helpers ---------------------------------------------------------------------------
 
+    def some(self, predicate) -> bool:
+        return any(predicate(o) for o in self.owners.values())
+
+    def pick(self, data, predicate) -> str:
+        """One of the owners a rule applies to (rules draw only owners they can act on)."""
+        return data.draw(st.sampled_from(sorted(n for n, o in self.owners.items()
+                                                if predicate(o))), label="owner")
+
     def target(self, owner: Owner):
         return None if owner.name in FULL_ROW else ["k", *owner.columns]
 
@@ -176,12 +184,12 @@ class OwnersMachine(RuleBasedStateMachine):
 
     # --- rules -----------------------------------------------------------------------------
 
-    @rule(name=st.sampled_from(sorted(OWNERS)))
-    def start(self, name):
+    @precondition(lambda self: self.some(lambda o: o.state != "running"))
+    @rule(data=st.data())
+    def start(self, data):
         """A (re)start: acquire (taking over expired locks in the way), recover, then write."""
+        name = self.pick(data, lambda o: o.state != "running")
         owner = self.owners[name]
-        if owner.state == "running":
-            return
         in_way = [o for o in self.holders(owner.columns) if o is not owner]
         blocked = [o for o in in_way if not o.expired() or not o.recoverable()]
         if owner.state == "crashed" and not owner.recoverable():
@@ -212,13 +220,13 @@ class OwnersMachine(RuleBasedStateMachine):
         owner.written, owner.silent_ticks = 0, 0
         self.fence(owner)
 
-    @rule(name=st.sampled_from(sorted(OWNERS)), whole=st.booleans())
-    def write_epoch(self, name, whole):
+    @precondition(lambda self: self.some(lambda o: o.state == "running" and o.written < len(o.rows)))
+    @rule(data=st.data(), whole=st.booleans())
+    def write_epoch(self, data, whole):
         """Write the next part of the current epoch (the first half, or all that is left)."""
+        name = self.pick(data, lambda o: o.state == "running" and o.written < len(o.rows))
         owner = self.owners[name]
         rows = owner.rows
-        if owner.state != "running" or owner.written == len(rows):
-            return
         if owner.written == 0:
             owner.conn.locks.epoch_baseline(owner.lease, owner.epoch)
             owner.epoch_keys.setdefault((owner.tenure, owner.epoch), frozenset(self.exists))
@@ -226,11 +234,11 @@ class OwnersMachine(RuleBasedStateMachine):
         self.write(owner, owner.lease, rows[owner.written:upto], owner.attempt)
         owner.written = upto
 
-    @rule(name=st.sampled_from(sorted(OWNERS)))
-    def commit(self, name):
+    @precondition(lambda self: self.some(lambda o: o.state == "running" and o.written == len(o.rows)))
+    @rule(data=st.data())
+    def commit(self, data):
+        name = self.pick(data, lambda o: o.state == "running" and o.written == len(o.rows))
         owner = self.owners[name]
-        if owner.state != "running" or owner.written != len(owner.rows):
-            return
         event("commit")
         assert owner.conn.locks.commit(owner.lease, owner.epoch,
                                        self.conn.admin.list_offsets(self.name)) is True
@@ -239,12 +247,12 @@ class OwnersMachine(RuleBasedStateMachine):
         owner.pending, owner.committed, owner.written = {}, owner.epoch, 0
         owner.baseline_keys = frozenset(self.exists)
 
-    @rule(name=st.sampled_from(sorted(OWNERS)))
-    def retry_epoch(self, name):
+    @precondition(lambda self: self.some(lambda o: o.state == "running" and o.written > 0))
+    @rule(data=st.data())
+    def retry_epoch(self, data):
         """A retried epoch: undo back to the epoch's baseline, as a retried task does."""
+        name = self.pick(data, lambda o: o.state == "running" and o.written > 0)
         owner = self.owners[name]
-        if owner.state != "running" or owner.written == 0:
-            return
         baseline = owner.conn.locks.epoch_baseline(owner.lease, owner.epoch)
         recovery.undo_since(owner.conn, self.name, owner.lease, baseline, self.target(owner))
         event("epoch retried")
@@ -252,23 +260,23 @@ class OwnersMachine(RuleBasedStateMachine):
         owner.written = 0
         self.fence(owner)
 
-    @rule(name=st.sampled_from(sorted(OWNERS)))
-    def crash(self, name):
+    @precondition(lambda self: self.some(lambda o: o.state == "running"))
+    @rule(data=st.data())
+    def crash(self, data):
         """The owner's driver dies: no more renewals; its paused executor keeps the lease."""
+        name = self.pick(data, lambda o: o.state == "running")
         owner = self.owners[name]
-        if owner.state != "running":
-            return
         owner.conn.close()
         owner.state, owner.zombie, owner.conn, owner.lease = \
             "crashed", (owner.lease, owner.attempt), None, None
 
-    @rule(name=st.sampled_from(sorted(OWNERS)))
-    def zombie_write(self, name):
+    @precondition(lambda self: self.some(lambda o: o.state == "crashed" and o.zombie is not None))
+    @rule(data=st.data())
+    def zombie_write(self, data):
         """A crashed owner's paused task writes with its old lease: accepted only while that
         lease is still the newest and unexpired (and then undone by the recovery)."""
+        name = self.pick(data, lambda o: o.state == "crashed" and o.zombie is not None)
         owner = self.owners[name]
-        if owner.state != "crashed" or owner.zombie is None:
-            return
         row = owner.rows[:1]
         if owner.expired():
             self.expect_unchanged(lambda: self.write(owner, *owner.zombie[:1], row,
@@ -278,22 +286,22 @@ class OwnersMachine(RuleBasedStateMachine):
         event("zombie write accepted")
         self.write(owner, owner.zombie[0], row, owner.zombie[1])
 
-    @rule(name=st.sampled_from(sorted(OWNERS)))
-    def release(self, name):
+    @precondition(lambda self: self.some(lambda o: o.state == "running" and not o.written))
+    @rule(data=st.data())
+    def release(self, data):
         """A clean stop between epochs."""
+        name = self.pick(data, lambda o: o.state == "running" and not o.written)
         owner = self.owners[name]
-        if owner.state != "running" or owner.written:
-            return
         assert owner.conn.locks.release(owner.lease) is True
         owner.conn.close()
         owner.state, owner.conn, owner.lease = "down", None, None
 
-    @rule(name=st.sampled_from(sorted(OWNERS)))
-    def discard(self, name):
+    @precondition(lambda self: self.some(lambda o: o.expired()))
+    @rule(data=st.data())
+    def discard(self, data):
         """An operator drops an expired lock: its uncommitted writes stay as they are."""
+        name = self.pick(data, lambda o: o.expired())
         owner = self.owners[name]
-        if not owner.expired():
-            return
         assert self.conn.locks.discard(self.name, name) is True
         event("discard")
         for cell, value in owner.pending.items():
@@ -363,7 +371,7 @@ def run_machine(owners_cluster, **options):
 
 
 def test_owners_fixed_seed_share(owners_cluster):
-    run_machine(owners_cluster, max_examples=6, stateful_step_count=30, derandomize=True)
+    run_machine(owners_cluster, max_examples=40, stateful_step_count=50, derandomize=True)
 
 
 @pytest.mark.slow
