@@ -105,7 +105,8 @@ def cmd_locks(args: argparse.Namespace) -> int:
                       for t in conn.admin.list_tables(db)]
         rows = []
         for table in tables:
-            for lock in conn.locks.describe(table, include_expired=args.all):
+            # Expired locks are shown too: until recovered they keep their columns closed.
+            for lock in conn.locks.describe(table, include_expired=True):
                 offsets = " ".join(f"{p + '/' if p else ''}{b}:{o}"
                                    for p, b, o in lock["initial_offsets"])
                 state = "EXPIRED (unrecovered)" if lock["expired"] else \
@@ -141,12 +142,10 @@ def add_commands(commands) -> None:
     servers.set_defaults(func=cmd_servers)
 
     locks = commands.add_parser("locks", help="show column locks: owner, columns, expiry, "
-                                               "token, initial offsets")
+                                               "token, initial offsets (expired ones keep their "
+                                               "columns closed until recovered or discarded)")
     locks.add_argument("table", nargs="?", help="'<database>.<table>' (default: every table)")
     locks.add_argument("--url", required=True, help="the coordinator's URL")
-    locks.add_argument("--all", action="store_true",
-                       help="include expired locks (they keep their columns closed until their "
-                            "owner recovers, another owner takes them over, or --discard)")
     locks.add_argument("--discard", metavar="OWNER",
                        help="drop OWNER's expired lock without undoing its uncommitted writes")
     locks.add_argument("--auth-token", default=os.environ.get("TALLY_AUTH_TOKEN"))

@@ -201,7 +201,7 @@ class CoordinatorLocks:
             for baseline in self.commits.pending_baselines(table_id, record.owner_id,
                                                            record.tenure).values():
                 need(baseline)
-        return {"offsets": offsets_to_json(floor), "live_locks": holding}
+        return {"offsets": offsets_to_json(floor), "holding_locks": holding}
 
     def drop_table(self, table_id: int) -> None:
         self.locks.drop_table(table_id)

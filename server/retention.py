@@ -54,12 +54,12 @@ class RetentionKeeper:
             try:
                 if table_id not in floors:
                     answer = self.server.coordinator("retention_floor", {"table_id": table_id})
-                    floors[table_id] = (offsets_from_json(answer["offsets"]), answer["live_locks"])
+                    floors[table_id] = (offsets_from_json(answer["offsets"]), answer["holding_locks"])
             except TallyError as e:
                 log.info("retention skipped for table id %d: %s", table_id, e)
                 continue
-            offsets, live_locks = floors[table_id]
-            floor = offsets.get((hosted.partition, hosted.key.bucket), 0 if live_locks else None)
+            offsets, holding = floors[table_id]
+            floor = offsets.get((hosted.partition, hosted.key.bucket), 0 if holding else None)
             with hosted.lock:
                 before = hosted.tablet.log_start_offset
                 after = hosted.tablet.enforce_retention(floor)

@@ -245,7 +245,7 @@ def test_expired_lock_refuses_lease_less_writes_until_discarded(cluster, conn, t
     writer.upsert([{"k": 1, "a": 1000}])
     with pytest.raises(UnrecoveredLockError, match="expired lock of owner 'gone'"):
         writer.flush()
-    assert main(["locks", table_name, "--url", cluster.url, "--all"]) == 0
+    assert main(["locks", table_name, "--url", cluster.url]) == 0
     assert "EXPIRED (unrecovered)" in capsys.readouterr().out
     assert main(["locks", table_name, "--url", cluster.url, "--discard", "gone"]) == 0
     assert "discarded the expired lock of 'gone'" in capsys.readouterr().out
