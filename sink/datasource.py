@@ -5,13 +5,15 @@
     df.writeStream.format("tally").option("url", url).option("table", "db.t")
         .option("checkpointLocation", ckpt).start()
 
-Tasks validate, bucket-check and fold their rows and return them in commit messages; the commit
-(one process, winning attempts only) writes them with the epoch protocol (sink.funnel). Batch
-writes: one epoch under `client.column-lock.owner-id` (default: the application id captured by
-`register`); a re-run with the same owner undoes a crashed run's partial writes first. Streaming
-writes: the epoch is the micro-batch id, the owner the query id (read from the tasks), so a
-replayed micro-batch is skipped or undone and rewritten. Only `append` (batch) and the Append
-output mode (streaming) are supported.
+Tasks validate, bucket-check and fold their rows and return them in commit messages (they
+write nothing: a task that fails has applied nothing); the commit (one process, winning
+attempts only) runs the epoch protocol that TallySink runs too (sink.protocol.WriterRun), with
+the folded parts as the delivery (sink.funnel). Batch writes: one epoch under
+`client.column-lock.owner-id` (default: the application id captured by `register`); a failed
+commit rolls the epoch back, and a re-run with the same owner undoes what a crashed commit
+left. Streaming writes: the epoch is the micro-batch id, the owner the query id (read from the
+tasks), so a replayed micro-batch is skipped or undone and rewritten. Only `append` (batch) and
+the Append output mode (streaming) are supported.
 """
 
 from __future__ import annotations
@@ -60,11 +62,11 @@ class TallyDataSource(DataSource):
 
 def _plan(options: SinkOptions, schema):
     from sink import remote
-    from sink.plan import build_plan, resolve_table
+    from sink.plan import plan_write
 
     conn = remote.connect(options.url, options.token)
     try:
-        return build_plan(resolve_table(conn, options, schema), options, schema)
+        return plan_write(conn, options, schema)
     finally:
         conn.close()
 
@@ -73,6 +75,17 @@ class _TaskSide:
     """What both writers do in a task: rename, bucket-check keys, fold, return the part."""
 
     def _fold(self, batches, query_id):
+        from tally.errors import TallyError
+
+        try:
+            return self._fold_part(batches, query_id)
+        except TallyError as e:
+            raise type(e)(
+                f"{e} (in a task of the tally data source: tasks only fold rows and the "
+                f"commit writes them, so nothing of this write was applied to "
+                f"{self.plan.table})") from e
+
+    def _fold_part(self, batches, query_id):
         from pyspark import TaskContext
 
         from sink.bucketing import BucketAssigner
@@ -120,18 +133,21 @@ class TallyBatchWriter(_TaskSide, DataSourceArrowWriter):
         return self._fold(iterator, None)
 
     def commit(self, messages):
-        from sink.funnel import FunnelWriter
+        from sink.funnel import FunnelDelivery
+        from sink.protocol import WriterRun
 
-        writer = FunnelWriter(self.options, self.plan, self.owner_id)
+        parts = [m.part for m in messages if m is not None]
+        run = WriterRun.connect(self.options, self.plan, self.owner_id)
         try:
-            writer.write_epoch(self.options.epoch, [m.part for m in messages if m is not None])
-        except BaseException:
-            writer.abandon()
-            raise
-        writer.release()
+            epoch = run.batch_epoch()
+            run.write_epoch(epoch, f"batch write (epoch {epoch}) by {self.owner_id}",
+                            FunnelDelivery(parts))
+        finally:
+            run.end()
 
     def abort(self, messages):
-        pass  # tasks write nothing: there is nothing to take back
+        pass  # tasks write nothing, and a failed commit rolled its epoch back itself (or died,
+        # leaving the undo to a re-run under the same owner id)
 
 
 class TallyStreamWriter(_TaskSide, DataSourceStreamArrowWriter):
@@ -146,14 +162,21 @@ class TallyStreamWriter(_TaskSide, DataSourceStreamArrowWriter):
         return self._fold(iterator, query_id or "")
 
     def commit(self, messages, batchId):
-        from sink.funnel import FunnelWriter
+        from sink.funnel import FunnelDelivery, StreamRuns
 
         parts = [m.part for m in messages if m is not None and m.part is not None]
         query_id = next((p.query_id for p in parts if p.query_id), None) or \
             _checkpoint_query_id(self.options.checkpoint_location)
         owner = streaming_owner_id(self.options.owner_id, query_id, self.plan.table,
                                    self.plan.lock_columns)
-        FunnelWriter.for_stream(self.options, self.plan, owner).write_epoch(int(batchId), parts)
+        run = StreamRuns.get(self.options, self.plan, owner)
+        try:
+            run.write_epoch(int(batchId), f"micro-batch {batchId} of query {query_id}",
+                            FunnelDelivery(parts))
+        except BaseException:
+            if run.dirty:
+                StreamRuns.drop(run)
+            raise
 
     def abort(self, messages, batchId):
         pass  # nothing was written; the failed query's restart replays the batch

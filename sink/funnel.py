@@ -1,18 +1,21 @@
-"""The data source's commit side: every task's folded rows, written once, by one process.
+"""The data source's delivery of an epoch: every task's folded rows, written by one process.
 
 A Python data source cannot repartition its input, so its tasks cannot own buckets. Instead each
 task folds its own rows per key and returns them in its commit message (it writes nothing), and
 `commit()`, which Spark calls once, with the messages of the winning attempts only, after every
-task succeeded, runs the epoch protocol of sink.protocol in one process: lock, recover, skip a
-committed epoch, baseline, undo what an earlier run of the epoch wrote, write, commit. Failed,
-retried and speculative attempts therefore never touch the table. The price: all folded rows of
-a batch pass through the commit process (bounded by spark.driver.maxResultSize).
+task succeeded, runs the epoch protocol of sink.protocol (`WriterRun`, the same code as
+TallySink's) with `FunnelDelivery`: the parts are combined into one row per key, split by
+bucket, and every bucket goes through the same per-bucket step as a TallySink task
+(sink.task.write_bucket: register an attempt, undo to the epoch baseline, write, report).
+Failed, retried and speculative task attempts therefore never touch the table. The price: all
+folded rows of a batch pass through the commit process (bounded by spark.driver.maxResultSize).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import io
+import logging
 import threading
 
 import numpy as np
@@ -22,7 +25,18 @@ from merge_engine import MergeMode
 from merge_engine.preaggregate import preaggregate
 from sink import remote
 from sink.plan import ORDER_COLUMN, WritePlan
-from sink.task import SEQUENCE_COLUMN, fold_rows, last_per_key
+from sink.protocol import WriterRun
+from sink.task import (
+    BucketReport,
+    EpochContext,
+    fold_rows,
+    last_per_key,
+    sequence_name,
+    write_bucket,
+)
+from tally.errors import LeaseLostError
+
+log = logging.getLogger("tally.sink")
 
 
 @dataclasses.dataclass
@@ -51,17 +65,11 @@ def fold_part(data: pa.Table, plan: WritePlan, partition: int, query_id: str | N
     """A task's rows folded per key (in input order), or, with a sequence column, its rows as
     they are: states of order-sensitive functions cannot be merged across tasks by sequence."""
     if plan.sequence_column is not None:
-        keep = list(plan.target_columns) + [_sequence(plan), ORDER_COLUMN]
+        keep = list(plan.target_columns) + [sequence_name(plan), ORDER_COLUMN]
         return FoldedPart(partition, data.num_rows, to_ipc(data.select(list(dict.fromkeys(keep)))),
                           False, query_id)
     folded, _ = fold_rows(data, plan)
     return FoldedPart(partition, data.num_rows, to_ipc(folded), True, query_id)
-
-
-def _sequence(plan: WritePlan) -> str:
-    if plan.sequence_column in plan.input_columns:
-        return plan.table_columns[plan.input_columns.index(plan.sequence_column)]
-    return SEQUENCE_COLUMN
 
 
 def combine(parts: list[FoldedPart], plan: WritePlan) -> tuple[pa.Table | None, MergeMode]:
@@ -81,66 +89,68 @@ def combine(parts: list[FoldedPart], plan: WritePlan) -> tuple[pa.Table | None, 
                         MergeMode.MERGE_STATE), MergeMode.MERGE_STATE
 
 
-class FunnelWriter:
-    """The epoch protocol in one process (see the module docstring)."""
+def split_by_bucket(rows: pa.Table, plan: WritePlan) -> dict[int, pa.Table]:
+    """{bucket: its rows}, with the client's bucket function (as BucketAssigner does)."""
+    from server.bucketing import bucket_ids
 
-    _cache: dict[tuple, "FunnelWriter"] = {}
+    ids = bucket_ids(rows.select(list(plan.key_columns)), list(plan.bucket_key),
+                     plan.bucket_count)
+    return {int(b): rows.filter(pa.array(ids == b)) for b in np.unique(ids)}
+
+
+class FunnelDelivery:
+    """The data source's delivery of an epoch (see the module docstring): every bucket, with
+    or without rows, one after another, through the per-bucket step."""
+
+    def __init__(self, parts: list[FoldedPart]):
+        self.parts = parts
+
+    def __call__(self, conn, plan: WritePlan, epoch: EpochContext,
+                 label: str) -> list[BucketReport]:
+        rows, mode = combine(self.parts, plan)
+        by_bucket = {} if rows is None else split_by_bucket(rows, plan)
+        reports = []
+        for bucket in range(plan.bucket_count):
+            folded = by_bucket.get(bucket)
+            count = 0 if folded is None else folded.num_rows
+            reports.append(write_bucket(conn, plan, epoch, bucket, folded, mode, rows=count))
+        return reports
+
+
+class StreamRuns:
+    """The commit process's `WriterRun` of each streaming owner, kept across micro-batches
+    (the lease keeper renews the lock between them; it expires after the ttl once the query
+    stops). Before each batch the lease is renewed: Spark may run a batch's commit in another
+    Python worker, whose own run re-acquired the owner's lock and so fenced this one; then this
+    process opens a new run (acquire, recover) as a restarted writer does."""
+
+    _runs: dict[tuple, WriterRun] = {}
     _guard = threading.Lock()
 
-    def __init__(self, options, plan: WritePlan, owner_id: str):
-        self.options = options
-        self.plan = plan
-        self.owner_id = owner_id
-        self.conn = remote.connect(options.url, options.token)
-        self.lease = remote.acquire(self.conn, plan.table, owner_id, plan.lock_columns,
-                                    options.ttl)
-        remote.recover(self.conn, plan.table, self.lease, plan.writer_target)
-
     @classmethod
-    def for_stream(cls, options, plan: WritePlan, owner_id: str) -> "FunnelWriter":
-        """One writer per owner in this process, kept across micro-batches (the lease keeper
-        renews the lock between them; it expires after the ttl once the query stops)."""
+    def get(cls, options, plan: WritePlan, owner_id: str) -> WriterRun:
         key = (options.url, plan.table, owner_id)
         with cls._guard:
-            writer = cls._cache.get(key)
-            if writer is None:
-                writer = cls._cache[key] = cls(options, plan, owner_id)
-            return writer
-
-    def write_epoch(self, epoch: int | None, parts: list[FoldedPart]) -> int | None:
-        """Write the epoch (None: the one after the last commit); the epoch, or None when it
-        was already committed."""
-        last = remote.last_commit(self.conn, self.plan.table, self.owner_id)
-        committed = None if last is None else int(last[0])
-        if epoch is None:
-            epoch = 0 if committed is None else committed + 1
-        elif committed is not None and committed >= epoch:
-            return None
-        baseline = dict(remote.epoch_baseline(self.conn, self.lease, epoch))
-        table = self.conn.table(self.plan.table)
-        offsets = dict(baseline)
-        for (partition, bucket), end in table.list_offsets().items():
-            start = baseline.get((partition, bucket), 0)
-            if end > start:
-                result = remote.undo_bucket(table, bucket, start, partition,
-                                            self.plan.writer_target, self.lease, None)
-                offsets[(partition, bucket)] = int(result.end_after or result.end)
-        rows, mode = combine(parts, self.plan)
-        if rows is not None and rows.num_rows:
-            writer = remote.bucket_writer(table, self.plan.writer_target, mode, self.lease, None)
+            run = cls._runs.pop(key, None)
+        if run is not None:
             try:
-                writer.upsert(rows)
-                offsets.update(writer.flush())
-            finally:
-                writer.close()
-        remote.commit(self.conn, self.lease, epoch, offsets)
-        return epoch
+                remote.renew(run.conn, run.lease)
+            except LeaseLostError as e:
+                log.info("tally data source %s: lease lost (%s); re-acquiring", owner_id, e)
+                run.abandon()
+                run = None
+        if run is None:
+            run = WriterRun.connect(options, plan, owner_id)
+        with cls._guard:
+            cls._runs[key] = run
+        return run
 
-    def release(self) -> None:
-        try:
-            remote.release(self.conn, self.lease)
-        finally:
-            self.conn.close()
-
-    def abandon(self) -> None:
-        self.conn.close()
+    @classmethod
+    def drop(cls, run: WriterRun) -> None:
+        """Forget a run whose epoch failed without a complete rollback: the next batch opens
+        a new one, whose recovery undoes what is left."""
+        with cls._guard:
+            for key, found in list(cls._runs.items()):
+                if found is run:
+                    del cls._runs[key]
+        run.abandon()

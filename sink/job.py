@@ -1,8 +1,8 @@
-"""The Spark job of one epoch: select and rename, assign buckets, one task per bucket, write.
+"""How TallySink delivers an epoch's rows: one Spark job, one task per bucket.
 
     df ─select─▶ table-named columns ─mapInArrow(BucketAssigner)─▶ + bucket, position
        ─repartitionById(bucket_count, bucket)─▶ partition i = bucket i
-       ─mapInArrow(BucketWriter)─▶ one result row per task and per (partition, bucket) offset
+       ─mapInArrow(BucketWriter)─▶ one report row per task (the per-bucket step, sink.task)
        ─collect─▶ driver
 
 One action per epoch, so the micro-batch is evaluated once.
@@ -15,7 +15,14 @@ from pyspark.sql.types import IntegerType, LongType, StructField, StructType
 
 from sink.bucketing import BucketAssigner
 from sink.plan import BUCKET_COLUMN, ORDER_COLUMN, WritePlan
-from sink.task import RESULT_DDL, SEQUENCE_COLUMN, BucketWriter, EpochContext
+from sink.task import (
+    RESULT_DDL,
+    SEQUENCE_COLUMN,
+    BucketReport,
+    BucketWriter,
+    EpochContext,
+    report_from_row,
+)
 
 
 def _column(name: str):
@@ -35,12 +42,24 @@ def bucketed(df, plan: WritePlan, label: str):
     return assigned.repartitionById(plan.bucket_count, BUCKET_COLUMN)
 
 
-def run_write_job(df, plan: WritePlan, epoch: EpochContext, label: str) -> list:
-    """Run the epoch's write stage; the collected result rows (see sink.task.RESULT_SCHEMA)."""
+def run_write_job(df, plan: WritePlan, epoch: EpochContext, label: str) -> list[BucketReport]:
+    """Run the epoch's write stage; one report per successful task."""
     spark = df.sparkSession
     spark.sparkContext.setJobDescription(f"tally sink: {label} into {plan.table}")
     try:
-        return bucketed(df, plan, label).mapInArrow(BucketWriter(plan, epoch), RESULT_DDL) \
+        rows = bucketed(df, plan, label).mapInArrow(BucketWriter(plan, epoch), RESULT_DDL) \
             .collect()
     finally:
         spark.sparkContext.setJobDescription(None)
+    return [report_from_row(row) for row in rows]
+
+
+class SparkJob:
+    """TallySink's delivery of an epoch (see sink.protocol): the write job over `df`."""
+
+    def __init__(self, df):
+        self.df = df
+
+    def __call__(self, conn, plan: WritePlan, epoch: EpochContext,
+                 label: str) -> list[BucketReport]:
+        return run_write_job(self.df, plan, epoch, label)

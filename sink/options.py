@@ -27,12 +27,13 @@ OWNER_ID = "client.column-lock.owner-id"
 LOCK_TTL = "client.column-lock.ttl"
 SEQUENCE_COLUMN = "sequence-column"
 EPOCH = "epoch"
+FAIL_HOOK = "fail-hook"
 
 DEFAULT_TTL = 60.0
 
 # Keys the sink itself understands; `fields.*` and `table.*` are table options for create-table.
 SINK_KEYS = {URL, TABLE, TOKEN, COLUMNS, MERGE_MODE, CREATE_TABLE, PRIMARY_KEY, PARTITION_KEY,
-             BUCKET_NUM, OWNER_ID, LOCK_TTL, SEQUENCE_COLUMN, EPOCH}
+             BUCKET_NUM, OWNER_ID, LOCK_TTL, SEQUENCE_COLUMN, EPOCH, FAIL_HOOK}
 # Keys Spark adds to a data source's options on its own.
 SPARK_KEYS = {"path", "checkpointlocation"}
 
@@ -64,6 +65,7 @@ class SinkOptions:
     epoch: int | None = None
     table_options: tuple[tuple[str, str], ...] = ()   # fields.* and table.* for create-table
     checkpoint_location: str | None = None
+    fail_hook: str | None = None   # tests only: "module:function", see sink.task.write_bucket
 
     @property
     def database(self) -> str:
@@ -110,6 +112,7 @@ class SinkOptions:
             table_options=tuple(sorted((k, str(v)) for k, v in raw.items()
                                        if k.startswith("fields.") or k.startswith("table."))),
             checkpoint_location=raw.get("checkpointlocation"),
+            fail_hook=str(raw[FAIL_HOOK]).strip() or None if raw.get(FAIL_HOOK) else None,
         )
 
 

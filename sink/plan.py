@@ -244,6 +244,11 @@ def build_plan(info, options: SinkOptions, df_schema) -> WritePlan:
         mode=options.merge_mode, sequence_column=sequence)
 
 
+def plan_write(conn, options: SinkOptions, df_schema) -> WritePlan:
+    """resolve_table, then build_plan: the checked plan of writing `df_schema` by `options`."""
+    return build_plan(resolve_table(conn, options, df_schema), options, df_schema)
+
+
 def info_routing(info) -> tuple[tuple[str, ...], bool]:
     """(bucket key, partitioned) as the client's routing defines them."""
     schema = info.descriptor.schema

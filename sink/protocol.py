@@ -1,38 +1,57 @@
-"""The driver's side of exactly-once: one `WriterRun` per run of a writer, one epoch per batch.
+"""The epoch protocol, once for every writer: one `WriterRun` per run, one epoch per batch.
 
-A run (a streaming query run, or one batch job) first acquires the column lock under its owner
-id (a restarted owner gets its lock back with its original initial offsets) and undoes
-everything the owner wrote since its last commit, or since the lock's initial offsets when it
-never committed (`recovery.recover`). Then, for each epoch (a micro-batch id):
+TallySink (foreachBatch, `start`, `write`) and the `format("tally")` data source (batch and
+streaming) run this same code; they differ only in how an epoch's rows reach the buckets, the
+*delivery*: a Spark job with one task per bucket (sink.job.SparkJob), or the data source's
+commit process writing the folded parts its tasks returned (sink.funnel.FunnelDelivery). Both
+deliveries send every bucket through the same per-bucket step (sink.task.write_bucket).
+
+A run (a streaming query run, one batch job, a data source commit process) first acquires the
+column lock under its owner id (a restarted owner gets its unreleased lock back, continuing its
+tenure) and undoes everything the owner wrote in that tenure since its last commit
+(`recovery.recover`). Then, for each epoch (a micro-batch id, or a batch write's epoch):
 
 1. skip it when the owner's last commit is at or past it: the batch finished before a crash
    that came before Spark recorded it;
 2. fetch the epoch baseline, stored insert-if-absent before any write of the epoch, so a
    replayed epoch keeps the offsets it had before its first run;
-3. run the write job: every bucket's task undoes its bucket to the baseline when needed, then
-   writes its folded rows (sink.task);
-4. check that every bucket was visited by exactly one task, then commit the epoch with the end
-   offsets of every bucket.
+3. deliver the rows: every bucket goes through the per-bucket step (register an attempt, undo
+   to the baseline, write, report its end offsets);
+4. check that every bucket was visited by exactly one step, then commit the epoch with the
+   end offsets of every bucket.
 
-The lease keeper (started by acquire) renews the lease throughout; a lost lease makes writes
-and the commit fail, so a fenced run can never commit.
+If 3 or 4 fails while this process lives (bad data in one bucket, a task out of retries, a
+lost lease), the run rolls the whole epoch back before it raises: it registers a new attempt
+for every bucket (fencing any task attempt still running) and undoes every bucket past the
+baseline (`recovery.undo_since`). The error (sink.errors.EpochFailedError, typed after its
+cause) then says that nothing was applied. Only a dead process leaves a partial epoch; the
+owner's next run undoes it in step 0. The lease keeper (started by acquire) renews the lease
+throughout; a fenced run can never write or commit.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
+from typing import Callable
 
 from sink import remote
 from sink.bucketing import check_task_coverage
-from sink.job import run_write_job
+from sink.errors import epoch_failed
 from sink.options import SinkOptions
-from sink.plan import WritePlan
-from sink.task import EpochContext
+from sink.plan import WritePlan, plan_write
+from sink.task import BucketReport, EpochContext
 from tally.errors import TallyError
 
 log = logging.getLogger("tally.sink")
+
+# How an epoch's rows reach the buckets: (conn, plan, epoch context, label) -> reports.
+Delivery = Callable[[object, WritePlan, EpochContext, str], list[BucketReport]]
+
+# How long ending a run waits for an epoch still running (a query stopped mid-batch).
+END_WAIT_SECONDS = 60.0
 
 
 @dataclasses.dataclass
@@ -50,17 +69,33 @@ class EpochResult:
 class WriterRun:
     """One run of one writer: lease, recovery, epochs (see the module docstring)."""
 
-    def __init__(self, conn, options: SinkOptions, plan: WritePlan, owner_id: str,
-                 fail_hook: str | None = None):
+    def __init__(self, conn, options: SinkOptions, plan: WritePlan, owner_id: str):
         self.conn = conn
         self.options = options
         self.plan = plan
         self.owner_id = owner_id
-        self.fail_hook = fail_hook
         self.lease = None
         self.recovery = None
-        self.in_epoch = False
+        # True from an epoch's first write until its commit or complete rollback: the table
+        # may then hold part of the epoch, and only the owner's recovery may remove it.
+        self.dirty = False
         self.epochs: list[EpochResult] = []
+        self._epoch_lock = threading.Lock()
+
+    @classmethod
+    def connect(cls, options: SinkOptions, plan: WritePlan | None, owner_of, *,
+                schema=None) -> "WriterRun":
+        """Connect, plan (unless given; from the DataFrame `schema`), pick the owner id
+        (`owner_of(plan)`, or a string) and open the run; the connection is closed on failure."""
+        conn = remote.connect(options.url, options.token)
+        try:
+            if plan is None:
+                plan = plan_write(conn, options, schema)
+            owner = owner_of if isinstance(owner_of, str) else owner_of(plan)
+            return cls(conn, options, plan, owner).open()
+        except BaseException:
+            conn.close()
+            raise
 
     def open(self) -> "WriterRun":
         self.lease = remote.acquire(self.conn, self.plan.table, self.owner_id,
@@ -75,7 +110,18 @@ class WriterRun:
         last = remote.last_commit(self.conn, self.plan.table, self.owner_id)
         return None if last is None else int(last[0])
 
-    def write_epoch(self, df, epoch: int, label: str) -> EpochResult:
+    def batch_epoch(self) -> int:
+        """A batch write's epoch: the `epoch` option, else the one after the last commit."""
+        if self.options.epoch is not None:
+            return self.options.epoch
+        committed = self.last_committed()
+        return 0 if committed is None else committed + 1
+
+    def write_epoch(self, epoch: int, label: str, deliver: Delivery) -> EpochResult:
+        with self._epoch_lock:
+            return self._write_epoch(epoch, label, deliver)
+
+    def _write_epoch(self, epoch: int, label: str, deliver: Delivery) -> EpochResult:
         started = time.monotonic()
         committed = self.last_committed()
         if committed is not None and committed >= epoch:
@@ -84,29 +130,89 @@ class WriterRun:
             result = EpochResult(epoch, skipped=True)
             self.epochs.append(result)
             return result
-        self.in_epoch = True
-        baseline = remote.epoch_baseline(self.conn, self.lease, epoch)
+        baseline = dict(remote.epoch_baseline(self.conn, self.lease, epoch))
         context = EpochContext(self.options.url, self.options.token, self.lease, epoch,
-                               dict(baseline), self.fail_hook)
-        rows = run_write_job(df, self.plan, context, label)
-        result = self._summarize(epoch, rows, baseline)
-        remote.commit(self.conn, self.lease, epoch, result.offsets)
-        self.in_epoch = False
+                               baseline, self.options.fail_hook)
+        self.dirty = True
+        try:
+            reports = deliver(self.conn, self.plan, context, label)
+            result = self._summarize(epoch, reports, baseline)
+        except Exception as failure:
+            raise self._roll_back(epoch, baseline, label, failure) from failure
+        try:
+            remote.commit(self.conn, self.lease, epoch, result.offsets)
+        except Exception as failure:
+            if not self._commit_landed(epoch, label, failure):
+                raise self._roll_back(epoch, baseline, label, failure) from failure
+        self.dirty = False
         result.seconds = time.monotonic() - started
         self.epochs.append(result)
         return result
 
-    def _summarize(self, epoch: int, rows: list, baseline: dict) -> EpochResult:
-        tasks = [r for r in rows if r["kind"] == "task"]
-        check_task_coverage([r["bucket"] for r in tasks], self.plan.bucket_count, self.plan.table)
+    def _summarize(self, epoch: int, reports: list[BucketReport], baseline: dict) -> EpochResult:
+        check_task_coverage([r.bucket for r in reports], self.plan.bucket_count, self.plan.table)
         offsets = dict(baseline)
-        for r in rows:
-            if r["kind"] == "offset":
-                offsets[(r["partition"], int(r["bucket"]))] = int(r["end_offset"])
+        for report in reports:
+            offsets.update(report.ends)
         return EpochResult(
-            epoch, skipped=False, rows=sum(r["rows"] for r in tasks),
-            keys=sum(r["keys"] for r in tasks), undone=sum(r["undone"] for r in tasks),
-            retried_tasks=sum(1 for r in tasks if r["attempt"] > 0), offsets=offsets)
+            epoch, skipped=False, rows=sum(r.rows for r in reports),
+            keys=sum(r.keys for r in reports), undone=sum(r.undone for r in reports),
+            retried_tasks=sum(1 for r in reports if r.attempt > 0), offsets=offsets)
+
+    def _commit_landed(self, epoch: int, label: str, failure: Exception) -> bool:
+        """Whether a commit that raised was recorded after all (its answer was lost). When
+        that cannot be told either, neither roll back nor claim success."""
+        try:
+            committed = self.last_committed()
+        except Exception as unknown:
+            raise TallyError(
+                f"{label} into {self.plan.table}: its commit failed ({failure}) and whether it "
+                f"was recorded cannot be told ({unknown}). Restart the writer with the same "
+                f"owner id '{self.owner_id}': a recorded epoch is skipped, an unrecorded one "
+                "is undone and written again.") from failure
+        landed = committed is not None and committed >= epoch
+        if landed:
+            log.warning("tally sink %s: the commit of %s raised (%s) but was recorded",
+                        self.owner_id, label, failure)
+        return landed
+
+    def _roll_back(self, epoch: int, baseline: dict, label: str,
+                   failure: Exception) -> Exception:
+        """Undo every bucket of a failed epoch to its baseline; the error to raise."""
+        details = dict(label=label, table=self.plan.table, owner_id=self.owner_id, epoch=epoch)
+        try:
+            # Every bucket gets a new attempt first, not only those written so far: a task of
+            # the failed job that is still running must not write after the rollback.
+            for bucket in range(self.plan.bucket_count):
+                remote.register_attempt(self.conn, self.lease, bucket)
+            undone = remote.undo_since(self.conn, self.plan.table, self.lease, baseline,
+                                       self.plan.writer_target)
+        except Exception as undo_error:
+            log.error("tally sink %s: rolling back %s failed: %s", self.owner_id, label,
+                      undo_error)
+            return epoch_failed(failure, rolled_back=False, undo_error=undo_error, **details)
+        self.dirty = False
+        log.warning("tally sink %s: %s failed and was rolled back (%d bucket(s) undone)",
+                    self.owner_id, label, len(undone))
+        return epoch_failed(failure, rolled_back=True, buckets_undone=len(undone), **details)
+
+    def end(self) -> None:
+        """The end of the run: release the lock when no epoch is partly applied (its commits
+        stay), else only close, so the lock expires and keeps the columns for the owner's
+        restart, whose recovery undoes the partial epoch. Waits for an epoch still running
+        (a query stopped mid-batch) so that a lock is never released under a partial epoch."""
+        if not self._epoch_lock.acquire(timeout=END_WAIT_SECONDS):
+            log.warning("tally sink %s: an epoch is still running; the lock is left to expire",
+                        self.owner_id)
+            self.abandon()
+            return
+        try:
+            if self.dirty:
+                self.abandon()
+            else:
+                self.release()
+        finally:
+            self._epoch_lock.release()
 
     def release(self) -> None:
         """A clean end: drop the lock (its commits stay) and close the connection."""
@@ -120,5 +226,5 @@ class WriterRun:
 
     def abandon(self) -> None:
         """A failed end: stop renewing without releasing, so the lock expires after its ttl
-        (a restart of the same owner gets it back, with its original initial offsets)."""
+        (a restart of the same owner gets it back and recovers its tenure)."""
         self.conn.close()

@@ -45,8 +45,14 @@ def release(conn, lease) -> None:
     conn.locks.release(lease)
 
 
+def renew(conn, lease):
+    """Extend the lease now; LeaseLostError when it expired or another run of the same owner
+    re-acquired the lock since."""
+    return conn.locks.renew(lease)
+
+
 def last_commit(conn, table: str, owner_id: str):
-    """(epoch, offsets) of the owner's last commit, or None."""
+    """The owner's last commit, (epoch, offsets, tenure), or None."""
     return conn.locks.last_commit(table, owner_id)
 
 
@@ -73,6 +79,14 @@ def recover(conn, table: str, lease, target_columns):
     if "writer_deletes" in params:
         kwargs["writer_deletes"] = False
     return recovery.recover(conn, table, lease, target_columns, **kwargs)
+
+
+def undo_since(conn, table: str, lease, baselines: dict, target_columns) -> list:
+    """Undo the owner's columns of every (partition, bucket) past `baselines` (a new attempt
+    registered for each such bucket first); every bucket is checked before anything changes."""
+    import recovery
+
+    return recovery.undo_since(conn, table, lease, baselines, target_columns)
 
 
 # --- buckets (executors) --------------------------------------------------------------------

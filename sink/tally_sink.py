@@ -5,21 +5,25 @@
     df.writeStream.foreachBatch(sink).option("checkpointLocation", ...).start()  # the same
     sink.write(df)                                                     # a batch job
 
-Each streaming query run gets its own `WriterRun` (sink.protocol), created at its first
-micro-batch, when the query id (the owner id's root) is known. A StreamingQueryListener ends the
-run when the query terminates: a clean stop between batches releases the lock; a failure, or a
-stop in the middle of a batch, leaves the lock to expire (or to be re-acquired by a restart).
+Each streaming query run gets its own `WriterRun` (sink.protocol, the epoch protocol shared
+with the data source), created at its first micro-batch, when the query id (the owner id's
+root) is known; each epoch's rows reach the buckets through one Spark job (sink.job). A
+StreamingQueryListener ends the run when the query terminates: the lock is released unless an
+epoch is partly applied (a rollback that failed), which leaves it to the owner's restart.
+A failed epoch is rolled back before the error reaches Spark (sink.errors.EpochFailedError).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 
 from sink import remote
+from sink.job import SparkJob
 from sink.options import SinkOptions
 from sink.owner import batch_owner_id, streaming_owner_id
-from sink.plan import build_plan, resolve_table
+from sink.plan import plan_write
 from sink.protocol import EpochResult, WriterRun
 from tally.errors import InvalidInputError, InvalidOptionError
 
@@ -45,29 +49,26 @@ def refuse_speculation(value) -> None:
 class TallySink:
     """A foreachBatch callable plus `start` (streaming) and `write` (batch); see module doc.
 
-    `fail_hook` is for tests only: "module:function" called by each write task after it has
-    written half of its folded rows (the function may raise to fail the attempt).
+    `fail_hook` is for tests only (the option `fail-hook`): "module:function" called by each
+    bucket's write after half of its folded rows (the function may raise to fail the attempt).
     """
 
     def __init__(self, url: str, table: str, target_columns=None, options: dict | None = None,
                  *, fail_hook: str | None = None):
         self.options = SinkOptions.parse(options, url=url, table=table, columns=target_columns)
-        self.fail_hook = fail_hook
+        if fail_hook is not None:
+            self.options = dataclasses.replace(self.options, fail_hook=fail_hook)
         self._runs: dict[tuple[str, str], WriterRun] = {}
         self._lock = threading.Lock()
         self._session = None  # the session that started the query (start() sets it)
 
     # --- planning -----------------------------------------------------------------------
 
-    def _plan(self, conn, df):
-        info = resolve_table(conn, self.options, df.schema)
-        return build_plan(info, self.options, df.schema)
-
     def validate(self, df) -> None:
         """Check the DataFrame against the table (creating it if asked) without writing."""
         conn = remote.connect(self.options.url, self.options.token)
         try:
-            self._plan(conn, df)
+            plan_write(conn, self.options, df.schema)
         finally:
             conn.close()
 
@@ -95,7 +96,8 @@ class TallySink:
                 "TallySink was called outside a streaming query; for a batch DataFrame use "
                 "sink.write(df)")
         run = self._run_for(df, query_id, context.getLocalProperty(RUN_ID_PROPERTY) or "")
-        result = run.write_epoch(df, int(batch_id), f"micro-batch {batch_id} of query {query_id}")
+        result = run.write_epoch(int(batch_id), f"micro-batch {batch_id} of query {query_id}",
+                                 SparkJob(df))
         log.info("tally sink: %s", result)
 
     def _run_for(self, df, query_id: str, run_id: str) -> WriterRun:
@@ -105,15 +107,10 @@ class TallySink:
             return run
         check_speculation(df.sparkSession)
         _QueryEnds.watch(self._owning_session(), self)
-        conn = remote.connect(self.options.url, self.options.token)
-        try:
-            plan = self._plan(conn, df)
-            owner = streaming_owner_id(self.options.owner_id, query_id, plan.table,
-                                       plan.lock_columns)
-            run = WriterRun(conn, self.options, plan, owner, self.fail_hook).open()
-        except BaseException:
-            conn.close()
-            raise
+        run = WriterRun.connect(
+            self.options, None, lambda plan: streaming_owner_id(
+                self.options.owner_id, query_id, plan.table, plan.lock_columns),
+            schema=df.schema)
         with self._lock:
             self._runs[(query_id, run_id)] = run
         return run
@@ -127,15 +124,11 @@ class TallySink:
 
         return SparkSession.builder.getOrCreate()
 
-    def query_ended(self, query_id: str, run_id: str, failed: bool) -> None:
+    def query_ended(self, query_id: str, run_id: str) -> None:
         with self._lock:
             run = self._runs.pop((query_id, run_id), None)
-        if run is None:
-            return
-        if failed or run.in_epoch:
-            run.abandon()
-        else:
-            run.release()
+        if run is not None:
+            run.end()
 
     def owner_ids(self) -> list[str]:
         with self._lock:
@@ -149,25 +142,17 @@ class TallySink:
             raise InvalidInputError("TallySink.write takes a batch DataFrame; use start(df, ...)")
         spark = df.sparkSession
         check_speculation(spark)
-        conn = remote.connect(self.options.url, self.options.token)
+        app_id = spark.sparkContext.applicationId
+        run = WriterRun.connect(
+            self.options, None, lambda plan: batch_owner_id(
+                self.options.owner_id, app_id, plan.table, plan.lock_columns),
+            schema=df.schema)
         try:
-            plan = self._plan(conn, df)
-            owner = batch_owner_id(self.options.owner_id, spark.sparkContext.applicationId,
-                                   plan.table, plan.lock_columns)
-            run = WriterRun(conn, self.options, plan, owner, self.fail_hook).open()
-        except BaseException:
-            conn.close()
-            raise
-        try:
-            committed = run.last_committed()
-            epoch = self.options.epoch if self.options.epoch is not None else \
-                0 if committed is None else committed + 1
-            result = run.write_epoch(df, epoch, f"batch write (epoch {epoch}) by {owner}")
-        except BaseException:
-            run.abandon()
-            raise
-        run.release()
-        return result
+            epoch = run.batch_epoch()
+            return run.write_epoch(epoch, f"batch write (epoch {epoch}) by {run.owner_id}",
+                                   SparkJob(df))
+        finally:
+            run.end()
 
 
 class _QueryEnds:
@@ -189,9 +174,9 @@ class _QueryEnds:
             if sink not in ends.sinks:
                 ends.sinks.append(sink)
 
-    def ended(self, query_id: str, run_id: str, failed: bool) -> None:
+    def ended(self, query_id: str, run_id: str) -> None:
         for sink in list(self.sinks):
-            sink.query_ended(query_id, run_id, failed)
+            sink.query_ended(query_id, run_id)
 
 
 def _listener(ends: _QueryEnds):
@@ -208,6 +193,6 @@ def _listener(ends: _QueryEnds):
             pass
 
         def onQueryTerminated(self, event):
-            ends.ended(str(event.id), str(event.runId), event.exception is not None)
+            ends.ended(str(event.id), str(event.runId))
 
     return TallyQueryListener()

@@ -1,16 +1,22 @@
-"""The write task of one bucket: fence earlier attempts, undo to the epoch baseline, fold, write.
+"""The per-bucket step of every epoch, and the Spark task that runs it for TallySink.
 
-Task i of the write stage owns bucket i (in every partition of the table). Each attempt:
+`write_bucket` is the one way an epoch's rows reach a bucket, whoever runs it: the Spark task
+of a bucket (TallySink: `BucketWriter`, task i owns bucket i in every partition of the table)
+or the data source's commit process (sink.funnel, one bucket after another). For bucket b:
 
-1. checks that every row it received belongs to bucket i;
-2. registers itself as the bucket's writer, so tablet servers reject any earlier attempt of the
-   same owner and bucket that is still running (an executor that lost contact) from now on;
-3. undoes every (partition, bucket i) whose end offset is past the epoch baseline: writes of an
-   earlier attempt of this task, or of an earlier run of this epoch before a crash. This runs
-   whether or not the attempt has rows, so a replay with other data still cleans up;
-4. folds the rows per key in MERGE_STATE form with the table's own aggregators (one row per key:
-   less to send, fewer RocksDB writes) in a deterministic order, and writes them under the lease;
-5. reports its end offsets, which the driver commits once every task has succeeded.
+1. register a new task attempt for b, so tablet servers reject, from now on, the owner's writes
+   to b from any earlier attempt still running (an executor that lost contact, a task of a run
+   that failed);
+2. undo every (partition, b) whose end offset is past the epoch baseline: writes of an earlier
+   attempt, or of an earlier run of this epoch before a crash. This runs whether or not there
+   are rows to write, so a replay with other data still cleans up;
+3. write the epoch's folded rows of b (one row per key, MERGE_STATE, or OVERWRITE's last row)
+   under the lease and that attempt;
+4. report b's end offsets, which the driver commits once every bucket is done.
+
+`BucketWriter` checks that every row it received belongs to its bucket and folds them per key
+with the table's own aggregators (less to send, fewer RocksDB writes), in a deterministic
+order, before the step.
 """
 
 from __future__ import annotations
@@ -32,19 +38,17 @@ from tally.errors import RecoveryError
 
 SEQUENCE_COLUMN = "__tally_sequence"
 
+RESULT_DDL = ("bucket int, rows long, keys long, undone long, attempt int, seconds double, "
+              "ends array<struct<partition: string, end_offset: long>>")
 RESULT_SCHEMA = pa.schema([
-    ("kind", pa.string()),          # "task" (one per attempt that succeeded) or "offset"
     ("bucket", pa.int32()),
-    ("partition", pa.string()),
-    ("end_offset", pa.int64()),
-    ("rows", pa.int64()),
-    ("keys", pa.int64()),
+    ("rows", pa.int64()),           # input rows that reached the bucket
+    ("keys", pa.int64()),           # rows written (one per key)
     ("undone", pa.int64()),         # (partition, bucket) pairs undone by this attempt
-    ("attempt", pa.int32()),
+    ("attempt", pa.int32()),        # Spark's attempt number (0 in the commit process)
     ("seconds", pa.float64()),
+    ("ends", pa.list_(pa.struct([("partition", pa.string()), ("end_offset", pa.int64())]))),
 ])
-RESULT_DDL = ("kind string, bucket int, partition string, end_offset long, rows long, "
-              "keys long, undone long, attempt int, seconds double")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,12 +63,25 @@ class EpochContext:
     fail_hook: str | None = None   # tests only: "module:function" called after half the rows
 
 
+@dataclasses.dataclass
+class BucketReport:
+    """What the step did to one bucket: its end offsets (for the commit) and counts."""
+
+    bucket: int
+    ends: dict                     # {(partition, bucket): end offset after the step}
+    rows: int = 0
+    keys: int = 0
+    undone: int = 0
+    attempt: int = 0
+    seconds: float = 0.0
+
+
 def order_of(data: pa.Table, plan: WritePlan) -> np.ndarray:
     """The fold order: by the sequence column (ascending, nulls first) when there is one, then
     by input position (input partition, row within it), so a replay folds identically."""
     names = [ORDER_COLUMN]
     if plan.sequence_column is not None:
-        names.insert(0, _sequence_name(plan))
+        names.insert(0, sequence_name(plan))
     try:  # pyarrow >= 25 takes the null placement per key
         keys = [(name, "ascending", "at_start") for name in names]
         return pc.sort_indices(data, sort_keys=keys).to_numpy()
@@ -73,7 +90,7 @@ def order_of(data: pa.Table, plan: WritePlan) -> np.ndarray:
         return pc.sort_indices(data, sort_keys=keys, null_placement="at_start").to_numpy()
 
 
-def _sequence_name(plan: WritePlan) -> str:
+def sequence_name(plan: WritePlan) -> str:
     if plan.sequence_column in plan.input_columns:
         return plan.table_columns[plan.input_columns.index(plan.sequence_column)]
     return SEQUENCE_COLUMN
@@ -100,8 +117,61 @@ def fold_rows(data: pa.Table, plan: WritePlan) -> tuple[pa.Table, MergeMode]:
     return folded, MergeMode.MERGE_STATE
 
 
+def write_bucket(conn, plan: WritePlan, epoch: EpochContext, bucket: int,
+                 folded: pa.Table | None, mode: MergeMode, *, rows: int = 0,
+                 attempt_number: int = 0) -> BucketReport:
+    """The per-bucket step (see the module docstring): register an attempt, undo the bucket to
+    the epoch baseline, write `folded` under that attempt, report the end offsets."""
+    started = time.monotonic()
+    table = conn.table(plan.table)
+    if table.meta.table_id != plan.table_id:
+        raise RecoveryError(
+            f"Table {plan.table} was dropped and re-created while the job ran "
+            f"(table id {plan.table_id}, now {table.meta.table_id}); nothing written")
+    lease = epoch.lease
+    attempt = remote.register_attempt(conn, lease, bucket)
+    ends: dict = {}
+    undone = 0
+    for (partition, b), end in table.list_offsets().items():
+        baseline = epoch.baseline.get((partition, b), 0)
+        if b == bucket and end > baseline:
+            result = remote.undo_bucket(table, b, baseline, partition, plan.writer_target,
+                                        lease, attempt)
+            ends[(partition, b)] = int(result.end_after if result.end_after is not None
+                                       else result.end)
+            undone += 1
+    keys = 0 if folded is None else folded.num_rows
+    if keys:
+        writer = remote.bucket_writer(table, plan.writer_target, mode, lease, attempt)
+        try:
+            _write(writer, folded, plan, epoch, attempt_number, bucket)
+            ends.update(writer.flush())
+        finally:
+            writer.close()
+    return BucketReport(bucket, ends, rows, keys, undone, attempt_number,
+                        time.monotonic() - started)
+
+
+def _write(writer, folded: pa.Table, plan: WritePlan, epoch: EpochContext,
+           attempt_number: int, bucket: int) -> None:
+    """Write the rows; with a test hook, write half, flush, call the hook, write the rest."""
+    hook = epoch.fail_hook
+    if hook is None or folded.num_rows < 2:
+        writer.upsert(folded)
+        return
+    half = folded.num_rows // 2
+    writer.upsert(folded.slice(0, half))
+    writer.flush()
+    module, _, name = hook.partition(":")
+    import importlib
+
+    getattr(importlib.import_module(module), name)(plan, epoch, attempt_number, bucket)
+    writer.upsert(folded.slice(half))
+
+
 class BucketWriter:
-    """mapInArrow function of the write stage (runs on executors, one call per bucket)."""
+    """mapInArrow function of TallySink's write stage (runs on executors, one call per
+    bucket): check the rows' bucket, fold them, run the per-bucket step."""
 
     def __init__(self, plan: WritePlan, epoch: EpochContext):
         self.plan = plan
@@ -110,58 +180,16 @@ class BucketWriter:
     def __call__(self, batches):
         from pyspark import TaskContext
 
-        started = time.monotonic()
         context = TaskContext.get()
         bucket = context.partitionId()
-        attempt_number = context.attemptNumber()
         data = _collect(batches)
         check_bucket(data.column(BUCKET_COLUMN), bucket, self.plan.table)
+        folded, mode = fold_rows(data, self.plan) if data.num_rows else \
+            (None, MergeMode.MERGE_STATE)
         conn = remote.shared_connection(self.epoch.url, self.epoch.token)
-        table = conn.table(self.plan.table)
-        if table.meta.table_id != self.plan.table_id:
-            raise RecoveryError(
-                f"Table {self.plan.table} was dropped and re-created while the job ran "
-                f"(table id {self.plan.table_id}, now {table.meta.table_id}); nothing written")
-        lease = self.epoch.lease
-        attempt = remote.register_attempt(conn, lease, bucket)
-        ends: dict = {}
-        undone = 0
-        for (partition, b), end in table.list_offsets().items():
-            if b != bucket:
-                continue
-            baseline = self.epoch.baseline.get((partition, b), 0)
-            if end > baseline:
-                result = remote.undo_bucket(table, b, baseline, partition,
-                                            self.plan.writer_target, lease, attempt)
-                ends[(partition, b)] = int(result.end_after if result.end_after is not None
-                                           else result.end)
-                undone += 1
-        keys = 0
-        if data.num_rows:
-            folded, mode = fold_rows(data, self.plan)
-            keys = folded.num_rows
-            writer = remote.bucket_writer(table, self.plan.writer_target, mode, lease, attempt)
-            try:
-                self._write(writer, folded, attempt_number)
-                ends.update(writer.flush())
-            finally:
-                writer.close()
-        yield _results(bucket, ends, data.num_rows, keys, undone, attempt_number,
-                       time.monotonic() - started)
-
-    def _write(self, writer, folded: pa.Table, attempt_number: int) -> None:
-        hook = self.epoch.fail_hook
-        if hook is None or folded.num_rows < 2:
-            writer.upsert(folded)
-            return
-        half = folded.num_rows // 2
-        writer.upsert(folded.slice(0, half))
-        writer.flush()
-        module, _, name = hook.partition(":")
-        import importlib
-
-        getattr(importlib.import_module(module), name)(self.plan, self.epoch, attempt_number)
-        writer.upsert(folded.slice(half))
+        report = write_bucket(conn, self.plan, self.epoch, bucket, folded, mode,
+                              rows=data.num_rows, attempt_number=context.attemptNumber())
+        yield report_batch(report)
 
 
 def _collect(batches) -> pa.Table:
@@ -172,13 +200,20 @@ def _collect(batches) -> pa.Table:
     return pa.Table.from_batches(batches)
 
 
-def _results(bucket: int, ends: dict, rows: int, keys: int, undone: int, attempt: int,
-             seconds: float) -> pa.RecordBatch:
-    records = [{"kind": "task", "bucket": bucket, "partition": None, "end_offset": None,
-                "rows": rows, "keys": keys, "undone": undone, "attempt": attempt,
-                "seconds": seconds}]
-    for (partition, b), end in sorted(ends.items(), key=lambda kv: (kv[0][0] or "", kv[0][1])):
-        records.append({"kind": "offset", "bucket": b, "partition": partition,
-                        "end_offset": int(end), "rows": None, "keys": None, "undone": None,
-                        "attempt": attempt, "seconds": None})
-    return pa.RecordBatch.from_pylist(records, schema=RESULT_SCHEMA)
+def report_batch(report: BucketReport) -> pa.RecordBatch:
+    """A task's report as its one result row (RESULT_SCHEMA)."""
+    ends = [{"partition": p, "end_offset": int(end)}
+            for (p, _), end in sorted(report.ends.items(), key=lambda kv: kv[0][0] or "")]
+    return pa.RecordBatch.from_pylist([{
+        "bucket": report.bucket, "rows": report.rows, "keys": report.keys,
+        "undone": report.undone, "attempt": report.attempt, "seconds": report.seconds,
+        "ends": ends}], schema=RESULT_SCHEMA)
+
+
+def report_from_row(row) -> BucketReport:
+    """A collected result row (a pyspark Row of RESULT_SCHEMA) as a BucketReport."""
+    bucket = int(row["bucket"])
+    return BucketReport(bucket, {(e["partition"], bucket): int(e["end_offset"])
+                                 for e in row["ends"] or []},
+                        int(row["rows"]), int(row["keys"]), int(row["undone"]),
+                        int(row["attempt"]), float(row["seconds"]))

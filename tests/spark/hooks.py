@@ -1,6 +1,10 @@
-"""Failure hooks that run inside Spark write tasks (named by TallySink(fail_hook=...)).
+"""Failure hooks that run inside a bucket's write (named by TallySink(fail_hook=...) or the data
+source option `fail-hook`).
 
-A hook is called after a task has written (and flushed) half of its folded rows.
+A hook is called as hook(plan, epoch, attempt_number, bucket) after the per-bucket step
+(sink.task.write_bucket) has written and flushed half of the bucket's folded rows: in a Spark
+write task for TallySink, in the commit process for the data source (attempt_number 0, buckets
+in order).
 """
 
 from __future__ import annotations
@@ -16,14 +20,32 @@ class InjectedTaskFailure(RuntimeError):
     """The first attempt of a task fails after half of its writes."""
 
 
-def fail_first_attempt(plan, epoch, attempt_number: int) -> None:
+def fail_first_attempt(plan, epoch, attempt_number: int, bucket: int) -> None:
     if attempt_number == 0:
         raise InjectedTaskFailure(f"injected failure in epoch {epoch.epoch}, attempt 0")
 
 
-def kill_job(plan, epoch, attempt_number: int) -> None:
-    """SIGKILL the whole streaming job (driver and JVM) from inside a task when this epoch is
-    the one chosen by the test (the kill file names it)."""
+def fail_always(plan, epoch, attempt_number: int, bucket: int) -> None:
+    raise InjectedTaskFailure(f"injected failure in epoch {epoch.epoch}, every attempt")
+
+
+def fail_after_first_bucket(plan, epoch, attempt_number: int, bucket: int) -> None:
+    """Fail once bucket 0 is written in full and this bucket half (data source commits)."""
+    if bucket >= 1:
+        raise InjectedTaskFailure(f"injected failure in epoch {epoch.epoch}, bucket {bucket}")
+
+
+def crash_after_first_bucket(plan, epoch, attempt_number: int, bucket: int) -> None:
+    """The process dies (no rollback can run) once bucket 0 is written in full and this
+    bucket half: a data source commit process that crashes."""
+    if bucket >= 1:
+        os._exit(137)
+
+
+def kill_job(plan, epoch, attempt_number: int, bucket: int) -> None:
+    """SIGKILL the whole streaming job (driver and JVM) from inside a bucket's write when this
+    epoch is the one chosen by the test (the kill file names it, and optionally the lowest
+    bucket to kill in, "bucket")."""
     path = os.environ.get(KILL_FILE)
     if not path or not os.path.exists(path):
         return
@@ -31,13 +53,11 @@ def kill_job(plan, epoch, attempt_number: int) -> None:
         spec = json.load(f)
     if spec.get("point") != "task" or spec.get("epoch") != epoch.epoch or "pids" not in spec:
         return
+    if bucket < spec.get("bucket", 0):
+        return
     for pid in spec["pids"]:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
     os._exit(137)
-
-
-def fail_always(plan, epoch, attempt_number: int) -> None:
-    raise InjectedTaskFailure(f"injected failure in epoch {epoch.epoch}, every attempt")

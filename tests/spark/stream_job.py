@@ -3,10 +3,14 @@
     python -m tests.spark.stream_job '<json spec>'
 
 spec: url, table, source (a directory of JSON-lines files, one file per micro-batch), checkpoint,
-columns (target columns or null), options (sink options), kill (null or {"point", "epoch"}):
-  point "task":          SIGKILL from inside a write task of that epoch, after half its writes
+columns (target columns or null), options (sink options), format ("sink", the default:
+TallySink; "tally": writeStream.format("tally")), kill (null or {"point", "epoch", "bucket"}):
+  point "task":          SIGKILL from inside a bucket's write of that epoch (bucket >= "bucket"),
+                         after half its writes: a TallySink write task, or the data source's
+                         commit process
   point "before_commit": SIGKILL on the driver after every task wrote, before the sink commits
   point "after_commit":  SIGKILL after the sink's commit, before Spark's own commit log
+(before_commit and after_commit: TallySink only, whose commit runs on the driver.)
 The job processes every file present (availableNow, one file per trigger) and exits 0.
 """
 
@@ -36,16 +40,20 @@ def main(spec: dict) -> int:
         if kill["point"] in ("before_commit", "after_commit"):
             _kill_around_commit(kill, pids)
 
-    from sink import TallySink
-
-    sink = TallySink(spec["url"], spec["table"], target_columns=spec.get("columns"),
-                     options=spec.get("options") or {},
-                     fail_hook="tests.spark.hooks:kill_job" if kill else None)
     frame = (spark.readStream.schema(spec["schema"]).option("maxFilesPerTrigger", 1)
              .json(spec["source"]))
     if spec.get("select"):
         frame = frame.select(*spec["select"])
-    query = sink.start(frame, spec["checkpoint"], trigger={"availableNow": True})
+    hook = "tests.spark.hooks:kill_job" if kill else None
+    if spec.get("format") == "tally":
+        query, owners = _start_data_source(spark, spec, frame, hook), lambda: []
+    else:
+        from sink import TallySink
+
+        sink = TallySink(spec["url"], spec["table"], target_columns=spec.get("columns"),
+                         options=spec.get("options") or {}, fail_hook=hook)
+        query = sink.start(frame, spec["checkpoint"], trigger={"availableNow": True})
+        owners = sink.owner_ids
     try:
         query.awaitTermination()
     except Exception:  # noqa: BLE001 - reported below through query.exception()
@@ -53,9 +61,25 @@ def main(spec: dict) -> int:
     if query.exception() is not None:
         print(f"query failed: {query.exception()}", file=sys.stderr)
         return 2
-    print(json.dumps({"query_id": str(query.id), "owners": sink.owner_ids()}))
+    print(json.dumps({"query_id": str(query.id), "owners": owners()}))
     spark.stop()
     return 0
+
+
+def _start_data_source(spark, spec: dict, frame, hook: str | None):
+    import sink
+
+    sink.register(spark)
+    writer = (frame.writeStream.format("tally").option("url", spec["url"])
+              .option("table", spec["table"]).option("checkpointLocation", spec["checkpoint"]))
+    options = dict(spec.get("options") or {})
+    if spec.get("columns"):
+        options["columns"] = ",".join(spec["columns"])
+    if hook:
+        options["fail-hook"] = hook
+    for key, value in options.items():
+        writer = writer.option(key, value)
+    return writer.trigger(availableNow=True).start()
 
 
 def _kill_around_commit(kill: dict, pids: list[int]) -> None:

@@ -83,3 +83,24 @@ def test_kill_restart_partial_writer(cluster, conn, tmp_path, table_name):
     workload.create_table(conn, table_name)
     run_with_kills(cluster, conn, tmp_path, table_name, seed=23, cycles=5,
                    columns=["v", "s", "a"])
+
+
+def test_kill_restart_data_source_stream_inside_its_commit(cluster, conn, tmp_path, table_name):
+    """writeStream.format("tally") SIGKILLed inside its commit (the driver, its JVM and the
+    commit process) after bucket 0 was written and half of a later bucket, twice (the second
+    time in the replay of the same micro-batch), then restarted: exactly once."""
+    workload.create_table(conn, table_name)
+    files = workload.write_source_files(str(tmp_path / "source"), 3, 30, 10, seed=31)
+    spec = {"url": cluster.url, "table": table_name, "source": str(tmp_path / "source"),
+            "checkpoint": str(tmp_path / "checkpoint"), "schema": workload.SCHEMA_DDL,
+            "format": "tally", "options": {"client.column-lock.ttl": "30"}}
+    for bucket in (1, 2):
+        done = run_job({**spec, "kill": {"point": "task", "epoch": 1, "bucket": bucket}})
+        assert done.returncode == -9, (bucket, done.returncode, done.stderr[-3000:])
+        state = workload.table_state(conn, table_name)
+        assert state != workload.expected(files[0])                  # part of batch 1 is in
+        assert state != workload.expected(files[0] + files[1])
+    done = run_job(spec)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [r for batch in files for r in batch]
+    assert workload.table_state(conn, table_name) == workload.expected(rows)

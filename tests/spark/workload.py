@@ -15,19 +15,26 @@ SCHEMA_DDL = "k long, v long, c string, s string, a long, l string"
 
 def create_table(conn, name: str, buckets: int = 4) -> None:
     from aggfuncs import AggFunction
+
+    _create(conn, name, buckets, [
+        ("v", pa.int64(), AggFunction.SUM),
+        ("c", pa.int64(), AggFunction.COUNT),
+        ("s", pa.string(), AggFunction.STRING_AGG),
+        ("a", pa.list_(pa.int64()), AggFunction.ARRAY_AGG),
+        ("l", pa.string(), AggFunction.LAST_VALUE_IGNORE_NULLS)])
+
+
+def _create(conn, name: str, buckets: int, columns) -> None:
+    """An aggregation table keyed by `k` (int64) with (name, type, function) value columns."""
     from merge_engine import Schema, TableDescriptor
 
-    schema = (Schema.builder()
-              .column("k", pa.int64())
-              .agg_column("v", pa.int64(), AggFunction.SUM)
-              .agg_column("c", pa.int64(), AggFunction.COUNT)
-              .agg_column("s", pa.string(), AggFunction.STRING_AGG)
-              .agg_column("a", pa.list_(pa.int64()), AggFunction.ARRAY_AGG)
-              .agg_column("l", pa.string(), AggFunction.LAST_VALUE_IGNORE_NULLS)
-              .primary_key("k").build())
+    builder = Schema.builder().column("k", pa.int64())
+    for column, arrow_type, function in columns:
+        builder = builder.agg_column(column, arrow_type, function)
     conn.admin.create_database(name.split(".")[0], ignore_if_exists=True)
-    conn.admin.create_table(name, TableDescriptor(schema, bucket_count=buckets, properties={
-        "table.merge-engine": "aggregation"}))
+    conn.admin.create_table(name, TableDescriptor(
+        builder.primary_key("k").build(), bucket_count=buckets,
+        properties={"table.merge-engine": "aggregation"}))
 
 
 def make_rows(count: int, keys: int, seed: int, start: int = 0) -> list[dict]:
@@ -89,3 +96,51 @@ def table_state(conn, name: str) -> dict:
 
 def project(state: dict, columns) -> dict:
     return {k: {c: row[c] for c in ("k", *columns)} for k, row in state.items()}
+
+
+# --- a decimal sum table, for one bad row that overflows in one bucket ----------------------
+
+DECIMAL_DDL = "k long, v decimal(18,2)"
+MAX_DECIMAL = "9999999999999999.99"  # the largest decimal(18, 2): any positive addend overflows
+
+
+def create_decimal_table(conn, name: str, buckets: int = 4) -> None:
+    from aggfuncs import AggFunction
+
+    _create(conn, name, buckets, [("v", pa.decimal128(18, 2), AggFunction.SUM)])
+
+
+def key_in_bucket(bucket: int, buckets: int = 4) -> int:
+    """The smallest key the client's bucket function puts in `bucket`."""
+    import numpy as np
+
+    from server.bucketing import bucket_ids
+
+    keys = np.arange(1000, dtype=np.int64)
+    ids = bucket_ids(pa.table({"k": pa.array(keys)}), ["k"], buckets)
+    return int(keys[ids == bucket][0])
+
+
+def decimal_rows(keys: int, value: str, seed: int) -> list[tuple]:
+    """(k, v) rows over keys 0..keys-1 (each key at least once), values around `value`."""
+    from decimal import Decimal
+
+    rng = random.Random(seed)
+    rows = [(k, Decimal(value)) for k in range(keys)]
+    rows += [(rng.randrange(keys), Decimal(value) + rng.randrange(100) / Decimal(100))
+             for _ in range(keys)]
+    rng.shuffle(rows)
+    return rows
+
+
+def decimal_sums(*row_lists) -> dict:
+    """{k: sum of v} over every row of every list."""
+    sums: dict = {}
+    for rows in row_lists:
+        for k, v in rows:
+            sums[k] = sums.get(k, 0) + v
+    return sums
+
+
+def decimal_state(conn, name: str) -> dict:
+    return {r["k"]: r["v"] for r in conn.table(name).to_arrow().to_pylist()}
