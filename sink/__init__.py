@@ -1,13 +1,15 @@
 """Spark sinks: exactly-once aggregate and partial updates from PySpark jobs into Tally tables.
 
 `TallySink` is the foreachBatch callable (with `start` for streaming and `write` for batch
-jobs); `register(spark)` registers the `format("tally")` data source. See docs/spark.md.
+jobs); `register(spark)` registers the `format("tally")` data source; a write that fails
+raises `EpochFailedError` after rolling back what it wrote. See docs/spark.md.
 """
 
+from sink.errors import EpochFailedError
 from sink.options import SinkOptions
 from sink.tally_sink import TallySink
 
-__all__ = ["SinkOptions", "TallySink", "register"]
+__all__ = ["EpochFailedError", "SinkOptions", "TallySink", "register"]
 
 
 def register(spark):

@@ -171,3 +171,32 @@ def test_speculation_is_refused(spark):
     check_speculation(spark)  # the test session runs without speculation
     with pytest.raises(InvalidOptionError, match="spark.speculation=true"):
         refuse_speculation("true")
+
+
+def test_a_failed_epochs_error_keeps_the_type_of_its_cause():
+    import pickle
+
+    from sink.errors import EpochFailedError, epoch_failed
+    from tally.errors import AggregateOverflowError, LeaseLostError
+
+    task_error = RuntimeError(  # what Spark hands back from a task: its Python traceback
+        "An exception was thrown from the Python worker:\nTraceback (most recent call last):\n"
+        '  File "sink/task.py", line 1, in __call__\n'
+        "tally.errors.AggregateOverflowError: sum column 'v' overflows decimal128(18, 2)\n")
+    error = epoch_failed(task_error, label="micro-batch 3 of query q", table="db.t",
+                         owner_id="o", epoch=3, rolled_back=True, buckets_undone=2)
+    assert isinstance(error, AggregateOverflowError) and isinstance(error, EpochFailedError)
+    assert str(error).startswith("micro-batch 3 of query q into db.t failed and was rolled "
+                                 "back: nothing of it was applied (2 bucket(s)")
+    assert str(error).endswith("Cause: AggregateOverflowError: sum column 'v' overflows "
+                               "decimal128(18, 2)")
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is type(error) and copy.buckets_undone == 2 and copy.args == error.args
+    untyped = epoch_failed(
+        RuntimeError("Traceback:\ntests.spark.hooks.InjectedTaskFailure: injected\n"),
+        label="batch write (epoch 0) by o", table="db.t", owner_id="o", epoch=0,
+        rolled_back=False, undo_error=LeaseLostError("lease lost"))
+    assert type(untyped) is EpochFailedError and not untyped.rolled_back
+    assert "part of it may be applied" in str(untyped)
+    assert "Restart the writer with the same owner id 'o'" in str(untyped)
+    assert str(untyped).endswith("Cause: InjectedTaskFailure: injected")
