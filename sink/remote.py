@@ -38,7 +38,12 @@ def shared_connection(url: str, token: str | None):
 # --- locks, commits, baselines (driver) -----------------------------------------------------
 
 def acquire(conn, table: str, owner_id: str, columns, ttl: float):
-    return conn.locks.acquire(table, owner_id, list(columns), ttl=ttl)
+    """Lock the writer's columns. An expired lock of another job in the way is taken over:
+    its uncommitted writes are undone first (recovery.acquire), so a new job never builds on
+    a crashed job's half-written epoch."""
+    import recovery
+
+    return recovery.acquire(conn, table, owner_id, list(columns), ttl=ttl)
 
 
 def release(conn, lease) -> None:
