@@ -1,7 +1,9 @@
 """What every aggregator is: a column's function, validated against its type and parameters.
 
-An aggregator works on whole Arrow arrays. Its *state* has the column's own type: the stored
-value is the accumulator. Besides the value, each stored cell carries one bit, *written*: whether
+An aggregator works on whole Arrow arrays. Its *state* usually has the column's own type: the
+stored value is the accumulator. Where the value alone would lose what later merges need, the
+state is richer and readers see `values(states)` (string_agg with a self-overlapping delimiter
+keeps its tokens apart). Besides the state, each stored cell carries one bit, *written*: whether
 any write has targeted the column yet. Most functions treat an unwritten cell like a null (the
 null rule: null with x gives x); first_value and last_value tell them apart.
 """
@@ -47,6 +49,8 @@ class Aggregator:
     # Does the state need a count of contributions to know when it is empty again (a sum back
     # at 0 after +5 -5 is empty, one at 0 after +0 is not)?
     counts_contributions: ClassVar[bool] = False
+    # Is a written null a value (first_value keeps it), so that only an unwritten null is empty?
+    written_is_state: ClassVar[bool] = False
 
     def __init__(self, column: str, arrow_type: pa.DataType, params: dict | None = None):
         self.column = column
@@ -112,11 +116,41 @@ class Aggregator:
 
     def empty(self, n: int) -> pa.Array:
         """The state of a cell no write has touched."""
-        return pa.nulls(n, type=self.type)
+        return pa.nulls(n, type=self.state_type)
 
     def is_empty(self, values: pa.Array) -> np.ndarray:
         """Whether each state is the empty state (a null; count overrides)."""
         return values.is_null().to_numpy(zero_copy_only=False)
+
+    def holds_nothing(self, states: pa.Array, written: np.ndarray) -> np.ndarray:
+        """Whether each cell holds nothing a later merge depends on: the empty state, and for
+        first_value also unwritten (a written null decides every later first_value)."""
+        empty = self.is_empty(states)
+        return empty & ~written if self.written_is_state else empty
+
+    # --- state and value ---------------------------------------------------------------------
+
+    @property
+    def state_type(self) -> pa.DataType:
+        """The type of the stored state (the column's type unless the state keeps more)."""
+        return self.type
+
+    @property
+    def tokenized(self) -> bool:
+        """Whether the state keeps tokens apart (a list of strings read as their join)."""
+        return False
+
+    def values(self, states: pa.Array) -> pa.Array:
+        """What readers see of states: lookup, to_arrow and changelog images."""
+        return states
+
+    # --- pre-aggregation ---------------------------------------------------------------------
+
+    def run_breaks(self, states: pa.Array, runs: Segments) -> np.ndarray | None:
+        """Rows (input order) that must start a new run so that folding each run into one state
+        and merging the states equals merging the rows one by one, on any stored state (and is
+        accepted or rejected alike). None: any run folds exactly (associative, exact folds)."""
+        return None
 
     def fold(self, states: pa.Array, written: np.ndarray, segments: Segments) -> pa.Array:
         """Fold each group's states in order into one state per group.

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from aggfuncs.base import Aggregator, valid_mask
+from aggfuncs.base import Aggregator, keep_untouched, valid_mask
 from aggfuncs.functions import AggFunction
 from aggfuncs.segments import Segments
 from tally.errors import InvalidInputError
@@ -75,7 +75,8 @@ class _BitmapAggregator(Aggregator):
             rows = segments.order[segments.starts[g]:segments.starts[g] + segments.lengths[g]]
             bitmaps = [self.load(values[i]) for i in rows if keep[i]]
             out[g] = self._bytes(self.bitmap_class().union(*bitmaps))
-        return pa.array(out, type=self.type)
+        # A stored bitmap with only nulls after it stays byte for byte (the null rule).
+        return keep_untouched(pa.array(out, type=self.type), states, keep, segments)
 
 
 class Rbm32Aggregator(_BitmapAggregator):

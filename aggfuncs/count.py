@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 
 from aggfuncs.base import Aggregator, cast_column, valid_mask
 from aggfuncs.functions import AggFunction
-from aggfuncs.numeric import fold_numeric
+from aggfuncs.numeric import fold_numeric, sum_run_breaks
 from aggfuncs.segments import Segments
 
 
@@ -62,3 +62,5 @@ class CountAggregator(Aggregator):
         )
         return pc.fill_null(total, 0)
 
+    def run_breaks(self, states: pa.Array, runs: Segments) -> np.ndarray | None:
+        return sum_run_breaks(states, runs, pa.int64())

@@ -16,6 +16,7 @@ from aggfuncs.segments import Segments
 
 class FirstValueAggregator(Aggregator):
     function = AggFunction.FIRST_VALUE
+    written_is_state = True
 
     def fold(self, states: pa.Array, written: np.ndarray, segments: Segments) -> pa.Array:
         return take_or_null(states, segments.pick(written, last=False))

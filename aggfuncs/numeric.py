@@ -1,9 +1,15 @@
-"""Exact arithmetic folds shared by sum, product and count.
+"""Exact arithmetic folds shared by sum, product and count, and the range rule they follow.
 
-Integers: numpy int64 on the fast path, with a float64 shadow of the same fold to spot the groups
-that might leave the range; only those are recomputed with Python integers, so overflow is always
-detected and never wraps. Floats: a strict left fold in the column's own precision (IEEE, so
-infinities and NaN are values). Decimals: Python's decimal module, exact, HALF_UP for products.
+Range rule: an integer or decimal aggregate never leaves its column's type, not even for one
+step: every running value, in write order, must fit. Judged step by step, the same rows are
+accepted or rejected however they fall into writes (a rule on each write's folded result would
+accept 127 + 1 - 1 in one int8 write and reject it row by row).
+
+Integers: numpy int64 when a cheap per-group bound (the sum of |x|, or the product of
+max(|x|, 1)) shows that no running value can leave the range; the other groups fold with Python
+integers, checked at every step. Floats: a strict left fold in the column's own precision (IEEE,
+so infinities and NaN are values). Decimals: Python's decimal module, exact, HALF_UP for
+products, checked at every step.
 """
 
 from __future__ import annotations
@@ -14,12 +20,11 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
-from aggfuncs.base import numeric_values, with_nulls
+from aggfuncs.base import numeric_values, valid_mask, with_nulls
 from aggfuncs.segments import Segments
 from tally.errors import AggregateOverflowError
 
-_SAFE = float(2**62)
-_NUMERIC_NAMES = "int8, int16, int32, int64, uint8, uint16, uint32, uint64, float32, float64, decimal"
+NUMERIC_TYPE_NAMES = "int8, int16, int32, int64, uint8, uint16, uint32, uint64, float32, float64, decimal"
 
 
 def is_numeric(arrow_type: pa.DataType) -> bool:
@@ -30,27 +35,41 @@ def is_numeric(arrow_type: pa.DataType) -> bool:
     )
 
 
-NUMERIC_TYPE_NAMES = _NUMERIC_NAMES
-
-
 def integer_bounds(arrow_type: pa.DataType) -> tuple[int, int]:
     info = np.iinfo(arrow_type.to_pandas_dtype())
     return int(info.min), int(info.max)
 
 
-def check_result(value, arrow_type: pa.DataType, what: str) -> None:
-    """Raise AggregateOverflowError when an exact result does not fit the column's type."""
+def decimal_limit(arrow_type: pa.DataType) -> decimal.Decimal:
+    """The smallest magnitude a decimal column cannot hold."""
+    return decimal.Decimal(10) ** (arrow_type.precision - arrow_type.scale)
+
+
+def fits(value, arrow_type: pa.DataType) -> bool:
+    """Whether an exact (integer or decimal) value fits the column's type."""
     if pa.types.is_integer(arrow_type):
         low, high = integer_bounds(arrow_type)
-        if not low <= value <= high:
-            raise AggregateOverflowError(
-                f"{what} overflows {arrow_type}: the result {value} is outside [{low}, {high}]. "
-                "The whole write was rejected.")
-    elif pa.types.is_decimal(arrow_type):
-        if abs(value) >= decimal.Decimal(10) ** (arrow_type.precision - arrow_type.scale):
-            raise AggregateOverflowError(
-                f"{what} overflows {arrow_type}: the result {value} needs more than "
-                f"{arrow_type.precision} digits. The whole write was rejected.")
+        return low <= value <= high
+    if pa.types.is_decimal(arrow_type):
+        return abs(value) < decimal_limit(arrow_type)
+    return True
+
+
+def overflow(what: str, arrow_type: pa.DataType, value) -> AggregateOverflowError:
+    if pa.types.is_decimal(arrow_type):
+        reason = f"needs more than {arrow_type.precision} digits"
+    else:
+        low, high = integer_bounds(arrow_type)
+        reason = f"is outside [{low}, {high}]"
+    return AggregateOverflowError(
+        f"{what} overflows {arrow_type}: the running result {value} {reason}. "
+        "The whole write was rejected.")
+
+
+def check_result(value, arrow_type: pa.DataType, what: str) -> None:
+    """Raise AggregateOverflowError when an exact result does not fit the column's type."""
+    if not fits(value, arrow_type):
+        raise overflow(what, arrow_type, value)
 
 
 def fold_numeric(
@@ -60,71 +79,77 @@ def fold_numeric(
     python_op: Callable[[object, object], object],
     what: str,
     decimal_op: Callable[[decimal.Decimal, decimal.Decimal], decimal.Decimal] | None = None,
+    result_type: pa.DataType | None = None,
 ) -> pa.Array:
     """Fold the (all non-null) `values` per group; null where a group has no values.
 
     `what` names the function and column for error messages, e.g. "sum column 'qty'".
+    `result_type` is the column's type when `values` are wider (retractions negated in int64).
     """
-    arrow_type = values.type
+    arrow_type = result_type or values.type
     if pa.types.is_floating(arrow_type):
         data = numeric_values(values)
         result, has = segments.fold(ufunc, data)
         return with_nulls(result, has, arrow_type)
     if pa.types.is_decimal(arrow_type):
-        return _fold_decimal(values, segments, decimal_op or python_op, what)
-    return _fold_integer(values, segments, ufunc, python_op, what)
+        return _fold_decimal(values, segments, decimal_op or python_op, what, arrow_type)
+    return _fold_integer(values, segments, ufunc, python_op, what, arrow_type)
 
 
-def _fold_integer(values, segments, ufunc, python_op, what) -> pa.Array:
-    arrow_type = values.type
-    low, high = integer_bounds(arrow_type)
+def _fold_integer(values, segments, ufunc, python_op, what, arrow_type) -> pa.Array:
     data = numeric_values(values)
-    shadow, has = segments.reduce(ufunc, data.astype(np.float64))
-    if arrow_type == pa.uint64():
-        risky = has.copy()  # int64 cannot hold every uint64: always exact
+    has = segments.lengths > 0
+    if data.dtype == np.uint64:
+        risky, out = has.copy(), np.zeros(segments.count, dtype=object)  # beyond int64: exact
     else:
-        risky = has & ~(np.abs(shadow) < _SAFE)  # also catches inf and NaN
-    fast = data.astype(np.int64)
-    result, _ = segments.reduce(ufunc, fast)
-    exact: dict[int, int] = {}
-    if risky.any():
-        exact = _python_fold(data, segments, np.nonzero(risky)[0], python_op)
-        for group, value in exact.items():
-            if not low <= value <= high:
-                raise AggregateOverflowError(
-                    f"{what} overflows {arrow_type}: the result {value} is outside "
-                    f"[{low}, {high}]. The whole write was rejected."
-                )
-    out = result.astype(object) if exact and arrow_type == pa.uint64() else result
-    for group, value in exact.items():
+        wide = data.astype(np.int64)
+        low, high = integer_bounds(arrow_type)
+        # A bound on every running value; float64 is exact below 2**53, and 2**62 leaves room
+        # for its rounding on 64-bit columns.
+        limit = float(high) if high < 2**53 else 2.0**62
+        risky = has & ~(_running_bound(ufunc, wide, segments) <= limit)
+        if low == 0 and len(wide):  # unsigned: retractions (negated) may go below zero
+            lowest, _ = segments.reduce(np.minimum, wide)
+            risky |= has & (lowest < 0)
+        out, _ = segments.reduce(ufunc, wide)
+        if risky.any():
+            out = out.astype(object)
+    for group, value in _python_fold(data, segments, np.nonzero(risky)[0], python_op, what,
+                                     arrow_type).items():
         out[group] = value
-    in_range = (out[has] >= low) & (out[has] <= high) if len(out) else np.ones(0, dtype=bool)
-    if not np.all(in_range):
-        bad = out[has][~in_range][0]
-        raise AggregateOverflowError(
-            f"{what} overflows {arrow_type}: the result {bad} is outside [{low}, {high}]. "
-            "The whole write was rejected."
-        )
     return with_nulls(np.asarray(out).astype(arrow_type.to_pandas_dtype()), has, arrow_type)
 
 
-def _python_fold(data: np.ndarray, segments: Segments, groups, python_op) -> dict[int, int]:
+def _running_bound(ufunc, wide: np.ndarray, segments: Segments) -> np.ndarray:
+    """Per group, a float64 bound on |running value|: sum of |x|, or product of max(|x|, 1)."""
+    magnitude = np.abs(wide.astype(np.float64))
+    with np.errstate(all="ignore"):
+        if ufunc is np.multiply:
+            logs, _ = segments.reduce(np.add, np.log2(np.maximum(magnitude, 1.0)))
+            return np.exp2(logs)
+        bound, _ = segments.reduce(np.add, magnitude)
+        return bound
+
+
+def _python_fold(data: np.ndarray, segments: Segments, groups, python_op, what,
+                 arrow_type) -> dict[int, int]:
     ordered = data[segments.order]
     exact = {}
     for g in groups:
         start, n = segments.starts[g], segments.lengths[g]
         acc = int(ordered[start])
+        check_result(acc, arrow_type, what)
         for v in ordered[start + 1 : start + n]:
             acc = python_op(acc, int(v))
+            check_result(acc, arrow_type, what)
         exact[int(g)] = acc
     return exact
 
 
-def _fold_decimal(values: pa.Array, segments: Segments, op, what: str) -> pa.Array:
-    arrow_type = values.type
+def _fold_decimal(values: pa.Array, segments: Segments, op, what: str, arrow_type) -> pa.Array:
     items = values.to_pylist()
     ordered = [items[i] for i in segments.order]
-    limit = decimal.Decimal(10) ** (arrow_type.precision - arrow_type.scale)
+    limit = decimal_limit(arrow_type)
     out: list[decimal.Decimal | None] = [None] * segments.count
     with decimal.localcontext() as ctx:
         for g in np.nonzero(segments.lengths)[0]:
@@ -134,10 +159,52 @@ def _fold_decimal(values: pa.Array, segments: Segments, op, what: str) -> pa.Arr
             acc = ordered[start]
             for v in ordered[start + 1 : start + n]:
                 acc = op(acc, v)
-            if abs(acc) >= limit:
-                raise AggregateOverflowError(
-                    f"{what} overflows {arrow_type}: the result {acc} needs more than "
-                    f"{arrow_type.precision} digits. The whole write was rejected."
-                )
+                if abs(acc) >= limit:
+                    raise overflow(what, arrow_type, acc)
             out[g] = acc
     return pa.array(out, type=arrow_type)
+
+
+def sum_run_breaks(values: pa.Array, runs: Segments, arrow_type: pa.DataType) -> np.ndarray:
+    """Rows (input order) that must start a new run so that pre-folding each run of an exact
+    sum, and then merging the run totals, is judged by the range rule exactly as the rows.
+
+    A run folds exactly when its running sum stays between 0 and its total and the total fits
+    the type: on top of any stored s, each of its steps then lies between s and s + total, the
+    two values the tablet checks. Runs where that fails are cut greedily, in Python.
+    """
+    breaks = np.zeros(len(values), dtype=bool)
+    has = runs.lengths > 0
+    if pa.types.is_decimal(arrow_type) or arrow_type == pa.uint64():
+        items = [0 if v is None else v for v in values.to_pylist()]
+        suspects = np.nonzero(has)[0]
+    else:
+        wide = numeric_values(values).astype(np.int64)
+        low, high, total = runs.extremes(runs.running(wide))
+        ok = (high <= np.maximum(total, 0)) & (low >= np.minimum(total, 0))
+        ok &= (total >= integer_bounds(arrow_type)[0]) & (total <= integer_bounds(arrow_type)[1])
+        bound, _ = runs.reduce(np.add, np.abs(wide.astype(np.float64)))
+        ok &= bound < 2.0**62  # else the int64 running sums above may have wrapped
+        suspects = np.nonzero(has & ~ok)[0]
+        items = wide
+    exact = pa.types.is_decimal(arrow_type)
+    with decimal.localcontext() as ctx:
+        ctx.prec = 2 * 38 + 10  # decimal128 sums of a run, never rounded
+        for g in suspects:
+            rows = runs.order[runs.starts[g]:runs.starts[g] + runs.lengths[g]]
+            total = low = high = 0
+            for n, i in enumerate(rows):
+                x = items[i] if exact else int(items[i])
+                t = total + x
+                if n and (high > max(t, 0) or low < min(t, 0) or not fits(t, arrow_type)):
+                    breaks[i] = True
+                    t, low, high = x, 0, 0
+                total, low, high = t, min(low, t), max(high, t)
+    return breaks
+
+
+def each_contribution_breaks(values: pa.Array) -> np.ndarray:
+    """Every non-null row starts a run: for folds that round (floats, decimal products) or
+    whose steps the range rule cannot bound from a partial product, no two contributions are
+    pre-folded together."""
+    return valid_mask(values)

@@ -1,4 +1,9 @@
-"""product: exact for integers, HALF_UP to the column's scale after every decimal multiplication."""
+"""product: exact for integers, HALF_UP to the column's scale after every decimal multiplication.
+
+Pre-aggregation never multiplies two contributions ahead of the tablet: decimal and float
+products round at every step, and the range rule judges every running product from the stored
+one, which a partial product cannot stand for.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +15,10 @@ import pyarrow as pa
 
 from aggfuncs.base import Aggregator, valid_mask
 from aggfuncs.functions import AggFunction
-from aggfuncs.numeric import NUMERIC_TYPE_NAMES, check_result, fold_numeric, is_numeric
-from tally.errors import RetractionError
+from aggfuncs.numeric import (NUMERIC_TYPE_NAMES, check_result, each_contribution_breaks,
+                              fold_numeric, is_numeric)
 from aggfuncs.segments import Segments
+from tally.errors import RetractionError
 
 
 class ProductAggregator(Aggregator):
@@ -79,3 +85,6 @@ class ProductAggregator(Aggregator):
         with decimal.localcontext() as ctx:
             ctx.prec = max(ctx.prec, 2 * self.type.precision + 4 * len(str(abs(a))) + 10)
             return (a * b).quantize(quantum, rounding=decimal.ROUND_HALF_UP)
+
+    def run_breaks(self, states: pa.Array, runs: Segments) -> np.ndarray | None:
+        return each_contribution_breaks(states)

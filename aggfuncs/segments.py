@@ -127,6 +127,30 @@ class Segments:
                 result[has] = ufunc.reduceat(ordered, self.starts[has])
         return result, has
 
+    def running(self, values: np.ndarray) -> np.ndarray:
+        """Per row in sorted order, the sum of its group's values up to and including it, in
+        int64: exact whenever every true running sum fits, as wrapped partial sums cancel."""
+        ordered = values[self.order].astype(np.int64)
+        with np.errstate(over="ignore"):
+            total = np.cumsum(ordered)
+            before = np.zeros(self.count, dtype=np.int64)
+            has = self.lengths > 0
+            before[has] = (total - ordered)[self.starts[has]]
+            return total - np.repeat(before, self.lengths)
+
+    def extremes(self, running: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per group: the lowest and highest of `running` (sorted order) and 0, the value
+        before its first row; and its last value (0 for an empty group)."""
+        low = np.zeros(self.count, dtype=running.dtype)
+        high = np.zeros(self.count, dtype=running.dtype)
+        last = np.zeros(self.count, dtype=running.dtype)
+        has = self.lengths > 0
+        if has.any():
+            low[has] = np.minimum.reduceat(running, self.starts[has])
+            high[has] = np.maximum.reduceat(running, self.starts[has])
+            last[has] = running[self.starts[has] + self.lengths[has] - 1]
+        return np.minimum(low, 0), np.maximum(high, 0), last
+
     def offsets(self) -> np.ndarray:
         """List offsets (length count + 1) for the rows in sorted order."""
         return np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int32)

@@ -1,4 +1,14 @@
-"""string_agg (alias listagg): non-null strings joined with a delimiter, optionally distinct."""
+"""string_agg (alias listagg): non-null strings joined with a delimiter, optionally distinct.
+
+A token is a piece of an input cut at each occurrence of the delimiter, scanning left to right
+("a:::" with "::" gives "a" and ":"), so a token never contains the delimiter. The joined string
+is an exact state only when cutting it again gives back its tokens, which holds unless the
+delimiter overlaps itself (a proper prefix equals a proper suffix: "::", "||", "aba"): "a:" and
+"" join to "a:::", which cuts into "a" and ":", so a distinct merge or a retraction would see
+other tokens depending on how rows fell into writes. For such delimiters the state keeps the
+tokens apart (a list of strings) and readers see their join. Inputs may also be token lists,
+which is how pre-aggregated states and undo images are sent exactly.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +18,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from aggfuncs.base import Aggregator, keep_untouched, parse_bool, valid_mask
+from aggfuncs.base import Aggregator, parse_bool, valid_mask
 from aggfuncs.functions import AggFunction
 from aggfuncs.segments import Segments
-from aggfuncs.tokens import apply_items, first_occurrences
-from tally.errors import InvalidAggFunctionError
-
+from aggfuncs.tokens import apply_items, fold_lists
+from tally.errors import InvalidAggFunctionError, InvalidInputError
 
 
 def parse_delimiter(name: str, value: Any) -> str:
@@ -23,6 +32,15 @@ def parse_delimiter(name: str, value: Any) -> str:
             f"string but was {value!r}"
         )
     return value
+
+
+def self_overlapping(delimiter: str) -> bool:
+    """Whether a proper prefix of the delimiter equals a proper suffix ("::", "aba")."""
+    return any(delimiter[:k] == delimiter[-k:] for k in range(1, len(delimiter)))
+
+
+def _is_list(arrow_type: pa.DataType) -> bool:
+    return pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type)
 
 
 class StringAggAggregator(Aggregator):
@@ -37,32 +55,77 @@ class StringAggAggregator(Aggregator):
     def accepts(arrow_type: pa.DataType) -> bool:
         return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
 
+    @property
+    def tokenized(self) -> bool:
+        return self_overlapping(self.params["delimiter"])
+
+    @property
+    def state_type(self) -> pa.DataType:
+        return pa.list_(self.type) if self.tokenized else self.type
+
+    def values(self, states: pa.Array) -> pa.Array:
+        return pc.binary_join(states, self.params["delimiter"]).cast(self.type) \
+            if self.tokenized else states
+
+    # --- inputs -----------------------------------------------------------------------------
+
+    def input_type(self, given: pa.DataType) -> pa.DataType:
+        return pa.list_(self.type) if _is_list(given) else self.type
+
+    def to_state(self, values: pa.Array) -> pa.Array:
+        if _is_list(values.type):
+            tokens = self._checked(values)
+            return tokens if self.tokenized else self.values_of_tokens(tokens)
+        if not self.tokenized:
+            return values
+        return pc.split_pattern(values, self.params["delimiter"]).cast(self.state_type)
+
+    from_merge_state = to_state
+    overwrite = to_state
+
+    def values_of_tokens(self, tokens: pa.Array) -> pa.Array:
+        return pc.binary_join(tokens, self.params["delimiter"]).cast(self.type)
+
+    def _checked(self, lists: pa.Array) -> pa.Array:
+        """Token lists as states: an empty list contributes nothing (null); a null token, or a
+        token holding the delimiter (no cut gives it), is an error naming the column."""
+        tokens = pc.list_flatten(lists)
+        if tokens.null_count:
+            raise InvalidInputError(
+                f"Column '{self.column}' (string_agg) takes token lists without nulls")
+        inside = pc.match_substring(tokens, self.params["delimiter"])
+        if pc.any(inside).as_py():
+            bad = tokens.filter(inside)[0].as_py()
+            raise InvalidInputError(
+                f"Column '{self.column}' (string_agg): the token {bad!r} contains the delimiter "
+                f"{self.params['delimiter']!r}; a token is a piece between delimiters")
+        empty = pc.fill_null(pc.equal(pc.list_value_length(lists), 0), False)
+        return pc.if_else(empty, pa.nulls(len(lists), lists.type), lists).cast(pa.list_(self.type))
+
+    # --- folding ----------------------------------------------------------------------------
+
     def step(self, acc, value, sign):
         """Tokens so far (a list); a retraction removes the last occurrence of each token."""
         if value is None:
             return acc
-        return apply_items(acc, value.split(self.params["delimiter"]), sign,
-                           self.params["distinct"], self.column)
+        items = value if isinstance(value, list) else value.split(self.params["delimiter"])
+        return apply_items(acc, items, sign, self.params["distinct"], self.column)
 
     def finish(self, acc):
-        return self.params["delimiter"].join(acc) if acc else None
+        if not acc:
+            return None
+        return acc if self.tokenized else self.params["delimiter"].join(acc)
 
     def fold(self, states: pa.Array, written: np.ndarray, segments: Segments) -> pa.Array:
+        delimiter, distinct = self.params["delimiter"], self.params["distinct"]
+        if self.tokenized:
+            return fold_lists(states, written, segments, distinct, self.state_type)
+        if distinct:  # the joined string cuts back into exactly its tokens
+            lists = pc.split_pattern(states, delimiter)
+            return self.values_of_tokens(fold_lists(lists, written, segments, True, lists.type))
         keep = written & valid_mask(states)
         sub = segments.filtered(keep)
         ordered = states.filter(pa.array(keep)).take(pa.array(sub.order, type=pa.int64()))
-        delimiter = self.params["delimiter"]
-        if self.params["distinct"]:
-            parts = pc.split_pattern(ordered, delimiter)
-            tokens = pc.list_flatten(parts)
-            owner = np.repeat(sub.sorted_ids, pc.list_value_length(parts).to_numpy())
-            picked = first_occurrences(owner, tokens)
-            tokens, owner = tokens.take(pa.array(picked, type=pa.int64())), owner[picked]
-            lengths = np.bincount(owner, minlength=sub.count)
-        else:
-            tokens, lengths = ordered, sub.lengths
-        has = sub.lengths > 0
-        offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]), type=pa.int32())
-        lists = pa.ListArray.from_arrays(offsets, tokens, mask=pa.array(~has))
-        joined = pc.binary_join(lists, delimiter).cast(self.type)
-        return keep_untouched(joined, states, keep, segments) if self.params["distinct"] else joined
+        offsets = pa.array(np.concatenate([[0], np.cumsum(sub.lengths)]), type=pa.int32())
+        lists = pa.ListArray.from_arrays(offsets, ordered, mask=pa.array(sub.lengths == 0))
+        return pc.binary_join(lists, delimiter).cast(self.type)

@@ -1,4 +1,4 @@
-"""sum: exact in the column's type; integer or decimal overflow rejects the write."""
+"""sum: exact in the column's type; a running total outside it rejects the write."""
 
 from __future__ import annotations
 
@@ -6,13 +6,12 @@ import operator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from aggfuncs.base import Aggregator, valid_mask
 from aggfuncs.functions import AggFunction
-import pyarrow.compute as pc
-
-from aggfuncs.numeric import NUMERIC_TYPE_NAMES, check_result, fold_numeric, is_numeric
-from tally.errors import AggregateOverflowError
+from aggfuncs.numeric import (NUMERIC_TYPE_NAMES, check_result, each_contribution_breaks,
+                              fold_numeric, is_numeric, sum_run_breaks)
 from aggfuncs.segments import Segments
 
 
@@ -24,17 +23,18 @@ class SumAggregator(Aggregator):
     counts_contributions = True
 
     def fold_signed(self, states, written, segments, signs) -> pa.Array:
-        """A retraction subtracts: negate the retracted values and sum as usual."""
+        """A retraction subtracts: negate the retracted values and sum as usual. Integers are
+        negated in int64 (-128 negates in int8 only by leaving it); 64-bit integers, which
+        int64 cannot widen, fold row by row with Python integers."""
         retracting = written & (signs < 0)
-        if not retracting.any() or pa.types.is_unsigned_integer(self.type):
-            return super().fold_signed(states, written, segments, signs)  # unsigned: row by row
-        try:
-            negated = pc.negate_checked(states)
-        except pa.ArrowInvalid:
-            raise AggregateOverflowError(
-                f"sum column '{self.column}': a retracted value cannot be negated in "
-                f"{self.type}. The whole write was rejected.") from None
-        return self.fold(pc.if_else(pa.array(retracting), negated, states), written, segments)
+        if not retracting.any():
+            return self.fold(states, written, segments)
+        if pa.types.is_integer(self.type):
+            if self.type.bit_width == 64:
+                return super().fold_signed(states, written, segments, signs)
+            states = states.cast(pa.int64())
+        negated = pc.if_else(pa.array(retracting), pc.negate(states), states)
+        return self.fold(negated, written, segments)
 
     def step(self, acc, value, sign):
         if value is None:
@@ -52,4 +52,10 @@ class SumAggregator(Aggregator):
             np.add,
             operator.add,
             f"sum column '{self.column}'",
+            result_type=self.type,
         )
+
+    def run_breaks(self, states: pa.Array, runs: Segments) -> np.ndarray | None:
+        if pa.types.is_floating(self.type):
+            return each_contribution_breaks(states)  # a float sum is a left fold: never regroup
+        return sum_run_breaks(states, runs, self.type)

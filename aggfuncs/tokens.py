@@ -1,10 +1,13 @@
-"""First occurrence of each (group, value) pair: how the distinct options deduplicate."""
+"""List states: array_agg's elements and string_agg's tokens, folded, deduplicated, retracted."""
 
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from aggfuncs.base import keep_untouched, valid_mask
+from aggfuncs.segments import Segments
 from tally.errors import InvalidInputError, RetractionError
 
 
@@ -46,3 +49,30 @@ def first_occurrences(owner: np.ndarray, values: pa.Array) -> np.ndarray:
     combined = owner.astype(np.int64) * (int(codes.max()) + 1) + codes
     _, first = np.unique(combined, return_index=True)
     return np.sort(first)
+
+
+def list_array(list_type: pa.DataType, lengths: np.ndarray, items: pa.Array) -> pa.Array:
+    """Lists of `list_type` holding `items` in order, `lengths[i]` each; no items is a null."""
+    large = pa.types.is_large_list(list_type)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]),
+                       type=pa.int64() if large else pa.int32())
+    make = pa.LargeListArray if large else pa.ListArray
+    return make.from_arrays(offsets, items.cast(list_type.value_type), mask=pa.array(lengths == 0))
+
+
+def fold_lists(states: pa.Array, written: np.ndarray, segments: Segments, distinct: bool,
+               list_type: pa.DataType) -> pa.Array:
+    """Per group, the items of its written non-null lists concatenated in order (the first
+    occurrence of each with `distinct`); no items at all is the empty state, null. With
+    `distinct`, a stored state that is its group's only list is kept as it is."""
+    keep = written & valid_mask(states)
+    sub = segments.filtered(keep)
+    ordered = states.filter(pa.array(keep)).take(pa.array(sub.order, type=pa.int64()))
+    items = pc.list_flatten(ordered)
+    sizes = pc.list_value_length(ordered).to_numpy(zero_copy_only=False)
+    owner = np.repeat(sub.sorted_ids, sizes.astype(np.int64))
+    if distinct:
+        picked = first_occurrences(owner, items)
+        items, owner = items.take(pa.array(picked, type=pa.int64())), owner[picked]
+    folded = list_array(list_type, np.bincount(owner, minlength=sub.count), items)
+    return keep_untouched(folded, states, keep, segments) if distinct else folded

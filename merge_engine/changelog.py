@@ -26,51 +26,121 @@ UNCHANGED, INSERTED, UPDATED, REMOVED = 0, 1, 2, 3
 CHANGE_CODE = "_change"  # stored form of the change type: an index into CHANGE_TYPES
 CHANGE_TYPES = pa.array([INSERT, UPDATE_BEFORE, UPDATE_AFTER, DELETE], type=pa.string())
 
-
-def changelog_schema(arrow_schema: pa.Schema) -> pa.Schema:
-    """The schema readers see."""
-    fields = [pa.field(OFFSET, pa.int64(), nullable=False),
-              pa.field(CHANGE_TYPE, pa.string(), nullable=False)]
-    return pa.schema(fields + _image_fields(arrow_schema))
+TOKENS = "_tokens"  # images: the tokens of string_agg states a joined string cannot tell apart
 
 
-def stored_schema(arrow_schema: pa.Schema) -> pa.Schema:
-    """The schema of a stored batch."""
-    return pa.schema([pa.field(CHANGE_CODE, pa.int8(), nullable=False)]
-                     + _image_fields(arrow_schema))
+class Images:
+    """How a table's stored states appear as changelog images, and back.
 
-
-def _image_fields(arrow_schema: pa.Schema) -> list[pa.Field]:
-    fields = [pa.field(f.name, f.type) for f in arrow_schema]
-    fields.append(pa.field(UNWRITTEN, pa.list_(pa.string())))
-    fields.append(pa.field(CONTRIBUTIONS, pa.list_(pa.int64())))
-    return fields
-
-
-def build_records(schema: pa.Schema, value_positions: list[int], counted: list[int],
-                  before: StateBatch, after: StateBatch, outcome: np.ndarray) -> pa.Table | None:
-    """The changelog records of one write in stored form, or None when nothing changed.
-
-    `before` and `after` hold one row per key (aligned); `outcome` says per key whether it was
-    inserted, updated, removed or left unchanged. Records follow the keys' order.
+    Images hold what readers see (each aggregator's `values`), the written bits (`_unwritten`),
+    the contribution counts (`_contributions`) and, for columns whose state keeps tokens apart,
+    those tokens (`_tokens`: a struct with one list<string> field per such column), so replay
+    and undo rebuild every state exactly.
     """
-    counts = np.select([outcome == INSERTED, outcome == UPDATED, outcome == REMOVED], [1, 2, 1], 0)
-    total = int(counts.sum())
-    if total == 0:
-        return None
-    m = len(before)
-    key = np.repeat(np.arange(m), counts)
-    first = np.concatenate([[True], key[1:] != key[:-1]])
-    kind = outcome[key]
-    # Rows of concat(before, after): before images at g, after images at m + g.
-    take_after = (kind == INSERTED) | ((kind == UPDATED) & ~first)
-    index = np.where(take_after, m + key, key)
-    change = np.where(kind == INSERTED, 0, np.where(kind == REMOVED, 3, np.where(first, 1, 2)))
-    images = StateBatch.concat(before, after).take(index)
-    arrays = [pa.array(change.astype(np.int8))] + images.columns
-    arrays.append(_unwritten_lists(images.written, value_positions, schema.names))
-    arrays.append(contribution_lists(images.counts(), counted))
-    return pa.Table.from_arrays(arrays, schema=stored_schema(schema))
+
+    def __init__(self, arrow_schema: pa.Schema, aggregators, value_positions: list[int],
+                 counted: list[int]):
+        self.schema = arrow_schema
+        self.aggregators = aggregators
+        self.value_positions = value_positions
+        self.counted = counted
+        self.tokenized = [i for i in value_positions if aggregators[i].tokenized]
+        self.token_type = pa.struct([pa.field(arrow_schema.names[i], aggregators[i].state_type)
+                                     for i in self.tokenized])
+
+    def state_schema(self) -> pa.Schema:
+        """The schema of stored states (the row format's columns)."""
+        return pa.schema([pa.field(f.name, agg.state_type)
+                          for f, agg in zip(self.schema, self.aggregators)])
+
+    def visible(self, states: StateBatch) -> pa.Table:
+        """Rows as readers see them (lookup, to_arrow): each aggregator's values of its states."""
+        return pa.Table.from_arrays(
+            [agg.values(c) for agg, c in zip(self.aggregators, states.columns)],
+            names=self.schema.names)
+
+    def reader_schema(self) -> pa.Schema:
+        """The schema readers see."""
+        fields = [pa.field(OFFSET, pa.int64(), nullable=False),
+                  pa.field(CHANGE_TYPE, pa.string(), nullable=False)]
+        return pa.schema(fields + self._image_fields())
+
+    def stored_schema(self) -> pa.Schema:
+        """The schema of a stored batch."""
+        return pa.schema([pa.field(CHANGE_CODE, pa.int8(), nullable=False)]
+                         + self._image_fields())
+
+    def _image_fields(self) -> list[pa.Field]:
+        fields = [pa.field(f.name, f.type) for f in self.schema]
+        fields.append(pa.field(UNWRITTEN, pa.list_(pa.string())))
+        fields.append(pa.field(CONTRIBUTIONS, pa.list_(pa.int64())))
+        if self.tokenized:
+            fields.append(pa.field(TOKENS, self.token_type))
+        return fields
+
+    def build_records(self, before: StateBatch, after: StateBatch,
+                      outcome: np.ndarray) -> pa.Table | None:
+        """The changelog records of one write in stored form, or None when nothing changed.
+
+        `before` and `after` hold one row per key (aligned); `outcome` says per key whether it
+        was inserted, updated, removed or left unchanged. Records follow the keys' order.
+        """
+        counts = np.select([outcome == INSERTED, outcome == UPDATED, outcome == REMOVED],
+                           [1, 2, 1], 0)
+        total = int(counts.sum())
+        if total == 0:
+            return None
+        m = len(before)
+        key = np.repeat(np.arange(m), counts)
+        first = np.concatenate([[True], key[1:] != key[:-1]])
+        kind = outcome[key]
+        # Rows of concat(before, after): before images at g, after images at m + g.
+        take_after = (kind == INSERTED) | ((kind == UPDATED) & ~first)
+        index = np.where(take_after, m + key, key)
+        change = np.where(kind == INSERTED, 0, np.where(kind == REMOVED, 3, np.where(first, 1, 2)))
+        images = StateBatch.concat(before, after).take(index)
+        arrays = [pa.array(change.astype(np.int8))]
+        arrays += [agg.values(c) for agg, c in zip(self.aggregators, images.columns)]
+        arrays.append(_unwritten_lists(images.written, self.value_positions, self.schema.names))
+        arrays.append(contribution_lists(images.counts(), self.counted))
+        if self.tokenized:
+            arrays.append(pa.StructArray.from_arrays([images.columns[i] for i in self.tokenized],
+                                                     fields=list(self.token_type)))
+        return pa.Table.from_arrays(arrays, schema=self.stored_schema())
+
+    def to_state(self, records: pa.Table) -> StateBatch:
+        """Row images of changelog records as a StateBatch (written bits, counts and tokens
+        restored)."""
+        names = self.schema.names
+        columns = [records.column(n).combine_chunks() for n in names]
+        if self.tokenized:
+            tokens = records.column(TOKENS).combine_chunks()
+            for i in self.tokenized:
+                columns[i] = tokens.field(names[i])
+        written = np.ones((records.num_rows, len(names)), dtype=bool)
+        unwritten = records.column(UNWRITTEN).to_pylist()
+        position = {names[p]: p for p in self.value_positions}
+        for row, missing in enumerate(unwritten):
+            for name in missing or ():
+                written[row, position[name]] = False
+        counts = np.zeros(written.shape, dtype=np.int64)
+        if self.counted and records.num_rows:
+            flat = records.column(CONTRIBUTIONS).combine_chunks().flatten().to_numpy()
+            counts[:, self.counted] = flat.reshape(records.num_rows, len(self.counted))
+        return StateBatch(columns, written, counts)
+
+
+def with_tokens(rows: pa.Table, images: pa.Table) -> pa.Table:
+    """`rows` (columns of changelog `images`) with each tokenized column replaced by its token
+    lists, so that an OVERWRITE of them restores those states exactly (undo)."""
+    if TOKENS not in images.column_names:
+        return rows
+    tokens = images.column(TOKENS).combine_chunks()
+    for field in tokens.type:
+        if field.name in rows.column_names:
+            rows = rows.set_column(rows.column_names.index(field.name), field.name,
+                                   tokens.field(field.name))
+    return rows
 
 
 def contribution_lists(counts: np.ndarray, counted: list[int]) -> pa.Array:
@@ -108,20 +178,3 @@ def deserialize(data: bytes, first_offset: int) -> pa.Table:
         .add_column(0, pa.field(CHANGE_TYPE, pa.string(), nullable=False), [CHANGE_TYPES.take(codes)]) \
         .add_column(0, pa.field(OFFSET, pa.int64(), nullable=False),
                     [pa.array(np.arange(first_offset, first_offset + n, dtype=np.int64))])
-
-
-def state_from_records(records: pa.Table, names: list[str], value_positions: list[int],
-                       counted: list[int]) -> StateBatch:
-    """Row images of changelog records as a StateBatch (written bits and counts restored)."""
-    columns = [records.column(n).combine_chunks() for n in names]
-    written = np.ones((records.num_rows, len(names)), dtype=bool)
-    unwritten = records.column(UNWRITTEN).to_pylist()
-    position = {names[p]: p for p in value_positions}
-    for row, missing in enumerate(unwritten):
-        for name in missing or ():
-            written[row, position[name]] = False
-    counts = np.zeros(written.shape, dtype=np.int64)
-    if counted and records.num_rows:
-        flat = records.column(CONTRIBUTIONS).combine_chunks().flatten().to_numpy()
-        counts[:, counted] = flat.reshape(records.num_rows, len(counted))
-    return StateBatch(columns, written, counts)

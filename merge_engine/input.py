@@ -73,7 +73,13 @@ def _from_python(values: list, column, aggregator) -> pa.Array:
 
     List columns (array_agg) also take single elements: those become one-element lists.
     Bitmap columns (rbm32/rbm64) also take integer ids: those become one-id bitmaps.
+    string_agg columns also take token lists: then strings become their tokens.
     """
+    arrow_type = column.type
+    if column.agg is AggFunction.STRING_AGG and any(isinstance(v, (list, tuple)) for v in values):
+        delimiter = aggregator.params["delimiter"]
+        values = [v.split(delimiter) if isinstance(v, str) else v for v in values]
+        arrow_type = pa.list_(column.type)
     if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
         values = [v if v is None or isinstance(v, (list, tuple)) else [v] for v in values]
     if column.agg in (AggFunction.RBM32, AggFunction.RBM64) and \
@@ -81,12 +87,12 @@ def _from_python(values: list, column, aggregator) -> pa.Array:
         values = [aggregator.to_state(pa.array([v])).to_pylist()[0]
                   if isinstance(v, int) and not isinstance(v, bool) else v for v in values]
     try:
-        return pa.array(values, type=column.type)
+        return pa.array(values, type=arrow_type)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
         if column.agg is AggFunction.COUNT:
             # count's AGGREGATE input may be anything: only its nullness is counted.
             return pa.array([None if v is None else True for v in values], type=pa.bool_())
-        bad = _first_bad(values, column.type)
+        bad = _first_bad(values, arrow_type)
         raise InvalidInputError(
             f"Column '{column.name}' (type {column.type}) cannot take the value {bad!r}: {exc}"
         ) from None

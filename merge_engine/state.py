@@ -10,10 +10,11 @@ import pyarrow as pa
 
 @dataclass
 class StateBatch:
-    """`columns` are in schema order. Per cell: `written[i, j]` says whether a write ever
-    targeted it (key columns always are); `contributions[i, j]` counts the contributions a sum
-    or product cell holds (retractions subtract), so it knows when it is empty again. Only those
-    columns' counts are stored; the others stay 0. None means all zeros."""
+    """`columns` are in schema order, each its aggregator's states (readers see their `values`).
+    Per cell: `written[i, j]` says whether a write ever targeted it (key columns always are);
+    `contributions[i, j]` counts the contributions a sum or product cell holds (retractions
+    subtract), so it knows when it is empty again. Only those columns' counts are stored; the
+    others stay 0. None means all zeros."""
 
     columns: list[pa.Array]
     written: np.ndarray
@@ -49,6 +50,3 @@ class StateBatch:
         """Memory held by the batch (Arrow buffers plus the bookkeeping matrices)."""
         counts = 0 if self.contributions is None else self.contributions.nbytes
         return sum(c.nbytes for c in self.columns) + self.written.nbytes + counts
-
-    def to_table(self, names: list[str]) -> pa.Table:
-        return pa.Table.from_arrays(self.columns, names=names)

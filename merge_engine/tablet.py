@@ -52,7 +52,9 @@ class KvTablet:
         # Sum and product cells also store how many contributions they hold (retraction).
         self.counted = [i for i in self.value_positions
                         if descriptor.is_aggregation and self.aggregators[i].counts_contributions]
-        self.codec = RowCodec(self.arrow_schema, self.counted)
+        self._images = log.Images(self.arrow_schema, self.aggregators, self.value_positions,
+                                  self.counted)
+        self.codec = RowCodec(self._images.state_schema(), self.counted)
         self.remove_on_empty = descriptor.bool_option("table.agg.remove-record-on-empty")
         merger_args = (self.aggregators, self.key_positions, self.counted)
         self._overwrite = OverwriteRowMerger(*merger_args)
@@ -175,7 +177,7 @@ class KvTablet:
         state is removed (-D), and a new key that would be empty is never stored."""
         empty = np.ones(len(after), dtype=bool)
         for i in self.value_positions:
-            empty &= self.aggregators[i].is_empty(after.columns[i])
+            empty &= self.aggregators[i].holds_nothing(after.columns[i], after.written[:, i])
         outcome = outcome.copy()
         outcome[empty & present] = log.REMOVED
         outcome[empty & ~present] = log.UNCHANGED
@@ -221,8 +223,7 @@ class KvTablet:
         `keys` None: the write changes no row (only the writer's sequence is recorded)."""
         batch = self._store.new_batch()
         end, data = self._end, b""
-        records = None if keys is None else log.build_records(
-            self.arrow_schema, self.value_positions, self.counted, before, after, outcome)
+        records = None if keys is None else self._images.build_records(before, after, outcome)
         if records is not None:
             data = log.serialize(records)
             TabletStore.put_log_entry(batch, end, data, int(time.time() * 1000))
@@ -290,12 +291,12 @@ class KvTablet:
             raise InvalidInputError(f"lookup takes a dict of the primary key columns, got {key!r}")
         write = prepare_write([key], self.schema, self.aggregators, keys_only=True)
         state = self._rows.lookup(key_array(write.key_columns(self.schema)))
-        return None if state is None else state.to_table(self.schema.names).to_pylist()[0]
+        return None if state is None else self._images.visible(state).to_pylist()[0]
 
     def to_arrow(self) -> pa.Table:
         """Every row, ordered by primary key (buffered rows are flushed first)."""
         self.flush()
-        tables = [self.codec.decode(chunk).to_table(self.schema.names)
+        tables = [self._images.visible(self.codec.decode(chunk))
                   for chunk in self._store.scan_rows()]
         if not tables:
             return self.arrow_schema.empty_table()
@@ -304,7 +305,7 @@ class KvTablet:
     def changelog(self, start: int | None = None, end: int | None = None) -> pa.Table:
         """Changelog records with offsets in [start, end); start defaults to the log start
         offset (0 until the log is truncated), end to the log end."""
-        schema = log.changelog_schema(self.arrow_schema)
+        schema = self._images.reader_schema()
         tables = list(self.iter_changelog(start, end))
         return pa.concat_tables(tables) if tables else schema.empty_table()
 
@@ -327,9 +328,8 @@ class KvTablet:
                 yield records.slice(low, high - low)
 
     def records_to_state(self, records: pa.Table) -> StateBatch:
-        """Row images of changelog records, written bits included (for replay and undo)."""
-        return log.state_from_records(records, self.schema.names, self.value_positions,
-                                      self.counted)
+        """Row states of changelog records, written bits included (for replay and undo)."""
+        return self._images.to_state(records)
 
     # --- retention --------------------------------------------------------------------------
 

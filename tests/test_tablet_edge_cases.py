@@ -33,7 +33,7 @@ def delete(*keys, mode="AGGREGATE", targets=None, writer=None):
 
 V = ColumnSpec
 CASES = {
-    "int8 sum overflows only on the folded result": (
+    "int8 sum overflows on any running total, also inside one put": (
         spec(V("v", pa.int8(), F.SUM)),
         [put({"k": 1, "v": 127}, {"k": 1, "v": 1}, {"k": 1, "v": -1}), put({"k": 1, "v": 1}),
          put({"k": 1, "v": -1}, {"k": 2, "v": -128})],

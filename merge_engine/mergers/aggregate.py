@@ -48,7 +48,8 @@ class AggregateRowMerger:
                 all_signs = np.concatenate([np.ones(m, dtype=np.int8), signs])
                 columns[i] = agg.fold_signed(all_states, all_written, segments, all_signs)
             if i in self.counted:
-                columns[i] = self._count(agg, i, counts, columns[i], states, takes, write, group_ids)
+                columns[i] = self._count(agg, i, counts, columns[i], states, takes, write,
+                                         input_groups)
             written[:, i] |= input_groups.any(takes)
         return StateBatch(columns, written, counts)
 
@@ -64,20 +65,24 @@ class AggregateRowMerger:
                 "Nothing was applied.")
         return signs > 0
 
-    def _count(self, agg, i, counts, folded, states, takes, write, group_ids) -> pa.Array:
-        """Update the contribution counts of column i; a cell with none left is empty (null)."""
+    def _count(self, agg, i, counts, folded, states, takes, write, groups) -> pa.Array:
+        """Update the contribution counts of column i; a cell with none left is empty (null).
+        Counts are judged in row order, as the rows would be one write each: a retraction that
+        comes before the contribution it takes back is an error even when a later row of the
+        same write brings one."""
         if write.contributions is not None:
             slot = self.counted.index(i)
-            each = np.array([1 if c is None else int(c[slot]) for c in write.contributions])
+            each = np.array([1 if c is None else int(c[slot]) for c in write.contributions],
+                            dtype=np.int64)
         else:
             each = valid_mask(states).astype(np.int64)
         signs = np.ones(len(each), dtype=np.int64) if write.signs is None else write.signs
-        delta = np.bincount(group_ids, weights=each * signs * takes, minlength=len(counts))
-        counts[:, i] += delta.astype(np.int64)
-        if (counts[:, i] < 0).any():
+        lowest, _, delta = groups.extremes(groups.running(each * signs * takes))
+        if (counts[:, i] + lowest < 0).any():
             raise RetractionError(
                 f"{agg.name} column '{agg.column}': a retraction takes back more contributions "
                 "than the key holds (nothing earlier matches it). Nothing was applied.")
+        counts[:, i] += delta
         empty = counts[:, i] == 0
         if empty.any():
             folded = pc.if_else(pa.array(empty), pa.nulls(len(folded), folded.type), folded)

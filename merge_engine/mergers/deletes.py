@@ -1,8 +1,11 @@
 """DeleteMerger: what a delete leaves of a stored row.
 
 A full-row delete removes the row. A partial delete (target columns) resets the target columns
-to their empty state and removes the row only when every other value column is empty too, so a
-job deleting its own columns never erases another job's data.
+to their empty state and removes the row only when no other value column was ever written (its
+written bit) and none holds a value: then the row left is exactly a key no write has touched,
+and removing it loses nothing. Judging by values alone would remove a row whose other column was
+written as null, which first_value keeps as its first value; the next write there would wrongly
+become "first". This serves undo (a partial owner taking back its `+I`) and user deletes alike.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ class DeleteMerger:
         columns = list(stored.columns)
         written = stored.written.copy()
         counts = stored.counts().copy()
-        others_empty = np.ones(m, dtype=bool)
+        untouched = np.ones(m, dtype=bool)  # every non-target value column as on a new key
         for i, agg in enumerate(self.aggregators):
             if i in self.key_positions:
                 continue
@@ -33,5 +36,5 @@ class DeleteMerger:
                 written[:, i] = False
                 counts[:, i] = 0
             else:
-                others_empty &= agg.is_empty(stored.columns[i])
-        return StateBatch(columns, written, counts), others_empty
+                untouched &= ~stored.written[:, i] & agg.is_empty(stored.columns[i])
+        return StateBatch(columns, written, counts), untouched

@@ -14,7 +14,8 @@ from typing import Any, Iterable
 import pyarrow as pa
 
 from aggfuncs import AggFunction
-from merge_engine.testing.model_functions import FOLDS, empty_value, is_empty
+from merge_engine.testing.model_functions import (FOLDS, bitmap_input, empty_value, is_empty,
+                                                  self_overlapping, tokens_of)
 from merge_engine.testing.records import ChangeRecord, as_records
 from merge_engine.testing.spec import TableSpec
 from merge_engine.testing.values import check_range, coerce_input, same_row
@@ -39,9 +40,11 @@ class RowState:
     values: dict
     unwritten: frozenset
     counts: tuple = ()  # contributions held by each sum/product cell (retraction needs them)
+    tokens: tuple = ()  # the tokens of each string_agg cell whose delimiter overlaps itself
 
     def same_as(self, other: "RowState") -> bool:
         return (self.unwritten == other.unwritten and tuple(self.counts) == tuple(other.counts)
+                and tuple(self.tokens) == tuple(other.tokens)
                 and same_row(self.values, other.values))
 
 
@@ -61,6 +64,10 @@ class ReferenceTable:
         # written bits), so a sum of 0 is a change: it adds a contribution.
         self.counted = [n for n in self.value_names if self.spec.is_aggregation and
                         self._function(n) in (AggFunction.SUM, AggFunction.PRODUCT)]
+        # string_agg cells whose joined value does not tell their tokens apart keep the tokens
+        # (contract: row state, shown in images as `_tokens`).
+        self.tokenized = [n for n in self.value_names if self._function(n) is AggFunction.STRING_AGG
+                          and self_overlapping(self.spec.column(n).delimiter)]
         self._rows: dict[tuple, RowState] = {}
         self.changelog: list[ChangeRecord] = []
         self.log_start_offset = 0
@@ -146,7 +153,9 @@ class ReferenceTable:
                 continue
             new = self._reset(old, targets)
             others = [n for n in self.value_names if n not in targets]
-            if all(is_empty(self._function(n), new.values[n]) for n in others):
+            # Removed only when what is left is a key no write has touched (contract).
+            if all(n in old.unwritten and is_empty(self._function(n), new.values[n])
+                   for n in others):
                 self._append("-D", old)
                 del self._rows[key]
             elif not new.same_as(old):
@@ -164,8 +173,9 @@ class ReferenceTable:
         for rec in as_records(changelog, self.names):
             key = self._key_of(rec.image)
             current = self._rows.get(key)
+            tokens = tuple(rec.tokens) or tuple(self._split(n, rec.image[n]) for n in self.tokenized)
             state = RowState(dict(rec.image), frozenset(rec.unwritten),
-                             tuple(rec.contributions) or (0,) * len(self.counted))
+                             tuple(rec.contributions) or (0,) * len(self.counted), tokens)
             if strict:
                 self._check_replay(rec, current, state)
             if rec.change_type in ("+I", "+U"):
@@ -188,9 +198,11 @@ class ReferenceTable:
             }
             old_unwritten = frozenset(self.value_names)
             counts = dict.fromkeys(self.counted, 0)
+            tokens = dict.fromkeys(self.tokenized)
         else:
             values, old_unwritten = dict(old.values), old.unwritten
             counts = dict(zip(self.counted, old.counts))
+            tokens = dict(zip(self.tokenized, old.tokens))
         unwritten = set(old_unwritten)
         for name in targets:
             if name in self.key_names:
@@ -204,6 +216,8 @@ class ReferenceTable:
                     value = 0
                 if function is AggFunction.ARRAY_AGG and value == []:
                     value = None  # no elements: the empty state
+                if function is AggFunction.STRING_AGG:
+                    value = self._set_tokens(name, tokens_of(column, value), tokens)
                 values[name] = value
                 if name in (last.get(UNWRITTEN) or ()):
                     unwritten.add(name)
@@ -215,27 +229,48 @@ class ReferenceTable:
                         int(value is not None)
                 continue
             inputs = [r.get(name) for r in rows]
-            result = FOLDS[function](column, values[name], name not in old_unwritten, inputs,
+            stored = values[name]
+            if function is AggFunction.STRING_AGG:
+                stored = tokens[name] if name in tokens else self._split(name, stored)
+            result = FOLDS[function](column, stored, name not in old_unwritten, inputs,
                                      mode == MERGE_STATE)
-            # Overflow is judged on each key's folded result (contract).
+            if function is AggFunction.STRING_AGG:
+                result = self._set_tokens(name, result, tokens)
+            # Every running value was range-checked by the fold (contract); this normalises.
             values[name] = check_range(name, column.type, result)
             unwritten.discard(name)
             if name in counts:
                 counts[name] += sum(v is not None for v in inputs)
-        return RowState(values, frozenset(unwritten), tuple(counts[n] for n in self.counted))
+        return RowState(values, frozenset(unwritten), tuple(counts[n] for n in self.counted),
+                        tuple(tokens[n] for n in self.tokenized))
+
+    def _split(self, name: str, value) -> tuple | None:
+        """The tokens of a stored string_agg value (exact when the delimiter does not overlap)."""
+        tokens = tokens_of(self.spec.column(name), value)
+        return None if tokens is None else tuple(tokens)
+
+    def _set_tokens(self, name: str, result: list | None, tokens: dict) -> str | None:
+        """Record a string_agg cell's tokens (if it keeps them) and return its joined value."""
+        if name in tokens:
+            tokens[name] = None if result is None else tuple(result)
+        return None if result is None else self.spec.column(name).delimiter.join(result)
 
     def _reset(self, old: RowState, targets: list[str]) -> RowState:
         """A partial delete: target columns back to empty and unwritten."""
         values = dict(old.values)
         unwritten = set(old.unwritten)
         counts = dict(zip(self.counted, old.counts))
+        tokens = dict(zip(self.tokenized, old.tokens))
         for name in targets:
             if name not in self.key_names:
                 values[name] = empty_value(self._function(name))
                 unwritten.add(name)
                 if name in counts:
                     counts[name] = 0
-        return RowState(values, frozenset(unwritten), tuple(counts[n] for n in self.counted))
+                if name in tokens:
+                    tokens[name] = None
+        return RowState(values, frozenset(unwritten), tuple(counts[n] for n in self.counted),
+                        tuple(tokens[n] for n in self.tokenized))
 
     # --- input handling ---------------------------------------------------------------------
 
@@ -289,6 +324,10 @@ class ReferenceTable:
         function = self._function(name)
         if mode == AGGREGATE and function is AggFunction.COUNT:
             return value  # AGGREGATE count only looks at whether the input is null
+        if function in (AggFunction.RBM32, AggFunction.RBM64):
+            value = bitmap_input(column, value)
+        if function is AggFunction.STRING_AGG and isinstance(value, (list, tuple)):
+            return [coerce_input(name, column.type, v) for v in value]  # a token list
         if function is AggFunction.ARRAY_AGG and value is not None and not isinstance(value, (list, tuple)):
             element = coerce_input(name, column.type.value_type, value)
             # A T input is appended; in OVERWRITE it stands for the one-element list.
@@ -300,7 +339,7 @@ class ReferenceTable:
     def _append(self, change_type: str, state: RowState) -> None:
         self.changelog.append(
             ChangeRecord(self.log_end_offset, change_type, dict(state.values), state.unwritten,
-                         tuple(state.counts))
+                         tuple(state.counts), tuple(state.tokens))
         )
         self.log_end_offset += 1
 

@@ -3,8 +3,10 @@
 Every fold has the signature `fold(column, stored, written, inputs, merge_state) -> value`:
 `stored` is the cell's current value, `written` its written bit, `inputs` the values of the put's
 rows for this key in batch order (already checked against the column type), and `merge_state`
-says the inputs are partial states (MERGE_STATE mode). Results are not yet range-checked: the
-contract judges overflow on each key's folded result, which the caller does once per key.
+says the inputs are partial states (MERGE_STATE mode). string_agg folds tokens instead: `stored`
+is the cell's token list and the result is one. Integer and decimal sums, products and counts
+check every running value against the type (the range rule); the caller range-checks and
+normalises the result once more.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from typing import Any, Callable
 
 from aggfuncs import AggFunction
 from merge_engine.testing.spec import ColumnSpec
-from merge_engine.testing.values import EXACT, is_decimal, is_float, order_key, round_float32
+from merge_engine.testing.values import (EXACT, check_range, is_decimal, is_float, order_key,
+                                         round_float32)
+from tally.errors import InvalidInputError
 
 Fold = Callable[[ColumnSpec, Any, bool, list, bool], Any]
 
@@ -24,13 +28,16 @@ def _present(stored: Any, inputs: list) -> list:
     return [v for v in [stored, *inputs] if v is not None]
 
 
-def _left_fold(step: Callable[[Any, Any], Any], values: list) -> Any:
-    """A strict left fold; None when there is nothing to fold (null with null gives null)."""
+def _left_fold(step: Callable[[Any, Any], Any], values: list, col: ColumnSpec | None = None) -> Any:
+    """A strict left fold; None when there is nothing to fold (null with null gives null).
+    With `col`, every running value must fit the column's type (the range rule)."""
     if not values:
         return None
     acc = values[0]
     for v in values[1:]:
         acc = step(acc, v)
+        if col is not None:
+            check_range(col.name, col.type, acc)
     return acc
 
 
@@ -40,9 +47,9 @@ def fold_sum(col: ColumnSpec, stored, written, inputs, merge_state):
             return _left_fold(lambda a, b: round_float32(a + b), _present(stored, inputs))
         return _left_fold(lambda a, b: a + b, _present(stored, inputs))
     if is_decimal(col.type):
-        return _left_fold(lambda a, b: EXACT.add(a, b), _present(stored, inputs))
-    # Integers: exact Python ints; the caller rejects a result outside the type.
-    return _left_fold(lambda a, b: a + b, _present(stored, inputs))
+        return _left_fold(lambda a, b: EXACT.add(a, b), _present(stored, inputs), col)
+    # Integers: exact Python ints, each running total checked.
+    return _left_fold(lambda a, b: a + b, _present(stored, inputs), col)
 
 
 def fold_product(col: ColumnSpec, stored, written, inputs, merge_state):
@@ -57,17 +64,15 @@ def fold_product(col: ColumnSpec, stored, written, inputs, merge_state):
             # HALF_UP to the column's scale after every multiplication (contract).
             return EXACT.multiply(a, b).quantize(quantum, rounding=decimal.ROUND_HALF_UP, context=EXACT)
 
-        return _left_fold(times, _present(stored, inputs))
-    return _left_fold(lambda a, b: a * b, _present(stored, inputs))
+        return _left_fold(times, _present(stored, inputs), col)
+    return _left_fold(lambda a, b: a * b, _present(stored, inputs), col)
 
 
 def fold_count(col: ColumnSpec, stored, written, inputs, merge_state):
     base = stored if stored is not None else 0
-    if merge_state:
-        # Inputs are partial counts: added, a null adds 0.
-        return base + sum(v for v in inputs if v is not None)
-    # AGGREGATE: one per targeted row whose input is non-null.
-    return base + sum(1 for v in inputs if v is not None)
+    # MERGE_STATE inputs are partial counts (a null adds 0); AGGREGATE counts each non-null.
+    steps = [v if merge_state else 1 for v in inputs if v is not None]
+    return _left_fold(lambda a, b: a + b, [base, *steps], col)
 
 
 def fold_max(col: ColumnSpec, stored, written, inputs, merge_state):
@@ -103,21 +108,38 @@ def fold_first_value_ignore_nulls(col: ColumnSpec, stored, written, inputs, merg
     return non_null[0] if non_null else None
 
 
-def fold_string_agg(col: ColumnSpec, stored, written, inputs, merge_state):
-    present = _present(stored, inputs)
-    if not present:
+def self_overlapping(delimiter: str) -> bool:
+    """Whether some proper prefix of the delimiter is also its suffix ("::", "aba"): then a
+    joined string does not tell its tokens apart, and the cell keeps them (`_tokens`)."""
+    return any(delimiter.startswith(delimiter[len(delimiter) - k:]) for k in range(1, len(delimiter)))
+
+
+def tokens_of(col: ColumnSpec, value) -> list | None:
+    """The tokens of a string_agg input or image: a string cut at each delimiter (left to
+    right), or a token list as given. None (a null, or no tokens) contributes nothing."""
+    if value is None:
         return None
-    delimiter = col.delimiter
-    if not col.distinct:
-        return delimiter.join(present)
-    if not [v for v in inputs if v is not None]:
+    if isinstance(value, str):
+        return value.split(col.delimiter)
+    for token in value:
+        if token is None or col.delimiter in token:
+            raise InvalidInputError(f"Column '{col.name}' cannot take the token {token!r}")
+    return list(value) or None
+
+
+def fold_string_agg(col: ColumnSpec, stored, written, inputs, merge_state):
+    """Tokens: the stored tokens then each input's; distinct keeps first occurrences."""
+    pieces = [t for t in (tokens_of(col, v) for v in inputs) if t is not None]
+    if not pieces:
         return stored  # nothing to add: x with null gives x, untouched
-    tokens: list[str] = []
-    for piece in present:
-        for token in piece.split(delimiter):
-            if token not in tokens:
-                tokens.append(token)
-    return delimiter.join(tokens)
+    tokens = [*(stored or []), *(t for piece in pieces for t in piece)]
+    if not col.distinct:
+        return tokens
+    kept: list[str] = []
+    for token in tokens:
+        if token not in kept:
+            kept.append(token)
+    return kept
 
 
 def fold_array_agg(col: ColumnSpec, stored, written, inputs, merge_state):
@@ -149,6 +171,43 @@ def _same_element(a, b) -> bool:
     return a == b
 
 
+def _bitmap_class(col: ColumnSpec):
+    from pyroaring import BitMap, BitMap64
+
+    return BitMap if col.function is AggFunction.RBM32 else BitMap64
+
+
+def bitmap_input(col: ColumnSpec, value):
+    """A bitmap input: bytes as given, or an integer id as the bytes of {id}."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        bits = 32 if col.function is AggFunction.RBM32 else 64
+        if not 0 <= value < 2**bits:
+            raise InvalidInputError(f"Column '{col.name}' takes ids in [0, 2**{bits}), got {value}")
+        return bitmap_bytes(col, {value})
+    return value
+
+
+def bitmap_bytes(col: ColumnSpec, ids) -> bytes:
+    """The canonical (run-optimised) bytes of a set of ids."""
+    bitmap = _bitmap_class(col)(sorted(ids))
+    bitmap.run_optimize()
+    return bitmap.serialize()
+
+
+def fold_bitmap(col: ColumnSpec, stored, written, inputs, merge_state):
+    present = [v for v in inputs if v is not None]
+    if not present:
+        return stored  # the null rule: untouched, byte for byte
+    ids: set = set()
+    for data in [stored, *present]:
+        if data is not None:
+            try:
+                ids |= set(_bitmap_class(col).deserialize(data))
+            except (ValueError, TypeError):
+                raise InvalidInputError(f"Column '{col.name}' got bytes that are not a bitmap") from None
+    return bitmap_bytes(col, ids)
+
+
 def fold_bool_and(col: ColumnSpec, stored, written, inputs, merge_state):
     return _left_fold(lambda a, b: a and b, _present(stored, inputs))
 
@@ -171,6 +230,8 @@ FOLDS: dict[AggFunction, Fold] = {
     AggFunction.ARRAY_AGG: fold_array_agg,
     AggFunction.BOOL_AND: fold_bool_and,
     AggFunction.BOOL_OR: fold_bool_or,
+    AggFunction.RBM32: fold_bitmap,
+    AggFunction.RBM64: fold_bitmap,
 }
 
 

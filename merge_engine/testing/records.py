@@ -10,7 +10,7 @@ import pyarrow as pa
 from merge_engine.testing.values import same_row
 
 CHANGE_TYPES = ("+I", "-U", "+U", "-D")
-META_COLUMNS = ("_offset", "_change_type", "_unwritten", "_contributions")
+META_COLUMNS = ("_offset", "_change_type", "_unwritten", "_contributions", "_tokens")
 
 
 @dataclass(frozen=True)
@@ -22,20 +22,23 @@ class ChangeRecord:
     image: dict
     unwritten: frozenset = frozenset()
     contributions: tuple = ()  # counts of the sum/product columns, in schema order
+    tokens: tuple = ()  # tokens of the string_agg cells that keep them, in schema order
 
     def same_as(self, other: "ChangeRecord") -> bool:
-        """Equal offsets, types, unwritten sets, contribution counts and bitwise-equal images."""
+        """Equal offsets, types, unwritten sets, counts, tokens and bitwise-equal images."""
         return (
             self.offset == other.offset
             and self.change_type == other.change_type
             and self.unwritten == other.unwritten
             and tuple(self.contributions) == tuple(other.contributions)
+            and tuple(self.tokens) == tuple(other.tokens)
             and same_row(self.image, other.image)
         )
 
     def __str__(self) -> str:
         hidden = f" unwritten={sorted(self.unwritten)}" if self.unwritten else ""
         hidden += f" contributions={list(self.contributions)}" if self.contributions else ""
+        hidden += f" tokens={list(self.tokens)}" if self.tokens else ""
         return f"{self.offset} {self.change_type} {self.image!r}{hidden}"
 
 
@@ -57,6 +60,8 @@ def records_from_arrow(table: pa.Table | pa.RecordBatch, names: Iterable[str]) -
                 image={n: row.get(n) for n in names},
                 unwritten=frozenset(unwritten),
                 contributions=tuple(row.get("_contributions") or ()),
+                tokens=tuple(None if t is None else tuple(t)
+                             for t in (row.get("_tokens") or {}).values()),
             )
         )
     return out

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 import pyarrow as pa
 
-from aggfuncs import AggFunction
+from aggfuncs import AggFunction, build_bitmap
 from tally.errors import InvalidAggFunctionError
 
 MERGE_ENGINE = "table.merge-engine"
@@ -105,17 +105,29 @@ class TableSpec:
         """Dict rows as an Arrow table of the written columns (targets, or every column).
 
         An array_agg column whose values are single elements becomes a column of the element
-        type (the contract's "Arrow column of type T"); `_unwritten` becomes list<string>.
+        type (the contract's "Arrow column of type T"), string_agg token lists list<string>,
+        bitmap ids int64; `_unwritten` becomes list<string>.
         """
         names = list(target_columns) if target_columns is not None else self.names
         arrays, fields = [], []
         for name in names:
             values = [r.get(name) for r in rows]
-            arrow_type = self.column(name).type
+            column = self.column(name)
+            arrow_type = column.type
             if pa.types.is_list(arrow_type) and any(
                 v is not None and not isinstance(v, (list, tuple)) for v in values
             ):
                 arrow_type = arrow_type.value_type
+            if any(isinstance(v, (list, tuple)) for v in values) and pa.types.is_string(arrow_type):
+                arrow_type = pa.list_(arrow_type)  # string_agg token lists
+            if column.function in (AggFunction.RBM32, AggFunction.RBM64) and any(
+                isinstance(v, int) for v in values
+            ):  # bitmap ids: an integer column when all are ids, else their bitmaps
+                if all(v is None or isinstance(v, int) for v in values):
+                    arrow_type = pa.int64()
+                else:
+                    values = [build_bitmap([v], 32 if column.function is AggFunction.RBM32 else 64)
+                              if isinstance(v, int) else v for v in values]
             arrays.append(pa.array(values, type=arrow_type))
             fields.append(pa.field(name, arrow_type))
         if any("_unwritten" in r for r in rows):

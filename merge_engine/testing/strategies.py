@@ -16,6 +16,7 @@ import pyarrow as pa
 from hypothesis import strategies as st
 
 from aggfuncs import AggFunction as F
+from aggfuncs import build_bitmap
 from merge_engine.descriptor import KV_BUFFER_SIZE
 from merge_engine.testing.model_functions import empty_value
 from merge_engine.testing.ops import Delete, Put, Reopen
@@ -47,10 +48,14 @@ FUNCTION_TYPES: dict[F | None, tuple[pa.DataType, ...]] = {
     F.ARRAY_AGG: LIST_TYPES,
     F.BOOL_AND: (pa.bool_(),),
     F.BOOL_OR: (pa.bool_(),),
+    F.RBM32: (pa.binary(),),
+    F.RBM64: (pa.binary(),),
     None: SELECTION_TYPES,
 }
 FUNCTIONS = tuple(FUNCTION_TYPES)
-DELIMITERS = (",", ";", "|", ", ", "::")
+# Self-overlapping delimiters ("::", "||", "a:a") are the ones a joined string cannot cut back
+# into its tokens; "ab" is a multi-character one that can.
+DELIMITERS = (",", ";", "|", ", ", "::", "||", "ab", "a:a")
 # Strings that stress concatenation, splitting and code-point order (U+FFFF sorts below
 # U+1F600 by code point but not in UTF-16).
 STRING_ALPHABET = st.sampled_from(["a", "b", ",", ";", "|", ":", " ", "é", "\uffff", "\U0001F600", "\x00"])
@@ -120,12 +125,29 @@ def key_values(arrow_type: pa.DataType) -> st.SearchStrategy:
     return INT_KEYS
 
 
+def token_lists(delimiter: str) -> st.SearchStrategy[list]:
+    """string_agg token lists: pieces that no cut by `delimiter` would split further."""
+    token = st.text(STRING_ALPHABET, max_size=3).filter(lambda t: delimiter not in t)
+    return st.lists(token, max_size=3)
+
+
+def bitmaps(function: F) -> st.SearchStrategy[bytes]:
+    """Canonical bitmap bytes of a few small (and, for rbm64, some huge) ids."""
+    ids = st.integers(0, 40) | (st.just(2**40) if function is F.RBM64 else st.just(2**31))
+    return st.sets(ids, max_size=4).map(lambda s: build_bitmap(s, 32 if function is F.RBM32 else 64))
+
+
 def input_values(column: ColumnSpec, function: F | None, mode: str, scalar: bool = False) -> st.SearchStrategy:
     """What a write sends for a value column in a mode.
 
     count takes partial counts in MERGE_STATE (mostly small, sometimes huge); array_agg takes
-    single elements when `scalar` (AGGREGATE/MERGE_STATE only), else lists.
+    single elements when `scalar` (AGGREGATE/MERGE_STATE only), else lists; string_agg takes
+    token lists when `scalar` (how states are sent), else strings; bitmaps take bytes or ids.
     """
+    if function in (F.RBM32, F.RBM64):
+        return st.one_of(st.none(), bitmaps(function), st.integers(0, 40))
+    if function is F.STRING_AGG and scalar:
+        return st.one_of(st.none(), token_lists(column.delimiter))
     if function is F.COUNT:
         if mode == "MERGE_STATE":
             return st.one_of(st.none(), st.integers(0, 3), st.sampled_from([2**63 - 1, 2**62]))
@@ -235,8 +257,10 @@ def rows(draw, spec: TableSpec, targets: Iterable[str] | None = None, mode: str 
             continue
         column = spec.column(name)
         function = column.function if spec.is_aggregation else None
-        # array_agg inputs are either single elements or lists for the whole put.
-        scalar = function is F.ARRAY_AGG and draw(st.booleans())
+        # array_agg inputs are either single elements or lists for the whole put; string_agg
+        # inputs strings or (now and then) token lists.
+        scalar = (function is F.ARRAY_AGG and draw(st.booleans())) or \
+            (function is F.STRING_AGG and draw(st.integers(0, 3)) == 0)
         columns[name] = input_values(column, function, mode, scalar)
     n = draw(st.integers(min_size, max_size))
     out = []
