@@ -17,7 +17,7 @@ JOB_PIDS = "TALLY_DEMO_JOB_PIDS"
 JOB_MARKER = "TALLY_DEMO_JOB"
 
 
-def kill_in_epoch(plan, epoch, attempt_number: int) -> None:
+def kill_in_epoch(plan, epoch, attempt_number: int, bucket: int) -> None:
     wanted = os.environ.get(CRASH_EPOCH)
     if wanted is None or int(wanted) != epoch.epoch:
         return
