@@ -237,9 +237,10 @@ def test_expired_lock_refuses_lease_less_writes_until_discarded(cluster, conn, t
     from cli.main import main
 
     table = make_table(conn, table_name)
-    lease = unkept_lease(conn, table_name, "gone", ["a"], ttl=0.5)
+    lease = unkept_lease(conn, table_name, "gone", ["a"], ttl=60)
     with table.upsert_writer(target_columns=["k", "a"], lease=lease) as w:
         w.upsert([{"k": 1, "a": 5}])
+    unkept_lease(conn, table_name, "gone", ["a"], ttl=0.2)  # it dies: its lock lapses soon
     wait_until_expired(conn, table_name, "gone")
     writer = table.upsert_writer(target_columns=["k", "a"])
     writer.upsert([{"k": 1, "a": 1000}])

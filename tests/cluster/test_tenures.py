@@ -32,6 +32,14 @@ def silent_lease(conn, table, owner, columns, ttl):
         "table": table, "owner_id": owner, "columns": columns, "ttl": ttl}))
 
 
+def crash(conn, table, owner, columns=("a",)):
+    """The owner dies: its lock (same tenure) is left with a short ttl, and the test waits
+    until it has expired. Writes before this used a long ttl, so a busy machine cannot make
+    them late."""
+    silent_lease(conn, table, owner, list(columns), ttl=0.2)
+    wait_until_expired(conn, table, owner)
+
+
 def add(table, lease, rows, columns=("a",)):
     with table.upsert_writer(target_columns=["k", *columns], lease=lease) as w:
         w.upsert(rows)
@@ -70,9 +78,9 @@ def test_a_takeover_undoes_the_expired_tenure_and_its_owner_replays_once(conn, t
     add(table, a, [{"k": 1, "a": 1}])
     conn.locks.commit(a, 0, conn.admin.list_offsets(table_name))
     conn.locks.release(a)
-    crashed = silent_lease(conn, table_name, "A", ["a"], ttl=0.5)
+    crashed = silent_lease(conn, table_name, "A", ["a"], ttl=60)
     add(table, crashed, [{"k": 1, "a": 10}])           # epoch 1, half written, then a crash
-    wait_until_expired(conn, table_name, "A")
+    crash(conn, table_name, "A")
     b, _ = restart(conn, table_name, "B")              # B takes the column over
     assert values(table) == {1: 1}                     # A's uncommitted half is gone
     add(table, b, [{"k": 1, "a": 100}])
@@ -90,10 +98,10 @@ def test_a_takeover_undoes_the_expired_tenure_and_its_owner_replays_once(conn, t
 def test_retention_keeps_an_expired_tenure_until_its_hold_ends(cluster, conn, table_name):
     table = make_table(conn, table_name, **{"table.log.retention.offsets": "0",
                                             "table.log.retention.expired-lock-ms": "3600000"})
-    crashed = silent_lease(conn, table_name, "job", ["a"], ttl=0.5)
+    crashed = silent_lease(conn, table_name, "job", ["a"], ttl=60)
     add(table, crashed, [{"k": k, "a": 1} for k in range(8)])
     add(table, None, [{"k": k, "b": 5} for k in range(8)], columns=("b",))
-    wait_until_expired(conn, table_name, "job")
+    crash(conn, table_name, "job")
     for handle in cluster.tablet_servers:  # a retention pass while the job is down
         FlightChannel(handle.address).action("enforce_retention", {})
     assert all(start == 0 for start, _ in conn.admin.list_log_offsets(table_name).values())
@@ -106,9 +114,9 @@ def test_retention_keeps_an_expired_tenure_until_its_hold_ends(cluster, conn, ta
 def test_an_expired_tenure_past_its_hold_is_refused_until_discarded(cluster, conn, table_name):
     table = make_table(conn, table_name, **{"table.log.retention.offsets": "0",
                                             "table.log.retention.expired-lock-ms": "1"})
-    crashed = silent_lease(conn, table_name, "job", ["a"], ttl=0.5)
+    crashed = silent_lease(conn, table_name, "job", ["a"], ttl=60)
     add(table, crashed, [{"k": 1, "a": 7}])
-    wait_until_expired(conn, table_name, "job")
+    crash(conn, table_name, "job")
     for handle in cluster.tablet_servers:
         FlightChannel(handle.address).action("enforce_retention", {})
     before = values(table)
