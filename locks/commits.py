@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 from locks.lease import Lease, Offsets, offsets_from_json, offsets_to_json
 from locks.service import ColumnLockService, lock_path
-from meta import MetadataStore, join_path, node_name
+from tally.meta import MetadataStore, join_path, node_name
 from tally.errors import AlreadyExistsError, InvalidInputError, NotFoundError, VersionConflictError
 
 _RACES = (VersionConflictError, AlreadyExistsError, NotFoundError)

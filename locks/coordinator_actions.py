@@ -12,7 +12,7 @@ import logging
 
 from locks import ColumnLockService, CommitLog, Lease, LockTarget, view_from_records
 from locks.lease import offsets_from_json, offsets_to_json
-from server.protocol import field, int_items
+from tally.wire.messages import field, int_items
 from tally.errors import InvalidInputError, RecoveryError, TallyError, UnavailableError
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from locks.lease import Lease, LockRecord, Offsets
-from meta import MetadataStore, join_path, node_name
+from tally.meta import MetadataStore, join_path, node_name
 from tally.errors import (
     AlreadyExistsError,
     ColumnLockConflict,

@@ -173,7 +173,7 @@ class TableDescriptor:
     @classmethod
     def from_options(cls, arrow_schema, primary_key=(), partition_key=(), options=None):
         """Build a descriptor from an Arrow schema and connector options (`fields.<col>.agg`)."""
-        from merge_engine.options import descriptor_from_options
+        from merge_engine.connector_options import descriptor_from_options
 
         return descriptor_from_options(cls, arrow_schema, primary_key, partition_key, options)
 

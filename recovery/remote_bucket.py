@@ -12,7 +12,7 @@ from typing import Iterator
 import pyarrow as pa
 
 from merge_engine.modes import MergeMode
-from recovery.undo import BucketUndo, UndoResult
+from recovery.bucket_undo import BucketUndo, UndoResult
 
 CHUNK_OFFSETS = 50_000  # changelog records read per request: bounds undo's memory
 

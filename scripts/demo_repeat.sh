@@ -64,7 +64,7 @@ for i in $(seq 1 "$N"); do
             # TMPDIR: the demo's own work dir (cluster, source files, checkpoint) lands in the run's
             # directory, new and empty, and goes away with it.
             (cd "$clone" && env TMPDIR="$run/tmp" PYTHONPATH="$clone" PYSPARK_PYTHON="$PYTHON" \
-                PYSPARK_DRIVER_PYTHON="$PYTHON" "$PYTHON" -m cli.main demo $DEMO_ARGS) >>"$log" 2>&1
+                PYSPARK_DRIVER_PYTHON="$PYTHON" "$PYTHON" -m tally.cli.main demo $DEMO_ARGS) >>"$log" 2>&1
             code=$?
             line=$(grep -E "every row is exact|VERIFICATION FAILED" "$log" | tail -1 | sed 's/^ *//')
             if [ $code -eq 0 ] && [[ "$line" == "every row is exact"* ]]; then

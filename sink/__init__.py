@@ -5,7 +5,7 @@ jobs); `register(spark)` registers the `format("tally")` data source; a write th
 raises `EpochFailedError` after rolling back what it wrote. See docs/spark.md.
 """
 
-from sink.errors import EpochFailedError
+from sink.epoch_errors import EpochFailedError
 from sink.options import SinkOptions
 from sink.tally_sink import TallySink
 

@@ -38,7 +38,7 @@ class BucketAssigner:
     def __call__(self, batches):
         from pyspark import TaskContext
 
-        from server.bucketing import bucket_ids
+        from tally.wire.bucket_hash import bucket_ids
 
         context = TaskContext.get()
         partition = context.partitionId() if context is not None else 0
@@ -78,7 +78,7 @@ class BucketAssigner:
                 f"fit the key type {key_type}: {e}; nothing of the batch was written") from None
 
     def _check_partition_values(self, keys: dict, seen: int) -> None:
-        from server.routing import partition_names
+        from tally.wire.routing import partition_names
 
         schema = self.plan.descriptor.schema
         partition_names(pa.table({c: keys[c] for c in schema.partition_key}),

@@ -91,7 +91,7 @@ def combine(parts: list[FoldedPart], plan: WritePlan) -> tuple[pa.Table | None, 
 
 def split_by_bucket(rows: pa.Table, plan: WritePlan) -> dict[int, pa.Table]:
     """{bucket: its rows}, with the client's bucket function (as BucketAssigner does)."""
-    from server.bucketing import bucket_ids
+    from tally.wire.bucket_hash import bucket_ids
 
     ids = bucket_ids(rows.select(list(plan.key_columns)), list(plan.bucket_key),
                      plan.bucket_count)

@@ -39,7 +39,7 @@ from typing import Callable
 
 from sink import remote
 from sink.bucketing import check_task_coverage
-from sink.errors import epoch_failed
+from sink.epoch_errors import epoch_failed
 from sink.options import SinkOptions
 from sink.plan import WritePlan, plan_write
 from sink.task import BucketReport, EpochContext

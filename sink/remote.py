@@ -18,7 +18,7 @@ _connections_lock = threading.Lock()
 
 def connect(url: str, token: str | None):
     """A fresh connection (the driver owns and closes its own)."""
-    import client
+    from tally import client
 
     return client.connect(url, token)
 

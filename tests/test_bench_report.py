@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import io
 
-from bench.suite import BENCHMARKS, Sizes, run_suite
-from cli.main import build_parser
+from tally.bench.suite import BENCHMARKS, Sizes, run_suite
+from tally.cli.main import build_parser
 
 TINY = Sizes(rows=3_000, keys=500, batch=1_000, lookups=50, undo_tables=(2_000, 4_000),
              undo_batches=(20, 200), repeat=1)

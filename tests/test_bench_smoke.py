@@ -6,10 +6,10 @@ of the results that `tally bench --report` renders.
 
 from __future__ import annotations
 
-from bench import ingest
-from bench.progress import Progress
-from bench.markdown import ingest as ingest_markdown
-from bench.workload import Workload
+from tally.bench import ingest
+from tally.bench.progress import Progress
+from tally.bench.markdown import ingest as ingest_markdown
+from tally.bench.workload import Workload
 
 
 def test_workload_is_deterministic_and_shaped():

@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from demo.crash import JOB_MARKER, end_job_processes, job_processes
-from demo.orders import (MTIME_STEP_S, expected_totals, file_name, orders_of_batches,
+from tally.demo.crash import JOB_MARKER, end_job_processes, job_processes
+from tally.demo.orders import (MTIME_STEP_S, expected_totals, file_name, orders_of_batches,
                          sink_order, spark_batches, stamp_in_order, write_orders)
-from demo.run import demo_zookeeper
+from tally.demo.run import demo_zookeeper
 
 
 def test_files_get_strictly_increasing_modification_times_in_file_order(tmp_path):

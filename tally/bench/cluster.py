@@ -24,9 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.proc import run_job
-from bench.progress import Progress
-from bench.workload import Workload, table_descriptor
+from tally.bench.proc import run_job
+from tally.bench.progress import Progress
+from tally.bench.workload import Workload, table_descriptor
 
 THROUGHPUT_TARGET = 0.7
 P99_TARGET_MS = 2.0
@@ -103,7 +103,7 @@ def _percentiles(seconds: list[float]) -> tuple[float, float]:
 
 def _verify(conn, engine_path: Path, workload: Workload, samples: int,
             progress: Progress) -> dict:
-    from bench.engine import read_rows
+    from tally.bench.engine import read_rows
 
     progress.step(f"verify {samples} sampled keys: cluster == in-process")
     ids = workload.sample_ids(samples)
@@ -118,8 +118,8 @@ def run(rows: int = 1_000_000, keys: int | None = 100_000, batch: int = 100_000,
         tablet_servers: int = 2, buckets: int = 4, lookups: int = 5_000,
         samples: int = 200, stream=sys.stdout) -> dict:
     """Run both sides and the lookups; the results as a dict (see `format_text`)."""
-    import client
-    from server import LocalCluster
+    from tally import client
+    from tally.server import LocalCluster
 
     workload = Workload(rows=rows, keys=keys, batch=batch, seed=seed)
     progress = Progress(4, stream)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from bench.workload import Workload, table_descriptor
+from tally.bench.workload import Workload, table_descriptor
 
 
 def ingest(path: str, workload: Workload, progress=None) -> dict:

@@ -19,9 +19,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from bench.proc import run_job
-from bench.progress import Progress
-from bench.workload import Workload
+from tally.bench.proc import run_job
+from tally.bench.progress import Progress
+from tally.bench.workload import Workload
 
 MB = 1024 * 1024
 TARGETS = {"a": 5.0, "b": 1.2}

@@ -21,7 +21,7 @@ def _mark(good: bool) -> str:
 
 
 def ingest(results: list[dict]) -> str:
-    from bench.ingest import HEADERS, problems, rss_line, table_rows
+    from tally.bench.ingest import HEADERS, problems, rss_line, table_rows
 
     parts = [table(HEADERS, table_rows(results))]
     rss = rss_line(results)
@@ -61,7 +61,7 @@ def cluster(result: dict) -> str:
 
 
 def undo(results: list[dict]) -> str:
-    from bench.undo import TARGET_RATIO
+    from tally.bench.undo import TARGET_RATIO
 
     rows = [[f"{r['table_rows']:,}", f"{r['batch_keys']:,}", f"{r['write_s']:.3f}",
              f"{r['undo_s']:.3f}", f"{r['ratio']:.2f}x",

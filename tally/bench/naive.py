@@ -12,7 +12,7 @@ from __future__ import annotations
 import pickle
 import time
 
-from bench.workload import Workload
+from tally.bench.workload import Workload
 
 DELIMITER = ","
 

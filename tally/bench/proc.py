@@ -29,7 +29,7 @@ def run_job(job: str, args: dict, on_progress: Callable[[int], None] | None = No
     """
     with tempfile.TemporaryFile(mode="w+") as errors:
         child = subprocess.Popen(
-            [sys.executable, "-m", "bench.worker", job, json.dumps(args)],
+            [sys.executable, "-m", "tally.bench.worker", job, json.dumps(args)],
             stdout=subprocess.PIPE,
             stderr=errors,  # a file, not a pipe: a chatty child cannot block on a full pipe
             text=True,

@@ -142,8 +142,8 @@ def _timed(query) -> float:
 # --- the three sinks -------------------------------------------------------------------------
 
 def run_tally(spark, source, per_batch, work, buckets, expected) -> dict:
-    import client
-    from server import LocalCluster
+    from tally import client
+    from tally.server import LocalCluster
     from sink import TallySink
 
     with LocalCluster(os.path.join(work, "tally"), tablet_servers=2) as cluster:

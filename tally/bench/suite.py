@@ -67,27 +67,27 @@ class Outcome:
 
 
 def _ingest(s: Sizes):
-    from bench import ingest
+    from tally.bench import ingest
 
     return ingest.run(rows=s.rows, keys=s.keys, batch=s.batch, seed=s.seed, repeat=s.repeat,
                       samples=min(1000, s.keys))
 
 
 def _cluster(s: Sizes):
-    from bench import cluster
+    from tally.bench import cluster
 
     return cluster.run(rows=s.rows, keys=s.keys, batch=s.batch, seed=s.seed,
                        lookups=s.lookups, samples=min(200, s.keys))
 
 
 def _undo(s: Sizes):
-    from bench import undo
+    from tally.bench import undo
 
     return undo.run(table_rows=s.undo_tables, batch_keys=s.undo_batches)
 
 
 def _spark(s: Sizes):
-    from bench import spark
+    from tally.bench import spark
 
     return spark.run(rows=s.spark_rows, keys=s.spark_keys, seed=s.seed)
 
@@ -111,8 +111,8 @@ BENCHMARKS = [
         "to RocksDB); median of --repeat alternating runs. Case (a) repeats keys (target >= 5x), case (b) "
         "has unique keys (target >= 1.2x); both sides' tables are compared on sampled keys. "
         "The last line shows how the engine's peak memory grows with the table.",
-        _ingest, lazy("bench.ingest", "format_text"), lazy("bench.ingest", "verified"),
-        lazy("bench.markdown", "ingest"), lazy("bench.charts", "ingest")),
+        _ingest, lazy("tally.bench.ingest", "format_text"), lazy("tally.bench.ingest", "verified"),
+        lazy("tally.bench.markdown", "ingest"), lazy("tally.bench.charts", "ingest")),
     Benchmark(
         "cluster", "Client vs in-process, and lookup latency",
         "The ingest workload (case a) through one client upsert writer to a LocalCluster of "
@@ -120,17 +120,17 @@ BENCHMARKS = [
         "`KvTablet.put` in one process (target >= 0.7x). Then single-key lookups over Flight "
         "(target p99 < 2 ms), next to a no-op Flight round trip to the same server, the floor "
         "on this machine. Sampled keys are compared between the two sides.",
-        _cluster, lazy("bench.cluster", "format_text"), lambda r: r["ok"],
-        lazy("bench.markdown", "cluster"), lazy("bench.charts", "cluster")),
+        _cluster, lazy("tally.bench.cluster", "format_text"), lambda r: r["ok"],
+        lazy("tally.bench.markdown", "cluster"), lazy("tally.bench.charts", "cluster")),
     Benchmark(
         "undo", "Undo time vs batch size and table size",
         "In one tablet of the ingest table shape: write a batch of existing keys, then "
         "`undo_bucket` it back to the offset before the batch; both timed. The undo/write ratio "
         "is the number to watch (target <= 1.5x, flat as the table grows). Every undo is "
         "verified: the touched keys are back to their state before the batch.",
-        _undo, lazy("bench.undo", "format_text"),
+        _undo, lazy("tally.bench.undo", "format_text"),
         lambda results: all(r["verified"] for r in results),
-        lazy("bench.markdown", "undo"), lazy("bench.charts", "undo")),
+        lazy("tally.bench.markdown", "undo"), lazy("tally.bench.charts", "undo")),
     Benchmark(
         "spark", "Spark streaming into Tally, PostgreSQL and pypaimon",
         "The same Structured Streaming job (a Parquet file source, a few files per micro-batch, "
@@ -140,8 +140,8 @@ BENCHMARKS = [
         "time (median of rotated rounds after a warm-up round), every result verified against "
         "a plain-Python fold (target >= 2x PostgreSQL). "
         "See bench/spark.py.",
-        _spark, lazy("bench.spark", "format_text"), lambda r: r["ok"],
-        lazy("bench.markdown", "spark"), lazy("bench.charts", "spark")),
+        _spark, lazy("tally.bench.spark", "format_text"), lambda r: r["ok"],
+        lazy("tally.bench.markdown", "spark"), lazy("tally.bench.charts", "spark")),
 ]
 NAMES = [b.name for b in BENCHMARKS]
 
@@ -169,7 +169,7 @@ def run_suite(only: list[str] | None = None, sizes: Sizes | None = None,
         outcome.seconds = time.perf_counter() - started
         outcomes.append(outcome)
     if report:
-        from bench.report import write
+        from tally.bench.report import write
 
         files = write(report, outcomes, command, (load_start, os.getloadavg()[0]))
         print(f"\nreport written to {files[0]} (plots: {', '.join(str(f) for f in files[1:])})",

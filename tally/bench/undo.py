@@ -20,8 +20,8 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from bench.progress import Progress
-from bench.workload import Workload, key_ids, table_descriptor
+from tally.bench.progress import Progress
+from tally.bench.workload import Workload, key_ids, table_descriptor
 
 TARGET_RATIO = 1.5
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench import engine, naive
-from bench.workload import Workload
+from tally.bench import engine, naive
+from tally.bench.workload import Workload
 
 COLUMNS = ("id", "qty", "price", "tag", "status")
 

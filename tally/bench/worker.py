@@ -12,7 +12,7 @@ import json
 import resource
 import sys
 
-from bench.workload import Workload
+from tally.bench.workload import Workload
 
 
 def peak_rss_bytes() -> int:
@@ -34,24 +34,24 @@ def report_progress(rows: int) -> None:
 def run(job: str, args: dict) -> dict:
     workload = Workload(**args["workload"])
     if job == "engine":
-        from bench import engine
+        from tally.bench import engine
 
         return engine.ingest(args["path"], workload, report_progress)
     if job == "naive":
-        from bench import naive
+        from tally.bench import naive
 
         return naive.ingest(args["path"], workload, report_progress)
     if job == "baseline":
         # what any engine process holds before its first put: interpreter, pyarrow, the engine's
         # code and one input batch; the rest of an engine run's peak is the engine's working set
-        from bench.workload import table_descriptor
+        from tally.bench.workload import table_descriptor
         import merge_engine  # noqa: F401
 
         table_descriptor()
         workload.make_batch(0)
         return {}
     if job == "verify":
-        from bench import verify
+        from tally.bench import verify
 
         return verify.verify(args["engine_path"], args["naive_path"], workload, args["samples"])
     raise SystemExit(f"unknown bench job {job!r}")

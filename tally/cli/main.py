@@ -21,7 +21,7 @@ def positive_int(text: str) -> int:
 def benchmark_name(text: str) -> str:
     """A name from bench.suite's list, imported only when --only is given (`tally version` must
     not import the bench package)."""
-    from bench.suite import NAMES
+    from tally.bench.suite import NAMES
 
     if text not in NAMES:
         raise argparse.ArgumentTypeError(f"unknown benchmark {text!r}; choose from {', '.join(NAMES)}")
@@ -36,7 +36,7 @@ def cmd_version(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from bench.suite import Sizes, run_suite
+    from tally.bench.suite import Sizes, run_suite
 
     sizes = Sizes.scaled(rows=args.rows, keys=args.keys, batch=args.batch, repeat=args.repeat,
                          seed=args.seed)
@@ -45,7 +45,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from demo.run import run
+    from tally.demo.run import run
 
     return run(zookeeper=args.zookeeper)
 
@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--zookeeper", metavar="HOST:PORT", help="keep the cluster's metadata in this ZooKeeper")
     demo.set_defaults(func=cmd_demo)
 
-    from server.cli import add_commands as add_server_commands  # serve, local-cluster, servers
+    from tally.cli.server_commands import add_commands as add_server_commands  # serve, local-cluster, servers
 
     add_server_commands(commands)
     return parser

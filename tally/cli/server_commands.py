@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from server.settings import DEFAULT_MAX_BATCH_BYTES, DEFAULT_MEMORY_BUDGET
+from tally.server.settings import DEFAULT_MAX_BATCH_BYTES, DEFAULT_MEMORY_BUDGET
 from tally.errors import InvalidOptionError
 from tally.sizes import parse_size
 
@@ -49,7 +49,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from server.process import serve
+    from tally.server.process import serve
 
     return serve(args)
 
@@ -59,7 +59,7 @@ def cmd_local_cluster(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from server.local_cluster import LocalCluster
+    from tally.server.local_cluster import LocalCluster
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -76,7 +76,7 @@ def cmd_local_cluster(args: argparse.Namespace) -> int:
 
 def cmd_servers(args: argparse.Namespace) -> int:
     """Print the tablet servers a coordinator knows, with their liveness."""
-    import client
+    from tally import client
 
     with client.connect(args.url, token=args.auth_token) as conn:
         for s in conn.admin.list_servers():
@@ -86,7 +86,7 @@ def cmd_servers(args: argparse.Namespace) -> int:
 
 def cmd_locks(args: argparse.Namespace) -> int:
     """Print the column locks of one table, or of every table; or discard an expired one."""
-    import client
+    from tally import client
 
     with client.connect(args.url, token=args.auth_token) as conn:
         if args.discard:

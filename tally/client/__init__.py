@@ -12,12 +12,12 @@ Rows are bucketed here, by the stable bucket function `bucket_ids` / `TableRouti
 """
 
 from aggfuncs import bitmap_ids, build_bitmap
-from client.admin import Admin, TableInfo
-from client.connection import Connection, connect
-from client.table import Table
-from client.writer import UpsertWriter
-from server.bucketing import bucket_ids, bucket_of_key, hash_keys
-from server.routing import TableRouting, group_rows, partition_names
+from tally.client.admin import Admin, TableInfo
+from tally.client.connection import Connection, connect
+from tally.client.table import Table
+from tally.client.writer import UpsertWriter
+from tally.wire.bucket_hash import bucket_ids, bucket_of_key, hash_keys
+from tally.wire.routing import TableRouting, group_rows, partition_names
 
 __all__ = ["bitmap_ids", "build_bitmap", "Admin", "Connection", "Table", "TableInfo", "TableRouting", "UpsertWriter",
            "bucket_ids", "bucket_of_key", "connect", "group_rows", "hash_keys",

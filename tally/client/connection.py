@@ -12,8 +12,8 @@ import threading
 import time
 from typing import Callable, TypeVar
 
-from client.metadata import Route, TableMeta
-from server.channel import ChannelPool, FlightChannel, normalize_address
+from tally.client.metadata import Route, TableMeta
+from tally.wire.channel import ChannelPool, FlightChannel, normalize_address
 from tally.errors import StaleMetadataError, UnavailableError
 
 T = TypeVar("T")
@@ -34,8 +34,8 @@ class Connection:
         self._lock = threading.Lock()
         self._closed = False
         self._on_close: list[Callable[[], None]] = []
-        from client.admin import Admin
-        from client.locks import Locks
+        from tally.client.admin import Admin
+        from locks.client import Locks
 
         self.admin = Admin(self)
         self.locks = Locks(self)
@@ -96,7 +96,7 @@ class Connection:
 
     def table(self, name: str):
         """A handle on table '<database>.<table>' (checked to exist)."""
-        from client.table import Table
+        from tally.client.table import Table
 
         self.table_meta(name)
         return Table(self, name)

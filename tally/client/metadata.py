@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from server.routing import TableRouting
+from tally.wire.routing import TableRouting
 from tally.errors import NotFoundError, UnavailableError
 
 

@@ -6,8 +6,8 @@ import concurrent.futures
 
 import pyarrow as pa
 
-from client.writer import UpsertWriter
-from server.bucketing import bucket_ids
+from tally.client.writer import UpsertWriter
+from tally.wire.bucket_hash import bucket_ids
 from tally.errors import InvalidInputError
 
 

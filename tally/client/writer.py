@@ -26,8 +26,8 @@ import uuid
 
 import pyarrow as pa
 
-from client.rows import write_table
-from server.routing import group_rows
+from tally.client.write_tables import write_table
+from tally.wire.routing import group_rows
 from tally.errors import TallyError
 
 DEFAULT_MAX_REQUEST_BYTES = 4 << 20

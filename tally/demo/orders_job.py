@@ -13,8 +13,8 @@ import logging
 import os
 import sys
 
-from demo.crash import CRASH_EPOCH, JOB_PIDS
-from demo.orders import ORDER_SCHEMA
+from tally.demo.crash import CRASH_EPOCH, JOB_PIDS
+from tally.demo.orders import ORDER_SCHEMA
 
 
 def main() -> int:
@@ -45,7 +45,7 @@ def main() -> int:
               .selectExpr("product", "revenue", "order_id as orders", "max_price", "tags",
                           "order_id as order_ids", "status", "order_id"))
     sink = TallySink(url, table, options={"sequence-column": "order_id"},
-                     fail_hook="demo.crash:kill_in_epoch" if os.environ.get(CRASH_EPOCH) else None)
+                     fail_hook="tally.demo.crash:kill_in_epoch" if os.environ.get(CRASH_EPOCH) else None)
     query = sink.start(orders, checkpoint, trigger={"availableNow": True})
     query.awaitTermination()
     spark.stop()

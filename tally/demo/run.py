@@ -24,8 +24,8 @@ from decimal import Decimal
 
 import pyarrow as pa
 
-from demo.crash import CRASH_EPOCH, JOB_MARKER, JOB_PIDS, end_job_processes
-from demo.orders import (expected_totals, file_name, orders_of_batches, spark_batches,
+from tally.demo.crash import CRASH_EPOCH, JOB_MARKER, JOB_PIDS, end_job_processes
+from tally.demo.orders import (expected_totals, file_name, orders_of_batches, spark_batches,
                          write_orders)
 
 TABLE = "shop.product_totals"
@@ -71,7 +71,7 @@ def run_job(url: str, source: str, checkpoint: str, crash_epoch: int | None, wor
     if crash_epoch is not None:
         env[CRASH_EPOCH] = str(crash_epoch)
         env[JOB_PIDS] = os.path.join(work, "job.pids")
-    command = [sys.executable, "-m", "demo.job", url, TABLE, source, checkpoint]
+    command = [sys.executable, "-m", "tally.demo.orders_job", url, TABLE, source, checkpoint]
     try:
         with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               stdin=subprocess.DEVNULL, text=True) as proc:
@@ -148,7 +148,7 @@ def demo_zookeeper(zookeeper: str, tag: str) -> tuple[str, str, str]:
 
 
 def drop_zookeeper_chroot(parent: str, node: str) -> None:
-    from meta import open_store
+    from tally.meta import open_store
 
     try:
         with open_store(zookeeper=parent) as store:
@@ -180,8 +180,8 @@ def run(zookeeper: str | None = None) -> int:
 
 
 def _run(step: Steps, work: str, zookeeper: str | None) -> int:
-    import client
-    from server import LocalCluster
+    from tally import client
+    from tally.server import LocalCluster
 
     source, checkpoint = os.path.join(work, "orders"), os.path.join(work, "checkpoint")
     step("start a single-node Tally cluster" + (f" on ZooKeeper {zookeeper}" if zookeeper else

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from meta.store import MetadataStore, Node, join_path, node_name, split_path, text_of
+from tally.meta.store import MetadataStore, Node, join_path, node_name, split_path, text_of
 
 __all__ = ["MetadataStore", "Node", "open_store", "join_path", "node_name", "split_path",
            "text_of"]
@@ -19,11 +19,11 @@ __all__ = ["MetadataStore", "Node", "open_store", "join_path", "node_name", "spl
 def open_store(zookeeper: str | None = None, data_dir: str | None = None) -> MetadataStore:
     """A ZooKeeperStore for `zookeeper` ('host:port[/chroot]'), else an EmbeddedStore in data_dir."""
     if zookeeper:
-        from meta.zookeeper import ZooKeeperStore
+        from tally.meta.zookeeper import ZooKeeperStore
 
         return ZooKeeperStore(zookeeper)
     if not data_dir:
         raise ValueError("the embedded metadata store needs a data directory")
-    from meta.embedded import EmbeddedStore
+    from tally.meta.embedded import EmbeddedStore
 
     return EmbeddedStore(os.path.join(data_dir, "meta"))

@@ -26,7 +26,7 @@ import json
 import os
 import threading
 
-from meta.store import ChildrenCallback, CrashPoints, MetadataStore, Node, join_path, split_path
+from tally.meta.store import ChildrenCallback, CrashPoints, MetadataStore, Node, join_path, split_path
 from tally.errors import AlreadyExistsError, NotFoundError, StorageError, VersionConflictError
 
 NODE_FILE = ".node.json"

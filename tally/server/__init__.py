@@ -12,7 +12,7 @@ __all__ = ["LocalCluster"]
 
 def __getattr__(name: str):
     if name == "LocalCluster":
-        from server.local_cluster import LocalCluster
+        from tally.server.local_cluster import LocalCluster
 
         return LocalCluster
     raise AttributeError(f"module 'server' has no attribute {name!r}")

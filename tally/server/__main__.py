@@ -2,6 +2,6 @@
 
 import sys
 
-from server.process import main
+from tally.server.process import main
 
 sys.exit(main())

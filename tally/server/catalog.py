@@ -24,7 +24,7 @@ import dataclasses
 import re
 import time
 
-from meta import MetadataStore, join_path, node_name, text_of
+from tally.meta import MetadataStore, join_path, node_name, text_of
 from tally.errors import AlreadyExistsError, InvalidInputError, NotFoundError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]{0,127}$")

@@ -20,15 +20,15 @@ import threading
 import time
 from typing import Any, Callable
 
-from meta import MetadataStore
-from server.catalog import (DEFAULT_DATABASE, Catalog, PartitionRecord, TableRecord,
+from tally.meta import MetadataStore
+from tally.server.catalog import (DEFAULT_DATABASE, Catalog, PartitionRecord, TableRecord,
                             split_table_name)
-from server.channel import ChannelPool
-from server.membership import (COORDINATOR, EphemeralRegistration, HeartbeatLiveness,
+from tally.wire.channel import ChannelPool
+from tally.server.membership import (COORDINATOR, EphemeralRegistration, HeartbeatLiveness,
                                ZooKeeperLiveness)
-from server.protocol import field, int_items
-from server.routing import TableRouting
-from server.settings import SESSION_TIMEOUT
+from tally.wire.messages import field, int_items
+from tally.wire.routing import TableRouting
+from tally.server.settings import SESSION_TIMEOUT
 from tally.errors import (AlreadyExistsError, InvalidInputError, NotFoundError, SchemaError,
                           TallyError, UnavailableError)
 
@@ -75,7 +75,7 @@ class Coordinator:
             "heartbeat": self.heartbeat,
             "truncate_log": self.truncate_log,
         }
-        from server.locking import CoordinatorLocks
+        from locks.coordinator_actions import CoordinatorLocks
 
         self.locking = CoordinatorLocks(self)  # adds the lock, commit and retention actions
 

@@ -14,7 +14,7 @@ import logging
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from server.protocol import (AUTH_HEADER, dumps, loads, parse_ticket, to_flight_error,
+from tally.wire.messages import (AUTH_HEADER, dumps, loads, parse_ticket, to_flight_error,
                              unframe)
 from tally.errors import AuthenticationError, InvalidInputError, TallyError
 

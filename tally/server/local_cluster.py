@@ -21,8 +21,8 @@ import subprocess
 import sys
 import time
 
-from server.channel import FlightChannel
-from server.process import READY
+from tally.wire.channel import FlightChannel
+from tally.server.process import READY
 from tally.errors import ClusterError, TallyError
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,7 +53,7 @@ class ServerHandle:
         env = dict(os.environ)
         env["PYTHONPATH"] = PROJECT_ROOT + os.pathsep + env.get("PYTHONPATH", "")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "server", "--data-dir", self.data_dir, *self.args, *extra],
+            [sys.executable, "-m", "tally.server", "--data-dir", self.data_dir, *self.args, *extra],
             stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, env=env,
             cwd=PROJECT_ROOT)
         log.close()

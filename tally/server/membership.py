@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Callable
 
-from meta import MetadataStore, join_path, node_name, text_of
+from tally.meta import MetadataStore, join_path, node_name, text_of
 from tally.errors import AlreadyExistsError, TallyError
 
 log = logging.getLogger(__name__)

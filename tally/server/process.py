@@ -17,11 +17,11 @@ import signal
 import sys
 import threading
 
-from server.channel import FlightChannel
-from server.cli import add_serve_arguments
-from server.clock import lock_clock
-from server.flight_service import TallyFlightServer
-from server.tablet_server import TabletServer
+from tally.wire.channel import FlightChannel
+from tally.cli.server_commands import add_serve_arguments
+from tally.server.clock import lock_clock
+from tally.server.flight_service import TallyFlightServer
+from tally.server.tablet_server import TabletServer
 from tally.errors import UnavailableError
 
 log = logging.getLogger("tally.server")
@@ -44,7 +44,7 @@ class CoordinatorLink:
             if self._channel is None:
                 url = self._url
                 if url is None:
-                    from server.membership import COORDINATOR
+                    from tally.server.membership import COORDINATOR
 
                     node = self._store.get(COORDINATOR)
                     if node is None:
@@ -68,7 +68,7 @@ class ServerProcess:
     """The roles of one process, started and stopped together."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from meta import open_store
+        from tally.meta import open_store
 
         self.args = args
         os.makedirs(args.data_dir, exist_ok=True)
@@ -77,7 +77,7 @@ class ServerProcess:
         self.coordinator = self.tablet_server = self.registration = None
         self._stores = []
         if args.role in ("all", "coordinator"):
-            from server.coordinator import Coordinator
+            from tally.server.coordinator import Coordinator
 
             store = self._store(open_store(zookeeper=args.zookeeper, data_dir=args.data_dir))
             self.coordinator = Coordinator(store, self.address, args.auth_token,
@@ -97,7 +97,7 @@ class ServerProcess:
                                               clock=lock_clock(args.lock_clock_file))
             self.flight.attach(tablet_server=self.tablet_server)
             if zk is not None:
-                from server.membership import EphemeralRegistration, live_path
+                from tally.server.membership import EphemeralRegistration, live_path
 
                 self.registration = EphemeralRegistration(
                     zk, live_path(self.tablet_server.server_id), {"address": self.address})

@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 
 from locks.lease import offsets_from_json
-from server.membership import HeartbeatSender
-from server.protocol import field
+from tally.server.membership import HeartbeatSender
+from tally.wire.messages import field
 from tally.errors import TallyError
 
 log = logging.getLogger(__name__)

@@ -23,12 +23,12 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
-from server.bucketing import bucket_ids
-from server.membership import HeartbeatSender
-from server.protocol import field, int_items, table_to_ipc
-from server.routing import TableRouting, partition_names
-from server.settings import DEFAULT_MAX_BATCH_BYTES, HEARTBEAT_INTERVAL
-from server.tablets import HostedTablet, TabletHost, TabletKey
+from tally.wire.bucket_hash import bucket_ids
+from tally.server.membership import HeartbeatSender
+from tally.wire.messages import field, int_items, table_to_ipc
+from tally.wire.routing import TableRouting, partition_names
+from tally.server.settings import DEFAULT_MAX_BATCH_BYTES, HEARTBEAT_INTERVAL
+from tally.server.tablets import HostedTablet, TabletHost, TabletKey
 from tally.errors import InvalidInputError, NotFoundError, StaleMetadataError
 
 log = logging.getLogger(__name__)
@@ -106,8 +106,8 @@ class TabletServer:
                         "server_id": lambda body: self.server_id}
         self.binary_actions = {"lookup": self.lookup}
         self._heartbeat = HeartbeatSender(self.send_heartbeat, heartbeat_interval)
-        from server.fencing import TabletLocks
-        from server.retention import RetentionKeeper
+        from locks.tablet_check import TabletLocks
+        from tally.server.retention import RetentionKeeper
 
         self.locks = TabletLocks(self)
         self.retention = RetentionKeeper(self, retention_interval)

@@ -16,7 +16,7 @@ import threading
 
 from merge_engine import KvTablet, TableDescriptor
 from merge_engine.budget import MemoryBudget
-from server.routing import TableRouting
+from tally.wire.routing import TableRouting
 
 log = logging.getLogger(__name__)
 

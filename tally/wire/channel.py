@@ -13,7 +13,7 @@ import threading
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from server.protocol import (bearer, dumps, frame, ipc_to_table, loads, make_ticket,
+from tally.wire.messages import (bearer, dumps, frame, ipc_to_table, loads, make_ticket,
                              remote_error)
 from tally.errors import TallyError
 

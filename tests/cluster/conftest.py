@@ -11,7 +11,7 @@ import itertools
 
 import pytest
 
-from server import LocalCluster
+from tally.server import LocalCluster
 from tests.conftest import METADATA_STORES, zookeeper_chroot
 
 _names = itertools.count()
@@ -35,7 +35,7 @@ def cluster(request, tmp_path_factory):
 
 @pytest.fixture
 def conn(cluster):
-    import client
+    from tally import client
 
     with client.connect(cluster.url, retry_timeout=60) as c:
         yield c

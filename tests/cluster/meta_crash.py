@@ -18,8 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from meta.embedded import JOURNAL_FILE, NODE_FILE, SCRATCH_DIR, EmbeddedStore
-from meta.store import CrashPoints
+from tally.meta.embedded import JOURNAL_FILE, NODE_FILE, SCRATCH_DIR, EmbeddedStore
+from tally.meta.store import CrashPoints
 from tests.cluster.meta_crash_child import run_op
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import sys
 
-from meta.embedded import EmbeddedStore, _crash_point
-from meta.store import MetadataStore
+from tally.meta.embedded import EmbeddedStore, _crash_point
+from tally.meta.store import MetadataStore
 
 
 def run_op(store: MetadataStore, op: list) -> None:

@@ -6,7 +6,7 @@ Re-acquires the owner's lock (a restarted job) and runs recover(); prints "done"
 
 import sys
 
-import client
+from tally import client
 from recovery import recover
 
 

@@ -10,21 +10,21 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-import client
-from server import LocalCluster
-from server.bucketing import bucket_ids
-from server.channel import FlightChannel
+from tally import client
+from tally.server import LocalCluster
+from tally.wire.bucket_hash import bucket_ids
+from tally.wire.channel import FlightChannel
 from tally.errors import (AuthenticationError, InvalidInputError, NotFoundError, SchemaError,
                           StaleMetadataError)
-from tests.cluster import workload
+from tests.cluster import reference_workload
 
 
 @pytest.fixture
 def table(conn, table_name):
-    conn.admin.create_table(table_name, workload.descriptor(buckets=4))
+    conn.admin.create_table(table_name, reference_workload.descriptor(buckets=4))
     t = conn.table(table_name)
     w = t.upsert_writer()
-    w.upsert(workload.batches(seed=1, count=1, rows=100)[0])
+    w.upsert(reference_workload.batches(seed=1, count=1, rows=100)[0])
     w.flush()
     return t
 
@@ -79,7 +79,7 @@ def test_unknown_table(conn, table):
     with pytest.raises(NotFoundError, match="default.missing"):
         conn.table("default.missing")
     with pytest.raises(NotFoundError, match="database 'nodb' does not exist"):
-        conn.admin.create_table("nodb.t", workload.descriptor())
+        conn.admin.create_table("nodb.t", reference_workload.descriptor())
     with pytest.raises(InvalidInputError, match="<database>.<table>"):
         conn.table("no_dot")
     route = conn.table_meta(table.name).route("eu", 0)
@@ -169,7 +169,7 @@ def test_auth_token_is_enforced(tmp_path):
         with pytest.raises(AuthenticationError):
             client.connect(cluster.url, token="wrong")
         with client.connect(cluster.url, token="s3cret") as conn:
-            conn.admin.create_table("default.a", workload.descriptor(buckets=2))
+            conn.admin.create_table("default.a", reference_workload.descriptor(buckets=2))
             w = conn.table("default.a").upsert_writer()
             w.upsert([{"k": 1, "region": "eu", "total": 2}])
             w.flush()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from bench import cluster
+from tally.bench import cluster
 
 
 def test_cluster_benchmark_runs_and_verifies():

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from server.bucketing import (_hash_small, bucket_ids, bucket_of_key, hash_keys,
+from tally.wire.bucket_hash import (_hash_small, bucket_ids, bucket_of_key, hash_keys,
                               hash_keys_vectorized)
 from tally.errors import InvalidInputError
 

@@ -9,14 +9,14 @@ import sys
 
 import pyarrow as pa
 
-from tests.cluster import workload
+from tests.cluster import reference_workload
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_three_client_processes_fold_to_the_reference(cluster, conn, table_name):
     """4 buckets x 2 partition values, 3 writer processes at once: the table equals the fold."""
-    conn.admin.create_table(table_name, workload.descriptor(buckets=4))
+    conn.admin.create_table(table_name, reference_workload.descriptor(buckets=4))
     seeds, count, rows = [11, 22, 33], 6, 400
     env = {**os.environ, "PYTHONPATH": ROOT}
     procs = [subprocess.Popen([sys.executable, "-m", "tests.cluster.write_process", cluster.url,
@@ -26,17 +26,17 @@ def test_three_client_processes_fold_to_the_reference(cluster, conn, table_name)
     outputs = [p.communicate(timeout=120) for p in procs]
     for p, (out, err) in zip(procs, outputs):
         assert p.returncode == 0, err.decode()[-2000:]
-    expected = workload.fold([b for s in seeds for b in workload.batches(s, count, rows)])
+    expected = reference_workload.fold([b for s in seeds for b in reference_workload.batches(s, count, rows)])
     table = conn.table(table_name)
-    got = workload.as_state(table.to_arrow())
+    got = reference_workload.as_state(table.to_arrow())
     # The writers interleave, so last_value `label` may come from any writer's last label for
     # the key; every commutative column must equal the fold exactly.
-    per_writer = [workload.fold(workload.batches(s, count, rows)) for s in seeds]
+    per_writer = [reference_workload.fold(reference_workload.batches(s, count, rows)) for s in seeds]
     assert got.keys() == expected.keys()
     for key, row in got.items():
         assert row["label"] in {w[key]["label"] for w in per_writer if key in w}
         assert {**row, "label": None} == {**expected[key], "label": None}
-    assert sorted(conn.admin.list_partitions(table_name)) == workload.REGIONS
+    assert sorted(conn.admin.list_partitions(table_name)) == reference_workload.REGIONS
 
     # Offsets: every writer's flushed offsets are at most the final ends, which list_offsets
     # reports for all 8 buckets, and each bucket's changelog is exactly that long.
@@ -60,7 +60,7 @@ def test_three_client_processes_fold_to_the_reference(cluster, conn, table_name)
 
 
 def test_partial_writer_deletes_and_overwrite(conn, table_name):
-    conn.admin.create_table(table_name, workload.descriptor(
+    conn.admin.create_table(table_name, reference_workload.descriptor(
         buckets=3, partitioned=False, **{"table.delete.behavior": "allow"}))
     table = conn.table(table_name)
     w = table.upsert_writer(target_columns=["k", "region", "total"])
@@ -88,19 +88,19 @@ def test_admin_catalog_round_trip(conn, table_name):
     admin.create_database("analytics", ignore_if_exists=True)
     assert "analytics" in admin.list_databases()
     name = "analytics." + table_name.split(".")[1]
-    table_id = admin.create_table(name, workload.descriptor(buckets=2))
-    assert admin.create_table(name, workload.descriptor(buckets=2),
+    table_id = admin.create_table(name, reference_workload.descriptor(buckets=2))
+    assert admin.create_table(name, reference_workload.descriptor(buckets=2),
                               ignore_if_exists=True) == table_id
     info = admin.describe_table(name)
     assert info.table_id == table_id and info.bucket_count == 2
-    assert info.descriptor == workload.descriptor(buckets=2)
+    assert info.descriptor == reference_workload.descriptor(buckets=2)
     assert admin.create_partition(name, {"region": "apac"}) == "apac"
     assert admin.list_partitions(name) == ["apac"]
     assert admin.list_offsets(name) == {("apac", 0): 0, ("apac", 1): 0}
     assert name.split(".")[1] in admin.list_tables("analytics")
     admin.drop_table(name)
     # Re-created under the same name: a new table id, and none of the old data.
-    new_id = admin.create_table(name, workload.descriptor(buckets=2))
+    new_id = admin.create_table(name, reference_workload.descriptor(buckets=2))
     assert new_id != table_id
     assert conn.table(name).to_arrow().num_rows == 0
     servers = admin.list_servers()
@@ -111,7 +111,7 @@ def test_one_connection_shared_by_threads(conn, table_name):
     """Writers and readers on several threads share one connection."""
     import threading
 
-    conn.admin.create_table(table_name, workload.descriptor(buckets=4))
+    conn.admin.create_table(table_name, reference_workload.descriptor(buckets=4))
     seeds = [101, 102, 103, 104]
     errors = []
 
@@ -119,7 +119,7 @@ def test_one_connection_shared_by_threads(conn, table_name):
         try:
             table = conn.table(table_name)
             writer = table.upsert_writer()
-            for batch in workload.batches(seed, 3, 200):
+            for batch in reference_workload.batches(seed, 3, 200):
                 writer.upsert(batch)
                 writer.flush()
                 table.lookup({"k": 0, "region": "eu"})
@@ -130,7 +130,7 @@ def test_one_connection_shared_by_threads(conn, table_name):
     [t.start() for t in threads]
     [t.join(60) for t in threads]
     assert not errors, errors
-    got = workload.as_state(conn.table(table_name).to_arrow())
-    expected = workload.fold([b for s in seeds for b in workload.batches(s, 3, 200)])
+    got = reference_workload.as_state(conn.table(table_name).to_arrow())
+    expected = reference_workload.fold([b for s in seeds for b in reference_workload.batches(s, 3, 200)])
     assert {k: {**r, "label": None} for k, r in got.items()} == \
         {k: {**r, "label": None} for k, r in expected.items()}

@@ -10,15 +10,15 @@ import time
 
 import pyarrow as pa
 
-import client
-from server import LocalCluster
-from tests.cluster import workload
+from tally import client
+from tally.server import LocalCluster
+from tests.cluster import reference_workload
 
 
 def test_coordinator_restart_keeps_tables_partitions_and_assignments(cluster, conn,
                                                                        table_name):
-    conn.admin.create_table(table_name, workload.descriptor(buckets=4))
-    data = workload.batches(seed=3, count=2, rows=200)
+    conn.admin.create_table(table_name, reference_workload.descriptor(buckets=4))
+    data = reference_workload.batches(seed=3, count=2, rows=200)
     writer = conn.table(table_name).upsert_writer()
     writer.upsert(data[0])
     writer.flush()
@@ -27,15 +27,15 @@ def test_coordinator_restart_keeps_tables_partitions_and_assignments(cluster, co
     after = conn.coordinator_action("table_info", {"name": table_name})
     for field in ("table_id", "descriptor", "partitions", "created_at"):
         assert after[field] == before[field], field
-    assert sorted(conn.admin.list_partitions(table_name)) == workload.REGIONS
+    assert sorted(conn.admin.list_partitions(table_name)) == reference_workload.REGIONS
     # The same writer keeps going across the restart (new partitions still get created).
     writer.upsert(data[1])
     apac = pa.table({"k": [1], "region": ["apac"], "total": [5], "peak": [None],
                      "hits": [None], "label": [None]}, schema=data[0].schema)
     writer.upsert(apac)
     writer.flush()
-    expected = workload.fold(data + [apac])
-    assert workload.as_state(conn.table(table_name).to_arrow()) == expected
+    expected = reference_workload.fold(data + [apac])
+    assert reference_workload.as_state(conn.table(table_name).to_arrow()) == expected
 
 
 def test_cluster_restart_on_the_same_data_dir(tmp_path, request):
@@ -48,12 +48,12 @@ def test_cluster_restart_on_the_same_data_dir(tmp_path, request):
 
             zk = zookeeper_chroot(request.getfixturevalue("zookeeper"))
         data_dir = str(tmp_path / kind)
-        data = workload.batches(seed=5, count=1, rows=500)
+        data = reference_workload.batches(seed=5, count=1, rows=500)
         with LocalCluster(data_dir, tablet_servers=2, zookeeper=zk) as first:
             ids = sorted(h.info["server_id"] for h in first.tablet_servers)
             ports = sorted(h.port for h in first.tablet_servers)
             with client.connect(first.url) as conn:
-                conn.admin.create_table("default.kept", workload.descriptor(buckets=4))
+                conn.admin.create_table("default.kept", reference_workload.descriptor(buckets=4))
                 w = conn.table("default.kept").upsert_writer()
                 w.upsert(data[0])
                 offsets = w.flush()
@@ -62,7 +62,7 @@ def test_cluster_restart_on_the_same_data_dir(tmp_path, request):
             assert sorted(h.port for h in second.tablet_servers) != ports
             with client.connect(second.url) as conn:
                 table = conn.table("default.kept")
-                assert workload.as_state(table.to_arrow()) == workload.fold(data)
+                assert reference_workload.as_state(table.to_arrow()) == reference_workload.fold(data)
                 ends = conn.admin.list_offsets("default.kept")
                 assert all(ends[key] == end for key, end in offsets.items())
 

@@ -136,7 +136,7 @@ def test_disjoint_partial_writers_under_locks_concurrently(conn, table_name):
 
 
 def test_locks_survive_a_coordinator_restart(cluster, table_name):
-    import client
+    from tally import client
 
     with client.connect(cluster.url) as conn:
         make_table(conn, table_name)
@@ -163,7 +163,7 @@ def test_column_locks_off_means_writes_are_never_checked(conn, table_name):
 def test_locks_survive_a_zookeeper_restart(cluster, table_name):
     if cluster.store_kind != "zookeeper":
         pytest.skip("the embedded store has no ZooKeeper to restart")
-    import client
+    from tally import client
 
     zk = cluster.zookeeper_server
     with client.connect(cluster.url, retry_timeout=60) as conn:
@@ -182,7 +182,7 @@ def test_locks_survive_a_zookeeper_restart(cluster, table_name):
 
 
 def test_tally_locks_prints_owner_columns_token_and_offsets(cluster, conn, table_name, capsys):
-    from cli.main import main
+    from tally.cli.main import main
 
     make_table(conn, table_name)
     lease = conn.locks.acquire(table_name, "spark-query-1/default.t/a", ["a"], ttl=30)
@@ -234,7 +234,7 @@ def wait_until_expired(conn, table, owner, deadline=60.0):
 
 
 def test_expired_lock_refuses_lease_less_writes_until_discarded(cluster, conn, table_name, capsys):
-    from cli.main import main
+    from tally.cli.main import main
 
     table = make_table(conn, table_name)
     lease = unkept_lease(conn, table_name, "gone", ["a"], ttl=60)

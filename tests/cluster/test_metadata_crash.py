@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from meta import embedded
-from meta.embedded import CRASH_STEPS, JOURNAL_FILE, NODE_FILE, EmbeddedStore
+from tally.meta import embedded
+from tally.meta.embedded import CRASH_STEPS, JOURNAL_FILE, NODE_FILE, EmbeddedStore
 from tests.cluster.meta_crash import (Model, assert_clean, check_all, crash_everywhere,
                                       make_store, model_apply, op_paths, recreate_and_delete,
                                       run_child, snapshot)

@@ -16,7 +16,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meta.embedded import EmbeddedStore
+from tally.meta.embedded import EmbeddedStore
 from tests.cluster.meta_crash import Model, assert_clean, make_store, model_apply, run_child, snapshot
 from tests.cluster.meta_crash_child import run_op
 

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from meta import node_name, open_store, text_of
+from tally.meta import node_name, open_store, text_of
 from tally.errors import (AlreadyExistsError, InvalidInputError, NotFoundError, StorageError,
                           VersionConflictError)
 

@@ -31,12 +31,12 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-import client
+from tally import client
 import recovery
 from merge_engine import Schema, TableDescriptor
-from server import LocalCluster
-from server.channel import FlightChannel
-from server.clock import SkewedClock
+from tally.server import LocalCluster
+from tally.wire.channel import FlightChannel
+from tally.server.clock import SkewedClock
 from tally.errors import ColumnLockConflict, LeaseLostError, RecoveryError, UnrecoveredLockError
 
 TTL = 1500.0          # lock ttl, in seconds of the lock clock

@@ -2,7 +2,7 @@
 
 import pyarrow as pa
 
-import client
+from tally import client
 from merge_engine import Schema, TableDescriptor
 from recovery import recover
 

@@ -11,15 +11,15 @@ import subprocess
 import sys
 import time
 
-import client
-from tests.cluster import workload
+from tally import client
+from tests.cluster import reference_workload
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def start_serve(data_dir: str, *extra: str) -> tuple[subprocess.Popen, str]:
     tally = shutil.which("tally", path=os.path.dirname(sys.executable))
-    cmd = [tally] if tally else [sys.executable, "-m", "cli.main"]
+    cmd = [tally] if tally else [sys.executable, "-m", "tally.cli.main"]
     proc = subprocess.Popen([*cmd, "serve", "--data-dir", data_dir, *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT)
     deadline = time.monotonic() + 60
@@ -40,11 +40,11 @@ def stop(proc: subprocess.Popen) -> None:
 
 def test_tally_serve_runs_everything_in_one_process(tmp_path, metadata_store):
     extra = ["--zookeeper", metadata_store] if metadata_store else []
-    data = workload.batches(seed=9, count=2, rows=300)
+    data = reference_workload.batches(seed=9, count=2, rows=300)
     proc, url = start_serve(str(tmp_path), *extra)
     try:
         with client.connect(url) as conn:
-            conn.admin.create_table("default.one", workload.descriptor(buckets=3))
+            conn.admin.create_table("default.one", reference_workload.descriptor(buckets=3))
             w = conn.table("default.one").upsert_writer()
             w.upsert(data[0])
             w.flush()
@@ -56,8 +56,8 @@ def test_tally_serve_runs_everything_in_one_process(tmp_path, metadata_store):
             w = conn.table("default.one").upsert_writer()
             w.upsert(data[1])
             w.flush()
-            got = workload.as_state(conn.table("default.one").to_arrow())
-            assert got == workload.fold(data)
+            got = reference_workload.as_state(conn.table("default.one").to_arrow())
+            assert got == reference_workload.fold(data)
             assert [s["live"] for s in conn.admin.list_servers()] == [True]
     finally:
         stop(proc)

@@ -13,7 +13,7 @@ import pytest
 import recovery
 from locks import Lease
 from merge_engine import Schema, TableDescriptor
-from server.channel import FlightChannel
+from tally.wire.channel import FlightChannel
 from tally.errors import RecoveryError, UnrecoveredLockError
 from tests.cluster.test_locks import wait_until_expired
 

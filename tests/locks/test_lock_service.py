@@ -7,7 +7,7 @@ import pytest
 
 from locks import ColumnLockService, CommitLog, LockTarget, view_from_records
 from merge_engine import Schema
-from meta import open_store
+from tally.meta import open_store
 from tally.errors import (ColumnLockConflict, InvalidInputError, LeaseLostError, RecoveryError,
                           UnrecoveredLockError)
 

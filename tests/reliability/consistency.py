@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from server.bucketing import bucket_ids
+from tally.wire.bucket_hash import bucket_ids
 
 def key_of(row: dict, primary_key) -> tuple:
     return tuple(row[c] for c in primary_key)

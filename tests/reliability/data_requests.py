@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 from hypothesis import strategies as st
 
-from server.protocol import frame
+from tally.wire.messages import frame
 from tests.reliability.flight_requests import (MERGE_MODES, OVERSIZE, WRONG_TYPE, Context,
                                                Request, dicts, dumps, lists, not_a_json_object,
                                                texts)

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 from hypothesis import strategies as st
 
-from server.bucketing import bucket_ids
+from tally.wire.bucket_hash import bucket_ids
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]{0,127}$")
 MERGE_MODES = {"AGGREGATE", "MERGE_STATE", "OVERWRITE"}

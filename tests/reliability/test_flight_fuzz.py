@@ -1,7 +1,7 @@
 """Fuzzing the Flight API: malformed requests never crash a server, are refused with a typed
 Tally error, and apply nothing.
 
-One cluster (per metadata store) holds the fuzz table (tests/cluster/workload.py: 2 partitions x
+One cluster (per metadata store) holds the fuzz table (tests/cluster/reference_workload.py: 2 partitions x
 4 buckets over both tablet servers, some rows), a live column lock of `fuzz-owner` on `label`
 with one committed epoch. Hypothesis draws requests from tests/reliability/flight_requests.py
 and data_requests.py (DoAction, DoPut, DoGet and the binary lookup, each broken on purpose) and
@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from tally.errors import TallyError, error_class
-from tests.cluster import workload
+from tests.cluster import reference_workload
 from tests.reliability.data_requests import get_requests, lookup_requests, put_requests
 from tests.reliability.flight_requests import (Bucket, Context, Request, action_requests,
                                                bucket_keys)
@@ -41,7 +41,7 @@ TABLE, OWNER = "default.fuzz", "fuzz-owner"
 
 @pytest.fixture(scope="module")
 def fuzz_conn(cluster):
-    import client
+    from tally import client
 
     with client.connect(cluster.url, retry_timeout=60) as connection:
         yield connection
@@ -50,9 +50,9 @@ def fuzz_conn(cluster):
 @pytest.fixture(scope="module")
 def fuzz_context(cluster, fuzz_conn) -> Context:
     conn = fuzz_conn
-    conn.admin.create_table(TABLE, workload.descriptor(buckets=4))
+    conn.admin.create_table(TABLE, reference_workload.descriptor(buckets=4))
     writer = conn.table(TABLE).upsert_writer()
-    writer.upsert(workload.batches(seed=1, count=1, rows=200)[0])
+    writer.upsert(reference_workload.batches(seed=1, count=1, rows=200)[0])
     writer.flush()
     meta = conn.table_meta(TABLE, refresh=True)
     buckets = []
@@ -68,7 +68,7 @@ def fuzz_context(cluster, fuzz_conn) -> Context:
     return Context(
         coordinator=cluster.url, tablets=[h.address for h in cluster.tablet_servers],
         table=TABLE, table_id=meta.table_id, buckets=buckets, lease=lease, owner=OWNER,
-        descriptor_json=workload.descriptor(buckets=2).to_json(),
+        descriptor_json=reference_workload.descriptor(buckets=2).to_json(),
         view=act("lock_view", {"table_id": meta.table_id}))
 
 

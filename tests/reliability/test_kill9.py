@@ -29,7 +29,7 @@ import time
 
 import pytest
 
-from tests.cluster import workload
+from tests.cluster import reference_workload
 from tests.cluster.write_process import ACK, READY
 from tests.reliability.consistency import assert_kv_matches_changelog, split_by_bucket
 
@@ -111,8 +111,8 @@ def test_kill9_tablet_server_loses_no_acknowledged_write(cluster, conn, table_na
     rng = random.Random(f"kill9-{cluster.store_kind}-{trial}")
     writer_dies = trial % 2 == 1
     victim = rng.randrange(len(cluster.tablet_servers))
-    conn.admin.create_table(table_name, workload.descriptor(buckets=4, **DESCRIPTOR_PROPERTIES))
-    writes = workload.steps(trial, STEPS, ROWS, delete_share=DELETE_SHARE)
+    conn.admin.create_table(table_name, reference_workload.descriptor(buckets=4, **DESCRIPTOR_PROPERTIES))
+    writes = reference_workload.steps(trial, STEPS, ROWS, delete_share=DELETE_SHARE)
     writer = spare_writers()
     try:
         writer.go(table_name, trial)
@@ -137,11 +137,11 @@ def test_kill9_tablet_server_loses_no_acknowledged_write(cluster, conn, table_na
     routing = conn.table(table_name).routing
     if not writer_dies:
         assert len(acked) == STEPS
-        assert by_bucket == split_by_bucket(routing, workload.fold_steps(writes))
+        assert by_bucket == split_by_bucket(routing, reference_workload.fold_steps(writes))
     else:
         assert len(acked) < STEPS
-        without = split_by_bucket(routing, workload.fold_steps(writes[:len(acked)]))
-        with_next = split_by_bucket(routing, workload.fold_steps(writes[:len(acked) + 1]))
+        without = split_by_bucket(routing, reference_workload.fold_steps(writes[:len(acked)]))
+        with_next = split_by_bucket(routing, reference_workload.fold_steps(writes[:len(acked) + 1]))
         for where in set(by_bucket) | set(without) | set(with_next):
             got = by_bucket.get(where, {})
             assert got in (without.get(where, {}), with_next.get(where, {})), \

@@ -26,8 +26,8 @@ import time
 
 import pytest
 
-import client
-from server import LocalCluster
+from tally import client
+from tally.server import LocalCluster
 from tests.zookeeper_server import ZooKeeperServer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -61,7 +61,7 @@ def wait_for_commit(conn, job: subprocess.Popen, epoch: int, timeout: float = 18
 
 
 def test_zookeeper_outage_during_a_streaming_job(tmp_path):
-    from tests.spark import workload
+    from tests.spark import sink_data
 
     zookeeper = ZooKeeperServer(str(tmp_path / "zookeeper"))
     zookeeper.start()
@@ -69,11 +69,11 @@ def test_zookeeper_outage_during_a_streaming_job(tmp_path):
         with LocalCluster(str(tmp_path / "cluster"), tablet_servers=2,
                           zookeeper=f"{zookeeper.hosts}/tally-zk-outage") as cluster, \
                 client.connect(cluster.url, retry_timeout=120) as conn:
-            workload.create_table(conn, TABLE)
-            batches = workload.write_source_files(str(tmp_path / "source"), FILES,
+            sink_data.create_table(conn, TABLE)
+            batches = sink_data.write_source_files(str(tmp_path / "source"), FILES,
                                                   ROWS_PER_FILE, KEYS, seed=5)
             spec = {"url": cluster.url, "table": TABLE, "source": str(tmp_path / "source"),
-                    "checkpoint": str(tmp_path / "checkpoint"), "schema": workload.SCHEMA_DDL,
+                    "checkpoint": str(tmp_path / "checkpoint"), "schema": sink_data.SCHEMA_DDL,
                     "options": {"client.column-lock.ttl": "60"}}
             job = start_job(spec)
             outages = []  # (last committed epoch when ZooKeeper stopped, the job still running)
@@ -97,7 +97,7 @@ def test_zookeeper_outage_during_a_streaming_job(tmp_path):
             assert all(running and epoch < FILES - 1 for epoch, running in outages), \
                 f"ZooKeeper must go down while the job has micro-batches to run: {outages}"
             rows = [r for batch in batches for r in batch]
-            assert workload.table_state(conn, TABLE) == workload.expected(rows)
+            assert sink_data.table_state(conn, TABLE) == sink_data.expected(rows)
             servers = conn.admin.list_servers()
             assert all(s["live"] for s in servers), servers
             print(f"outages after epochs {[e for e, _ in outages]}; job restarted: {restarted}")

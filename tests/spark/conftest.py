@@ -50,7 +50,7 @@ def spark():
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
-    from server import LocalCluster
+    from tally.server import LocalCluster
 
     with LocalCluster(str(tmp_path_factory.mktemp("spark-cluster")), tablet_servers=2) as c:
         yield c
@@ -58,7 +58,7 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture
 def conn(cluster):
-    import client
+    from tally import client
 
     connection = client.connect(cluster.url)
     yield connection

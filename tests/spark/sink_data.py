@@ -114,7 +114,7 @@ def key_in_bucket(bucket: int, buckets: int = 4) -> int:
     """The smallest key the client's bucket function puts in `bucket`."""
     import numpy as np
 
-    from server.bucketing import bucket_ids
+    from tally.wire.bucket_hash import bucket_ids
 
     keys = np.arange(1000, dtype=np.int64)
     ids = bucket_ids(pa.table({"k": pa.array(keys)}), ["k"], buckets)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sink import TallySink
-from tests.spark import workload
+from tests.spark import sink_data
 
 
 @pytest.mark.parametrize("ddl, message", [
@@ -15,7 +15,7 @@ from tests.spark import workload
     ("k long, v long, color string", "DataFrame column 'color' is not a column of table"),
 ])
 def test_bad_dataframes_fail_before_any_write(spark, cluster, conn, table_name, ddl, message):
-    workload.create_table(conn, table_name)
+    sink_data.create_table(conn, table_name)
     rows = [tuple(1 if t.endswith("long") else "x" for t in ddl.split(", "))]
     df = spark.createDataFrame(rows, ddl)
     with pytest.raises(Exception) as raised:
@@ -27,17 +27,17 @@ def test_bad_dataframes_fail_before_any_write(spark, cluster, conn, table_name, 
 
 def test_null_key_fails_the_batch_and_applies_nothing(spark, cluster, conn, table_name,
                                                      tmp_path):
-    workload.create_table(conn, table_name)
+    sink_data.create_table(conn, table_name)
     # Spark's file sources make every column nullable, the key included: that is accepted...
-    good = workload.write_source_files(str(tmp_path / "src"), 1, 20, 5, seed=1)
-    frame = (spark.readStream.schema(workload.SCHEMA_DDL).json(str(tmp_path / "src")))
+    good = sink_data.write_source_files(str(tmp_path / "src"), 1, 20, 5, seed=1)
+    frame = (spark.readStream.schema(sink_data.SCHEMA_DDL).json(str(tmp_path / "src")))
     assert frame.schema["k"].nullable
     sink = TallySink(cluster.url, table_name)
     query = sink.start(frame, str(tmp_path / "ckpt"), trigger={"availableNow": True})
     query.awaitTermination()
     assert query.exception() is None
     before = conn.table(table_name).to_arrow()
-    assert workload.table_state(conn, table_name) == workload.expected(good[0])
+    assert sink_data.table_state(conn, table_name) == sink_data.expected(good[0])
     # ...but a row whose key is null fails its batch, and nothing of that batch is applied
     with open(tmp_path / "src" / "part-9999.json", "w") as f:
         f.write('{"k": 1, "v": 1000}\n{"k": null, "v": 5}\n{"k": 2, "v": 7}\n')

@@ -19,9 +19,9 @@ import pytest
 
 import sink
 from sink import TallySink
-from sink.errors import EpochFailedError
+from sink.epoch_errors import EpochFailedError
 from tally.errors import AggregateOverflowError
-from tests.spark import workload
+from tests.spark import sink_data
 
 LAST_BUCKET = 3  # workload tables have 4 buckets: the bad key goes to the one written last
 ROLLED_BACK = re.compile(r"failed and was rolled back: nothing of it was applied \((\d+) "
@@ -37,11 +37,11 @@ def good_and_bad(seed: int):
     """A first batch over keys 0..11; a second that adds to every key but one key K of the
     last bucket; the same second batch with one more row, for K, whose value fits but
     overflows K's sum when it meets K's stored value on the tablet server."""
-    first = workload.decimal_rows(12, "1.00", seed)
-    bad_key = workload.key_in_bucket(LAST_BUCKET)
+    first = sink_data.decimal_rows(12, "1.00", seed)
+    bad_key = sink_data.key_in_bucket(LAST_BUCKET)
     assert bad_key < 12
-    second = [row for row in workload.decimal_rows(12, "2.00", seed + 1) if row[0] != bad_key]
-    bad = second + [(bad_key, Decimal(workload.MAX_DECIMAL))]
+    second = [row for row in sink_data.decimal_rows(12, "2.00", seed + 1) if row[0] != bad_key]
+    bad = second + [(bad_key, Decimal(sink_data.MAX_DECIMAL))]
     return first, second, bad
 
 
@@ -55,22 +55,22 @@ def assert_rolled_back(text: str, table: str, minimum: int = 1) -> int:
 
 def test_bad_row_in_one_bucket_rolls_back_a_tally_sink_batch_write(
         spark, cluster, conn, table_name):
-    workload.create_decimal_table(conn, table_name)
+    sink_data.create_decimal_table(conn, table_name)
     first, second, bad = good_and_bad(seed=1)
     sink_ = TallySink(cluster.url, table_name)
-    sink_.write(spark.createDataFrame(first, workload.DECIMAL_DDL))
-    before = workload.decimal_state(conn, table_name)
-    assert before == workload.decimal_sums(first)
+    sink_.write(spark.createDataFrame(first, sink_data.DECIMAL_DDL))
+    before = sink_data.decimal_state(conn, table_name)
+    assert before == sink_data.decimal_sums(first)
     with pytest.raises(AggregateOverflowError) as raised:
-        sink_.write(spark.createDataFrame(bad, workload.DECIMAL_DDL))
+        sink_.write(spark.createDataFrame(bad, sink_data.DECIMAL_DDL))
     error = raised.value
     assert isinstance(error, EpochFailedError) and error.rolled_back
     # the other buckets' tasks wrote before the last bucket ran out of retries: rolled back
     assert error.buckets_undone == assert_rolled_back(str(error), table_name) >= 1
-    assert workload.decimal_state(conn, table_name) == before
+    assert sink_data.decimal_state(conn, table_name) == before
     assert conn.locks.describe(table_name) == []  # nothing left to recover: released
-    sink_.write(spark.createDataFrame(second, workload.DECIMAL_DDL))  # corrected
-    assert workload.decimal_state(conn, table_name) == workload.decimal_sums(first, second)
+    sink_.write(spark.createDataFrame(second, sink_data.DECIMAL_DDL))  # corrected
+    assert sink_data.decimal_state(conn, table_name) == sink_data.decimal_sums(first, second)
 
 
 def write_json(path, rows) -> None:
@@ -81,7 +81,7 @@ def write_json(path, rows) -> None:
 
 def test_bad_row_in_one_bucket_rolls_back_a_micro_batch(spark, cluster, conn, table_name,
                                                          tmp_path):
-    workload.create_decimal_table(conn, table_name)
+    sink_data.create_decimal_table(conn, table_name)
     first, second, bad = good_and_bad(seed=3)
     source = tmp_path / "src"
     source.mkdir()
@@ -89,7 +89,7 @@ def test_bad_row_in_one_bucket_rolls_back_a_micro_batch(spark, cluster, conn, ta
     os.utime(source / "part-0000.json", (1_000_000, 1_000_000))
     write_json(source / "part-0001.json", bad)
     os.utime(source / "part-0001.json", (2_000_000, 2_000_000))
-    frame = (spark.readStream.schema(workload.DECIMAL_DDL).option("maxFilesPerTrigger", 1)
+    frame = (spark.readStream.schema(sink_data.DECIMAL_DDL).option("maxFilesPerTrigger", 1)
              .json(str(source)))
     sink_ = TallySink(cluster.url, table_name)
     query = sink_.start(frame, str(tmp_path / "ckpt"), trigger={"availableNow": True})
@@ -97,13 +97,13 @@ def test_bad_row_in_one_bucket_rolls_back_a_micro_batch(spark, cluster, conn, ta
         query.awaitTermination()
     assert_rolled_back(str(raised.value), table_name)
     assert "micro-batch 1 of query" in str(raised.value)
-    assert workload.decimal_state(conn, table_name) == workload.decimal_sums(first)
+    assert sink_data.decimal_state(conn, table_name) == sink_data.decimal_sums(first)
     # the source is corrected in place; the restart replays micro-batch 1 from its offsets
     write_json(source / "part-0001.json", second)
     query = sink_.start(frame, str(tmp_path / "ckpt"), trigger={"availableNow": True})
     query.awaitTermination()
     assert query.exception() is None
-    assert workload.decimal_state(conn, table_name) == workload.decimal_sums(first, second)
+    assert sink_data.decimal_state(conn, table_name) == sink_data.decimal_sums(first, second)
 
 
 def data_source_writer(df, cluster, table_name, owner: str, **options):
@@ -116,42 +116,42 @@ def data_source_writer(df, cluster, table_name, owner: str, **options):
 
 def test_bad_row_in_one_bucket_rolls_back_a_data_source_batch_write(
         spark, registered, cluster, conn, table_name):
-    workload.create_decimal_table(conn, table_name)
+    sink_data.create_decimal_table(conn, table_name)
     first, second, bad = good_and_bad(seed=5)
-    data_source_writer(spark.createDataFrame(first, workload.DECIMAL_DDL), cluster,
+    data_source_writer(spark.createDataFrame(first, sink_data.DECIMAL_DDL), cluster,
                        table_name, "ds-bad-row").save()
-    before = workload.decimal_state(conn, table_name)
-    assert before == workload.decimal_sums(first)
+    before = sink_data.decimal_state(conn, table_name)
+    assert before == sink_data.decimal_sums(first)
     with pytest.raises(Exception) as raised:
-        data_source_writer(spark.createDataFrame(bad, workload.DECIMAL_DDL), cluster,
+        data_source_writer(spark.createDataFrame(bad, sink_data.DECIMAL_DDL), cluster,
                            table_name, "ds-bad-row").save()
     # the commit writes buckets in order: 0, 1 and 2 were written when bucket 3 overflowed
     assert assert_rolled_back(str(raised.value), table_name) == LAST_BUCKET
-    assert workload.decimal_state(conn, table_name) == before
+    assert sink_data.decimal_state(conn, table_name) == before
     assert conn.locks.describe(table_name) == []
-    data_source_writer(spark.createDataFrame(second, workload.DECIMAL_DDL), cluster,
+    data_source_writer(spark.createDataFrame(second, sink_data.DECIMAL_DDL), cluster,
                        table_name, "ds-bad-row").save()
-    assert workload.decimal_state(conn, table_name) == workload.decimal_sums(first, second)
+    assert sink_data.decimal_state(conn, table_name) == sink_data.decimal_sums(first, second)
 
 
 def test_data_source_commit_that_dies_midway_is_repaired_by_a_rerun_under_its_owner_id(
         spark, registered, cluster, conn, table_name):
-    workload.create_decimal_table(conn, table_name)
+    sink_data.create_decimal_table(conn, table_name)
     first, second, _ = good_and_bad(seed=7)
     owner = "ds-nightly-2024-05-17"
-    data_source_writer(spark.createDataFrame(first, workload.DECIMAL_DDL), cluster,
+    data_source_writer(spark.createDataFrame(first, sink_data.DECIMAL_DDL), cluster,
                        table_name, owner).save()
-    df = spark.createDataFrame(second, workload.DECIMAL_DDL)
+    df = spark.createDataFrame(second, sink_data.DECIMAL_DDL)
     with pytest.raises(Exception):
         # the commit process exits once bucket 0 is written and bucket 1 half: no rollback
         data_source_writer(df, cluster, table_name, owner, **{
             "fail-hook": "tests.spark.hooks:crash_after_first_bucket",
             "client.column-lock.ttl": "20"}).save()
-    partial = workload.decimal_state(conn, table_name)
-    assert partial != workload.decimal_sums(first)               # part of it is applied
-    assert partial != workload.decimal_sums(first, second)
+    partial = sink_data.decimal_state(conn, table_name)
+    assert partial != sink_data.decimal_sums(first)               # part of it is applied
+    assert partial != sink_data.decimal_sums(first, second)
     assert [lock["owner_id"] for lock in conn.locks.describe(table_name)] == [owner]
     for _ in range(2):  # the re-run undoes the partial epoch, then writes it; once more: idem
         data_source_writer(df, cluster, table_name, owner, epoch="1").save()
-        assert workload.decimal_state(conn, table_name) == workload.decimal_sums(first, second)
+        assert sink_data.decimal_state(conn, table_name) == sink_data.decimal_sums(first, second)
         assert conn.locks.describe(table_name) == []

@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from tests.spark import workload
+from tests.spark import sink_data
 from tests.spark.conftest import ROOT
 
 POINTS = ["task", "before_commit", "after_commit"]
@@ -50,10 +50,10 @@ def kill_schedule(seed: int, cycles: int) -> list[dict]:
 def run_with_kills(cluster, conn, tmp_path, name, seed, cycles, columns=None,
                    rows_per_file=30, keys=10):
     batches = cycles + 3
-    files = workload.write_source_files(str(tmp_path / "source"), batches, rows_per_file, keys,
+    files = sink_data.write_source_files(str(tmp_path / "source"), batches, rows_per_file, keys,
                                         seed)
     spec = {"url": cluster.url, "table": name, "source": str(tmp_path / "source"),
-            "checkpoint": str(tmp_path / "checkpoint"), "schema": workload.SCHEMA_DDL,
+            "checkpoint": str(tmp_path / "checkpoint"), "schema": sink_data.SCHEMA_DDL,
             "columns": columns, "options": {"client.column-lock.ttl": "30"}}
     if columns is not None:
         # the source has every column; a partial writer selects its own in the job
@@ -65,14 +65,14 @@ def run_with_kills(cluster, conn, tmp_path, name, seed, cycles, columns=None,
     assert done.returncode == 0, done.stderr[-3000:]
     wanted = columns or ("v", "c", "s", "a", "l")
     rows = [r for batch in files for r in batch]
-    assert workload.project(workload.table_state(conn, name), wanted) == \
-        workload.project(workload.expected(rows, wanted), wanted)
+    assert sink_data.project(sink_data.table_state(conn, name), wanted) == \
+        sink_data.project(sink_data.expected(rows, wanted), wanted)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow
 def test_kill_restart_full_row_writer(cluster, conn, tmp_path, table_name):
-    workload.create_table(conn, table_name)
+    sink_data.create_table(conn, table_name)
     result = run_with_kills(cluster, conn, tmp_path, table_name, seed=11, cycles=6)
     owner = result["owners"][0] if result["owners"] else None
     assert owner is None or owner.startswith(f"spark-query:{result['query_id']}/{table_name}/")
@@ -80,7 +80,7 @@ def test_kill_restart_full_row_writer(cluster, conn, tmp_path, table_name):
 
 @pytest.mark.slow
 def test_kill_restart_partial_writer(cluster, conn, tmp_path, table_name):
-    workload.create_table(conn, table_name)
+    sink_data.create_table(conn, table_name)
     run_with_kills(cluster, conn, tmp_path, table_name, seed=23, cycles=5,
                    columns=["v", "s", "a"])
 
@@ -89,18 +89,18 @@ def test_kill_restart_data_source_stream_inside_its_commit(cluster, conn, tmp_pa
     """writeStream.format("tally") SIGKILLed inside its commit (the driver, its JVM and the
     commit process) after bucket 0 was written and half of a later bucket, twice (the second
     time in the replay of the same micro-batch), then restarted: exactly once."""
-    workload.create_table(conn, table_name)
-    files = workload.write_source_files(str(tmp_path / "source"), 3, 30, 10, seed=31)
+    sink_data.create_table(conn, table_name)
+    files = sink_data.write_source_files(str(tmp_path / "source"), 3, 30, 10, seed=31)
     spec = {"url": cluster.url, "table": table_name, "source": str(tmp_path / "source"),
-            "checkpoint": str(tmp_path / "checkpoint"), "schema": workload.SCHEMA_DDL,
+            "checkpoint": str(tmp_path / "checkpoint"), "schema": sink_data.SCHEMA_DDL,
             "format": "tally", "options": {"client.column-lock.ttl": "30"}}
     for bucket in (1, 2):
         done = run_job({**spec, "kill": {"point": "task", "epoch": 1, "bucket": bucket}})
         assert done.returncode == -9, (bucket, done.returncode, done.stderr[-3000:])
-        state = workload.table_state(conn, table_name)
-        assert state != workload.expected(files[0])                  # part of batch 1 is in
-        assert state != workload.expected(files[0] + files[1])
+        state = sink_data.table_state(conn, table_name)
+        assert state != sink_data.expected(files[0])                  # part of batch 1 is in
+        assert state != sink_data.expected(files[0] + files[1])
     done = run_job(spec)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [r for batch in files for r in batch]
-    assert workload.table_state(conn, table_name) == workload.expected(rows)
+    assert sink_data.table_state(conn, table_name) == sink_data.expected(rows)

@@ -11,16 +11,16 @@ import time
 import pytest
 
 from sink import TallySink
-from sink.errors import EpochFailedError
+from sink.epoch_errors import EpochFailedError
 from sink.protocol import WriterRun
-from tests.spark import workload
+from tests.spark import sink_data
 from tests.spark.test_kill_restart import run_job
 
 FAIL_FIRST = "tests.spark.hooks:fail_first_attempt"
 
 
 def stream(spark, source):
-    return (spark.readStream.schema(workload.SCHEMA_DDL).option("maxFilesPerTrigger", 1)
+    return (spark.readStream.schema(sink_data.SCHEMA_DDL).option("maxFilesPerTrigger", 1)
             .json(source))
 
 
@@ -34,23 +34,23 @@ def wait_for_locks(conn, table, count, timeout=20.0):
 
 
 def test_injected_task_failures_are_applied_once(spark, cluster, conn, tmp_path, table_name):
-    workload.create_table(conn, table_name)
-    files = workload.write_source_files(str(tmp_path / "src"), 3, 40, 12, seed=5)
+    sink_data.create_table(conn, table_name)
+    files = sink_data.write_source_files(str(tmp_path / "src"), 3, 40, 12, seed=5)
     sink = TallySink(cluster.url, table_name, fail_hook=FAIL_FIRST)
     query = sink.start(stream(spark, str(tmp_path / "src")), str(tmp_path / "ckpt"),
                        trigger={"availableNow": True})
     query.awaitTermination()
     assert query.exception() is None
     rows = [r for f in files for r in f]
-    assert workload.table_state(conn, table_name) == workload.expected(rows)
+    assert sink_data.table_state(conn, table_name) == sink_data.expected(rows)
     # a clean stop between batches releases the lock
     assert wait_for_locks(conn, table_name, 0) == []
 
 
 def test_concurrent_jobs_on_disjoint_columns_and_an_overlapping_one(
         spark, cluster, conn, tmp_path, table_name):
-    workload.create_table(conn, table_name)
-    files = workload.write_source_files(str(tmp_path / "src"), 4, 40, 12, seed=7)
+    sink_data.create_table(conn, table_name)
+    files = sink_data.write_source_files(str(tmp_path / "src"), 4, 40, 12, seed=7)
     rows = [r for f in files for r in f]
     one = TallySink(cluster.url, table_name, target_columns=["v", "s"])
     two = TallySink(cluster.url, table_name, target_columns=["c", "a", "l"])
@@ -65,7 +65,7 @@ def test_concurrent_jobs_on_disjoint_columns_and_an_overlapping_one(
             time.sleep(0.2)
         # a third job overlapping column 's' fails fast with the lock conflict
         spec = {"url": cluster.url, "table": table_name, "source": str(tmp_path / "src"),
-                "checkpoint": str(tmp_path / "ck3"), "schema": workload.SCHEMA_DDL,
+                "checkpoint": str(tmp_path / "ck3"), "schema": sink_data.SCHEMA_DDL,
                 "columns": ["s", "l"], "select": ["k", "s", "l"], "options": {}}
         third = run_job(spec, timeout=240)
         assert third.returncode == 2, third.stderr[-2000:]
@@ -78,19 +78,19 @@ def test_concurrent_jobs_on_disjoint_columns_and_an_overlapping_one(
     finally:
         q1.stop()
         q2.stop()
-    state = workload.table_state(conn, table_name)
-    assert workload.project(state, ("v", "s")) == workload.project(
-        workload.expected(rows, ("v", "s")), ("v", "s"))
-    assert workload.project(state, ("c", "a", "l")) == workload.project(
-        workload.expected(rows, ("c", "a", "l")), ("c", "a", "l"))
+    state = sink_data.table_state(conn, table_name)
+    assert sink_data.project(state, ("v", "s")) == sink_data.project(
+        sink_data.expected(rows, ("v", "s")), ("v", "s"))
+    assert sink_data.project(state, ("c", "a", "l")) == sink_data.project(
+        sink_data.expected(rows, ("c", "a", "l")), ("c", "a", "l"))
     assert wait_for_locks(conn, table_name, 0) == []
 
 
 def test_failed_batch_job_applies_nothing_and_a_dead_drivers_rerun_repairs_it(
         spark, cluster, conn, table_name, monkeypatch):
-    workload.create_table(conn, table_name)
-    rows = workload.make_rows(200, 20, seed=3)
-    df = spark.createDataFrame(rows, workload.SCHEMA_DDL)
+    sink_data.create_table(conn, table_name)
+    rows = sink_data.make_rows(200, 20, seed=3)
+    df = spark.createDataFrame(rows, sink_data.SCHEMA_DDL)
     options = {"client.column-lock.owner-id": "nightly-rollup-2024-05-17",
                "client.column-lock.ttl": "20"}
     crashing = TallySink(cluster.url, table_name, options=options,
@@ -113,12 +113,12 @@ def test_failed_batch_job_applies_nothing_and_a_dead_drivers_rerun_repairs_it(
     # the re-run under the same owner id undoes it, then writes everything once
     result = TallySink(cluster.url, table_name, options=options).write(df)
     assert not result.skipped
-    assert workload.table_state(conn, table_name) == workload.expected(rows)
+    assert sink_data.table_state(conn, table_name) == sink_data.expected(rows)
     assert conn.locks.describe(table_name) == []  # a successful batch job releases its lock
     # the same epoch again is skipped: batch writes with an explicit epoch are idempotent
     again = TallySink(cluster.url, table_name, options={**options, "epoch": str(result.epoch)})
     assert again.write(df).skipped
-    assert workload.table_state(conn, table_name) == workload.expected(rows)
+    assert sink_data.table_state(conn, table_name) == sink_data.expected(rows)
 
 
 def test_restart_after_another_owner_wrote_the_columns_keeps_both_owners_data(
@@ -126,9 +126,9 @@ def test_restart_after_another_owner_wrote_the_columns_keeps_both_owners_data(
     """A query stops cleanly (its lock is released); another owner locks the same column, adds
     100 to five keys, commits and releases; the query restarts from its checkpoint. Its
     recovery must not undo the other owner's writes: they belong to another lock tenure."""
-    workload.create_table(conn, table_name)
+    sink_data.create_table(conn, table_name)
     staging, source = tmp_path / "staging", tmp_path / "src"
-    files = workload.write_source_files(str(staging), 4, 30, 10, seed=13)
+    files = sink_data.write_source_files(str(staging), 4, 30, 10, seed=13)
     source.mkdir()
 
     def publish(*numbers):
@@ -154,9 +154,9 @@ def test_restart_after_another_owner_wrote_the_columns_keeps_both_owners_data(
     query = sink_.start(frame, str(tmp_path / "ckpt"), trigger={"availableNow": True})
     query.awaitTermination()
     assert query.exception() is None
-    wanted = workload.project(workload.expected([r for f in files for r in f], ("v",)), ("v",))
+    wanted = sink_data.project(sink_data.expected([r for f in files for r in f], ("v",)), ("v",))
     for k in range(5):
         row = wanted.setdefault(k, {"k": k, "v": None})
         row["v"] = 100 + (row["v"] or 0)
-    assert workload.project(workload.table_state(conn, table_name), ("v",)) == wanted
+    assert sink_data.project(sink_data.table_state(conn, table_name), ("v",)) == wanted
     assert wait_for_locks(conn, table_name, 0, timeout=60) == []

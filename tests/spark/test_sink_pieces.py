@@ -7,9 +7,9 @@ import pyarrow as pa
 import pytest
 
 from aggfuncs import AggFunction
-from client.admin import TableInfo
+from tally.client.admin import TableInfo
 from merge_engine import MergeMode, Schema, TableDescriptor
-from server.bucketing import bucket_ids
+from tally.wire.bucket_hash import bucket_ids
 from sink.bucketing import BucketMismatchError, check_bucket, check_task_coverage
 from sink.job import bucketed
 from sink.options import SinkOptions
@@ -176,7 +176,7 @@ def test_speculation_is_refused(spark):
 def test_a_failed_epochs_error_keeps_the_type_of_its_cause():
     import pickle
 
-    from sink.errors import EpochFailedError, epoch_failed
+    from sink.epoch_errors import EpochFailedError, epoch_failed
     from tally.errors import AggregateOverflowError, LeaseLostError
 
     task_error = RuntimeError(  # what Spark hands back from a task: its Python traceback
