@@ -3,22 +3,29 @@
 Why: each bucket has its own row buffer (`table.kv.buffer-size`, 64 MiB by default) and its own
 RocksDB with its own memtables, so a tablet server's memory would grow with the number of
 buckets it hosts. A budget shared by all of them bounds the total instead: half of it caps
-RocksDB's memtables through one shared WriteBufferManager (RocksDB flushes a memtable when the
-sum nears the cap), the other half caps the row buffers: after a write, while their sum is over
-the cap, the bucket with the largest buffer writes it to RocksDB. Each bucket's own limit still
-applies within the budget. Flushing a buffer never loses anything (the changelog is the
-write-ahead log), so the cap costs only speed: more, smaller RocksDB writes.
+RocksDB's memtables (a MemtableCap, which storage configures each bucket's RocksDB with), the
+other half caps the row buffers: after a write, while their sum is over the cap, the bucket
+with the largest buffer writes it to RocksDB. Each bucket's own limit still applies within the
+budget. Flushing a buffer never loses anything (the changelog is the write-ahead log), so the
+cap costs only speed: more, smaller RocksDB writes.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from rocksdict import Options, WriteBufferManager
+from merge_engine.memtables import MemtableCap
 
-if TYPE_CHECKING:
-    from merge_engine.tablet import KvTablet
+
+class BufferedBucket(Protocol):
+    """What the budget needs of a bucket: its row buffer's size and a way to empty it. A
+    protocol, so the budget does not import the tablet that joins it."""
+
+    @property
+    def buffered_bytes(self) -> int: ...
+
+    def flush_if_open(self) -> None: ...
 
 
 class MemoryBudget:
@@ -29,33 +36,29 @@ class MemoryBudget:
             raise ValueError(f"A memory budget must be a positive number of bytes, got {total_bytes!r}")
         self.total_bytes = total_bytes
         self.row_buffer_bytes = total_bytes // 2
-        self._memtables = WriteBufferManager(total_bytes - self.row_buffer_bytes, False)
-        self._tablets: dict[int, KvTablet] = {}
+        self.memtables = MemtableCap(total_bytes - self.row_buffer_bytes)
+        self._tablets: dict[int, BufferedBucket] = {}
         self._lock = threading.Lock()
-
-    def configure(self, options: Options) -> None:
-        """Count a bucket's RocksDB memtables against the budget."""
-        options.set_write_buffer_manager(self._memtables)
 
     @property
     def memtable_bytes(self) -> int:
         """What the memtables of every bucket hold now."""
-        return self._memtables.get_usage()
+        return self.memtables.used_bytes
 
     @property
     def buffered_bytes(self) -> int:
         """What the row buffers of every bucket hold now."""
         return sum(tablet.buffered_bytes for tablet in self._members())
 
-    def join(self, tablet: "KvTablet") -> None:
+    def join(self, tablet: BufferedBucket) -> None:
         with self._lock:
             self._tablets[id(tablet)] = tablet
 
-    def leave(self, tablet: "KvTablet") -> None:
+    def leave(self, tablet: BufferedBucket) -> None:
         with self._lock:
             self._tablets.pop(id(tablet), None)
 
-    def _members(self) -> list["KvTablet"]:
+    def _members(self) -> list[BufferedBucket]:
         with self._lock:
             return list(self._tablets.values())
 

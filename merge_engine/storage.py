@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
 from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
 
+from merge_engine.memtables import MemtableCap
 from tally.errors import StorageError
-
-if TYPE_CHECKING:
-    from merge_engine.budget import MemoryBudget
 
 ROW = b"k"
 LOG = b"l"
@@ -44,15 +42,15 @@ def offset_of(key: bytes) -> int:
 class TabletStore:
     """Thin, typed access to the bucket's RocksDB."""
 
-    def __init__(self, path: str, sync: bool = False, budget: MemoryBudget | None = None):
-        """`budget`: a MemoryBudget whose memtable cap this bucket's RocksDB shares."""
+    def __init__(self, path: str, sync: bool = False, memtables: MemtableCap | None = None):
+        """`memtables`: a cap this bucket's RocksDB memtables share with other buckets'."""
         os.makedirs(path, exist_ok=True)
         options = Options(raw_mode=True)
         options.create_if_missing(True)
         options.set_write_buffer_size(64 << 20)
         options.set_max_background_jobs(2)
-        if budget is not None:
-            budget.configure(options)
+        if memtables is not None:
+            memtables.configure(options)
         table = BlockBasedOptions()
         table.set_bloom_filter(10, False)  # new keys miss without reading data blocks
         options.set_block_based_table_factory(table)

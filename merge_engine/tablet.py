@@ -76,11 +76,12 @@ class KvTablet:
     def open(cls, path: str, descriptor: TableDescriptor,
              budget: MemoryBudget | None = None) -> "KvTablet":
         """Open (or create) the bucket at `path`; its schema must match the one it was made with.
-        Buckets opened with one `budget` share its memory cap (merge_engine/budget.py)."""
+        Buckets opened with one `budget` share its memory cap (MemoryBudget)."""
         if not descriptor.schema.primary_key:
             raise StorageError("A KvTablet needs a primary-key table")
         use_bucket_allocator()
-        store = TabletStore(str(path), sync=descriptor.bool_option(KV_SYNC), budget=budget)
+        store = TabletStore(str(path), sync=descriptor.bool_option(KV_SYNC),
+                            memtables=budget.memtables if budget is not None else None)
         saved = store.get_bytes(DESCRIPTOR)
         if saved is None:
             batch = store.new_batch()

@@ -1,6 +1,6 @@
 """Defaults shared by the server roles and the command line (kept free of heavy imports)."""
 
 DEFAULT_MAX_BATCH_BYTES = 64 << 20   # largest write request a tablet server accepts
-DEFAULT_MEMORY_BUDGET = "1gb"       # write memory of all buckets of a tablet server (merge_engine/budget.py)
+DEFAULT_MEMORY_BUDGET = "1gb"       # write memory of all buckets of a tablet server (MemoryBudget)
 SESSION_TIMEOUT = 6.0                # seconds of silence before a tablet server counts as gone
 HEARTBEAT_INTERVAL = 1.0             # seconds between a tablet server's heartbeats
