@@ -10,6 +10,8 @@ import argparse
 import shlex
 import sys
 
+from tally.cli import cluster_commands, server_commands
+
 
 def positive_int(text: str) -> int:
     value = int(text.replace("_", "").replace(",", ""))
@@ -71,9 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--zookeeper", metavar="HOST:PORT", help="keep the cluster's metadata in this ZooKeeper")
     demo.set_defaults(func=cmd_demo)
 
-    from tally.cli.server_commands import add_commands as add_server_commands  # serve, local-cluster, servers
-
-    add_server_commands(commands)
+    server_commands.add_commands(commands)  # serve, local-cluster
+    cluster_commands.add_commands(commands)  # servers, locks
     return parser
 
 

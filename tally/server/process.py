@@ -1,4 +1,4 @@
-"""One server process: `tally serve` (and `python -m server`) land here.
+"""One server process: `tally serve` (and `python -m tally.server`) land here.
 
 Roles: `coordinator` (metadata store + catalog), `tablet` (KvTablets), or `all` (both in one
 process, sharing one port: the embedded default). The process binds its port, wires the roles,
@@ -18,9 +18,9 @@ import sys
 import threading
 
 from tally.wire.channel import FlightChannel
-from tally.cli.server_commands import add_serve_arguments
 from tally.server.clock import lock_clock
 from tally.server.flight_service import TallyFlightServer
+from tally.server.serve_args import add_serve_arguments
 from tally.server.tablet_server import TabletServer
 from tally.errors import UnavailableError
 
@@ -149,6 +149,6 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = add_serve_arguments(argparse.ArgumentParser(prog="python -m server",
+    parser = add_serve_arguments(argparse.ArgumentParser(prog="python -m tally.server",
                                                          description="Run a Tally server."))
     return serve(parser.parse_args(argv))

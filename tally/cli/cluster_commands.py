@@ -1,0 +1,78 @@
+"""The `tally` commands that ask a running cluster: `servers` and `locks`.
+
+Each command connects with the client when it runs, so `tally --help` loads none of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from tally.errors import InvalidOptionError
+
+
+def cmd_servers(args: argparse.Namespace) -> int:
+    """Print the tablet servers a coordinator knows, with their liveness."""
+    from tally import client
+
+    with client.connect(args.url, token=args.auth_token) as conn:
+        for s in conn.admin.list_servers():
+            print(f"{s['server_id']:<16}{'live' if s['live'] else 'DOWN':<6}{s['address'] or ''}")
+    return 0
+
+
+def cmd_locks(args: argparse.Namespace) -> int:
+    """Print the column locks of one table, or of every table; or discard an expired one."""
+    from tally import client
+
+    with client.connect(args.url, token=args.auth_token) as conn:
+        if args.discard:
+            if not args.table:
+                raise InvalidOptionError("--discard OWNER needs the table: tally locks TABLE "
+                                         "--discard OWNER")
+            found = conn.locks.discard(args.table, args.discard)
+            print(f"discarded the expired lock of '{args.discard}' on {args.table}; its writes "
+                  "since its last commit stay as they are" if found else
+                  f"no lock of '{args.discard}' on {args.table}")
+            return 0
+        if args.table:
+            tables = [args.table]
+        else:
+            tables = [f"{db}.{t}" for db in conn.admin.list_databases()
+                      for t in conn.admin.list_tables(db)]
+        rows = []
+        for table in tables:
+            # Expired locks are shown too: until recovered they keep their columns closed.
+            for lock in conn.locks.describe(table, include_expired=True):
+                offsets = " ".join(f"{p + '/' if p else ''}{b}:{o}"
+                                   for p, b, o in lock["initial_offsets"])
+                state = "EXPIRED (unrecovered)" if lock["expired"] else \
+                    f"{lock['expires_in']:.1f}s"
+                rows.append((table, lock["owner_id"], ",".join(lock["columns"]), state,
+                             str(lock["token"]), offsets))
+        if not rows:
+            print("no column locks")
+            return 0
+        header = ("TABLE", "OWNER", "COLUMNS", "EXPIRES IN", "TOKEN", "INITIAL OFFSETS")
+        widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
+        for r in [header] + rows:
+            print("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
+    return 0
+
+
+def add_commands(commands) -> None:
+    """Add the cluster commands to `tally`'s subparsers."""
+    servers = commands.add_parser("servers", help="list a cluster's tablet servers")
+    servers.add_argument("--url", required=True, help="the coordinator's URL")
+    servers.add_argument("--auth-token", default=os.environ.get("TALLY_AUTH_TOKEN"))
+    servers.set_defaults(func=cmd_servers)
+
+    locks = commands.add_parser("locks", help="show column locks: owner, columns, expiry, "
+                                               "token, initial offsets (expired ones keep their "
+                                               "columns closed until recovered or discarded)")
+    locks.add_argument("table", nargs="?", help="'<database>.<table>' (default: every table)")
+    locks.add_argument("--url", required=True, help="the coordinator's URL")
+    locks.add_argument("--discard", metavar="OWNER",
+                       help="drop OWNER's expired lock without undoing its uncommitted writes")
+    locks.add_argument("--auth-token", default=os.environ.get("TALLY_AUTH_TOKEN"))
+    locks.set_defaults(func=cmd_locks)

@@ -1,0 +1,48 @@
+"""The arguments of one server process, for `tally serve` and `python -m tally.server` alike.
+
+They live beside the process they configure, so the server needs nothing from the command
+line tree above it. Kept free of heavy imports (pyarrow, kazoo) so `tally --help` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from tally.errors import InvalidOptionError
+from tally.server.settings import DEFAULT_MAX_BATCH_BYTES, DEFAULT_MEMORY_BUDGET
+from tally.sizes import parse_size
+
+ROLES = ("all", "coordinator", "tablet")
+
+
+def _memory_budget(value: str) -> int:
+    try:
+        return parse_size("--memory-budget", value)
+    except InvalidOptionError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--data-dir", required=True, help="where this server keeps its data")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=0, help="port to bind (default: a free one)")
+    parser.add_argument("--zookeeper", metavar="HOST:PORT[/CHROOT]",
+                        help="keep metadata in ZooKeeper (default: embedded in the data dir)")
+    parser.add_argument("--role", choices=ROLES, default="all",
+                        help="all (default: coordinator + one tablet server), coordinator, tablet")
+    parser.add_argument("--coordinator", metavar="URL",
+                        help="the coordinator of a tablet server (not needed with --zookeeper)")
+    parser.add_argument("--auth-token", default=os.environ.get("TALLY_AUTH_TOKEN"),
+                        help="reject requests without this bearer token "
+                             "(default: $TALLY_AUTH_TOKEN)")
+    parser.add_argument("--max-batch-bytes", type=int, default=DEFAULT_MAX_BATCH_BYTES,
+                        help="largest write request a tablet server accepts (default 64 MiB)")
+    parser.add_argument("--memory-budget", default=DEFAULT_MEMORY_BUDGET, metavar="SIZE",
+                        type=_memory_budget,
+                        help="write memory shared by all buckets of a tablet server: half caps "
+                             "their row buffers, half their RocksDB memtables, e.g. 512mb "
+                             f"(default {DEFAULT_MEMORY_BUDGET})")
+    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--lock-clock-file", metavar="PATH", help=argparse.SUPPRESS)  # tests
+    return parser
