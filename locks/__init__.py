@@ -1,7 +1,16 @@
 """Column locks: leases with fencing tokens held by the coordinator, commits and baselines.
 
-`ColumnLockService` grants, renews and releases locks; `CommitLog` records each owner's last
-committed epoch and epoch baselines; `LockView` is what tablet servers check writes against.
+Every piece of column locking lives here, each in the process that runs it:
+
+- coordinator: `ColumnLockService` grants, renews and releases locks; `CommitLog` records each
+  owner's last committed epoch and epoch baselines; `coordinator_actions.CoordinatorLocks`
+  serves both as DoActions and pushes lock views to the tablet servers;
+- tablet server: `LockView` is what writes are checked against, `tablet_check.TabletLocks` the
+  check itself, run before a write touches a tablet;
+- client: `client.Locks` is `conn.locks`, whose leases a `keeper.LeaseKeeper` renews.
+
+The server and the client assemble these pieces; nothing here imports them (the coordinator,
+tablet server or connection is passed in).
 """
 
 from locks.commits import CommitLog

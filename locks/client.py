@@ -1,9 +1,9 @@
 """`conn.locks`: column locks, their renewal, commits and epoch baselines, through the coordinator.
 
-`acquire` starts a lease keeper, a daemon thread that renews the lease about every ttl/3 until
-`release(lease)` or `conn.close()`. If a renewal finds the lease lost (expired or superseded),
-the keeper remembers why, and the next write or flush of a writer bound to that lease raises
-LeaseLostError with that reason, so a job learns it was fenced instead of writing on.
+`acquire` starts a LeaseKeeper that renews the lease until `release(lease)` or `conn.close()`;
+a writer bound to a lease its keeper found lost raises LeaseLostError on its next write or
+flush. The connection is passed in (anything with `coordinator_action` and `on_close`), so
+this module sits below the client package that assembles it.
 """
 
 from __future__ import annotations
@@ -11,41 +11,13 @@ from __future__ import annotations
 import threading
 
 from locks.commits import Commit
+from locks.keeper import LeaseKeeper
 from locks.lease import Lease, offsets_from_json, offsets_to_json
-from tally.errors import LeaseLostError, TallyError
-
-
-class LeaseKeeper:
-    """Renews one lease in the background; `check()` raises once the lease is lost."""
-
-    def __init__(self, locks: "Locks", lease: Lease) -> None:
-        self._locks = locks
-        self.lease = lease
-        self.lost: str | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name=f"tally-lease-{lease.owner_id}")
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(max(self.lease.ttl / 3.0, 0.05)):
-            try:
-                self.lease = self._locks.renew(self.lease)
-            except LeaseLostError as e:
-                self.lost = str(e)
-                return
-            except TallyError:
-                continue  # the coordinator is unreachable for now: try again next period
-
-    def check(self) -> None:
-        if self.lost is not None:
-            raise LeaseLostError(self.lost)
-
-    def stop(self) -> None:
-        self._stop.set()
 
 
 class Locks:
+    """The lock calls of one connection and the keepers of the leases it acquired."""
+
     def __init__(self, connection) -> None:
         self._conn = connection
         self._keepers: dict[tuple[int, str, int], LeaseKeeper] = {}
@@ -67,7 +39,7 @@ class Locks:
         return lease
 
     def _keep(self, lease: Lease) -> None:
-        keeper = LeaseKeeper(self, lease)
+        keeper = LeaseKeeper(self.renew, lease)
         with self._lock:
             self._keepers[_key(lease)] = keeper
 

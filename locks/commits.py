@@ -22,8 +22,8 @@ from typing import NamedTuple
 
 from locks.lease import Lease, Offsets, offsets_from_json, offsets_to_json
 from locks.service import ColumnLockService, lock_path
-from tally.meta import MetadataStore, join_path, node_name
 from tally.errors import AlreadyExistsError, InvalidInputError, NotFoundError, VersionConflictError
+from tally.meta import MetadataStore, join_path, node_name
 
 _RACES = (VersionConflictError, AlreadyExistsError, NotFoundError)
 

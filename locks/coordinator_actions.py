@@ -1,9 +1,9 @@
 """The coordinator's lock, commit and retention actions (column locks and undo baselines).
 
-The lock service itself lives in locks/; this module maps it onto DoAction names, resolves table
-names to ids and schemas, supplies the table's current offsets for initial offsets and baselines,
-and pushes every lock change to the tablet servers *before* answering, so that no write under a
-superseded token is accepted once a new lease exists (see docs/locks.md).
+ColumnLockService and CommitLog keep the locks; this module maps them onto DoAction names, resolves
+table names to ids and schemas, supplies the table's current offsets for initial offsets and
+baselines, and pushes every lock change to the tablet servers *before* answering, so that no write
+under a superseded token is accepted once a new lease exists (see docs/locks.md).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import logging
 
 from locks import ColumnLockService, CommitLog, Lease, LockTarget, view_from_records
 from locks.lease import offsets_from_json, offsets_to_json
-from tally.wire.messages import field, int_items
 from tally.errors import InvalidInputError, RecoveryError, TallyError, UnavailableError
+from tally.wire.messages import field, int_items
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 from locks.lease import Lease, LockRecord, Offsets
-from tally.meta import MetadataStore, join_path, node_name
 from tally.errors import (
     AlreadyExistsError,
     ColumnLockConflict,
@@ -36,6 +35,7 @@ from tally.errors import (
     UnrecoveredLockError,
     VersionConflictError,
 )
+from tally.meta import MetadataStore, join_path, node_name
 
 _RACES = (VersionConflictError, AlreadyExistsError, NotFoundError)
 

@@ -1,6 +1,6 @@
-"""The Tally client: `client.connect(url, token=None) -> Connection`.
+"""The Tally client: `tally.connect(url, token=None) -> Connection`.
 
-    conn = client.connect(cluster.url)
+    conn = tally.connect(cluster.url)
     conn.admin.create_table("db.t", descriptor)
     with conn.table("db.t").upsert_writer() as writer:
         writer.upsert(rows)
@@ -8,7 +8,8 @@
     conn.table("db.t").lookup({"k": 1})
 
 Rows are bucketed here, by the stable bucket function `bucket_ids` / `TableRouting.bucket_of`
-(server/bucketing.py documents its exact definition), so the Spark sink can bucket the same way.
+(tally.wire.bucket_hash documents its exact definition), so the Spark sink can bucket the same
+way.
 """
 
 from aggfuncs import bitmap_ids, build_bitmap
@@ -19,6 +20,6 @@ from tally.client.writer import UpsertWriter
 from tally.wire.bucket_hash import bucket_ids, bucket_of_key, hash_keys
 from tally.wire.routing import TableRouting, group_rows, partition_names
 
-__all__ = ["bitmap_ids", "build_bitmap", "Admin", "Connection", "Table", "TableInfo", "TableRouting", "UpsertWriter",
-           "bucket_ids", "bucket_of_key", "connect", "group_rows", "hash_keys",
-           "partition_names"]
+__all__ = ["bitmap_ids", "build_bitmap", "Admin", "Connection", "Table", "TableInfo",
+           "TableRouting", "UpsertWriter", "bucket_ids", "bucket_of_key", "connect", "group_rows",
+           "hash_keys", "partition_names"]

@@ -12,9 +12,11 @@ import threading
 import time
 from typing import Callable, TypeVar
 
+from locks.client import Locks
+from tally.client.admin import Admin
 from tally.client.metadata import Route, TableMeta
-from tally.wire.channel import ChannelPool, FlightChannel, normalize_address
 from tally.errors import StaleMetadataError, UnavailableError
+from tally.wire.channel import ChannelPool, FlightChannel, normalize_address
 
 T = TypeVar("T")
 RETRYABLE = (UnavailableError, StaleMetadataError)
@@ -34,9 +36,6 @@ class Connection:
         self._lock = threading.Lock()
         self._closed = False
         self._on_close: list[Callable[[], None]] = []
-        from tally.client.admin import Admin
-        from locks.client import Locks
-
         self.admin = Admin(self)
         self.locks = Locks(self)
         self.coordinator_action("ping")  # fail fast on a wrong URL or token

@@ -1,8 +1,8 @@
-"""Tally servers: the coordinator, tablet servers, their Flight transport and LocalCluster.
+"""Tally servers: the coordinator, tablet servers, their Flight service and LocalCluster.
 
-`server.LocalCluster(data_dir, tablet_servers=2, zookeeper=None)` starts a real cluster of
-processes; `tally serve` (server/process.py) runs one server. Clients import only the small
-shared modules (bucketing, routing, protocol, channel); importing this package stays cheap.
+`tally.LocalCluster(data_dir, tablet_servers=2, zookeeper=None)` starts a real cluster of
+processes; `tally serve` (tally.server.process) runs one server. The wire they speak with
+clients is tally.wire, below both; importing this package stays cheap.
 """
 
 from __future__ import annotations
@@ -15,4 +15,4 @@ def __getattr__(name: str):
         from tally.server.local_cluster import LocalCluster
 
         return LocalCluster
-    raise AttributeError(f"module 'server' has no attribute {name!r}")
+    raise AttributeError(f"module 'tally.server' has no attribute {name!r}")

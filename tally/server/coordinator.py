@@ -20,17 +20,18 @@ import threading
 import time
 from typing import Any, Callable
 
-from tally.meta import MetadataStore
-from tally.server.catalog import (DEFAULT_DATABASE, Catalog, PartitionRecord, TableRecord,
-                            split_table_name)
-from tally.wire.channel import ChannelPool
-from tally.server.membership import (COORDINATOR, EphemeralRegistration, HeartbeatLiveness,
-                               ZooKeeperLiveness)
-from tally.wire.messages import field, int_items
-from tally.wire.routing import TableRouting
-from tally.server.settings import SESSION_TIMEOUT
+from locks.coordinator_actions import CoordinatorLocks
 from tally.errors import (AlreadyExistsError, InvalidInputError, NotFoundError, SchemaError,
                           TallyError, UnavailableError)
+from tally.meta import MetadataStore
+from tally.server.catalog import (DEFAULT_DATABASE, Catalog, PartitionRecord, TableRecord,
+                                  split_table_name)
+from tally.server.membership import (COORDINATOR, EphemeralRegistration, HeartbeatLiveness,
+                                     ZooKeeperLiveness)
+from tally.server.settings import SESSION_TIMEOUT
+from tally.wire.channel import ChannelPool
+from tally.wire.messages import field, int_items
+from tally.wire.routing import TableRouting
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +76,6 @@ class Coordinator:
             "heartbeat": self.heartbeat,
             "truncate_log": self.truncate_log,
         }
-        from locks.coordinator_actions import CoordinatorLocks
-
         self.locking = CoordinatorLocks(self)  # adds the lock, commit and retention actions
 
     # --- databases and tables -----------------------------------------------------------

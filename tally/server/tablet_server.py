@@ -3,7 +3,7 @@
 Every write is checked before it reaches a tablet: the bucket must be assigned to this server
 (else StaleMetadataError, and the client refreshes its metadata), the batch must fit the size
 limit, and every row must belong to the addressed partition and bucket (the stable bucket
-function of server/bucketing.py). Then one `KvTablet.put` or `delete` applies it atomically, with
+function of tally.wire.bucket_hash). Then one `KvTablet.put` or `delete` applies it atomically, with
 the writer's (id, sequence) so a retried request is applied once. Anything wrong raises a typed
 error naming the problem and nothing is applied.
 
@@ -23,13 +23,15 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
-from tally.wire.bucket_hash import bucket_ids
+from locks.tablet_check import TabletLocks
+from tally.errors import InvalidInputError, NotFoundError, StaleMetadataError
 from tally.server.membership import HeartbeatSender
-from tally.wire.messages import field, int_items, table_to_ipc
-from tally.wire.routing import TableRouting, partition_names
+from tally.server.retention import RetentionKeeper
 from tally.server.settings import DEFAULT_MAX_BATCH_BYTES, HEARTBEAT_INTERVAL
 from tally.server.tablets import HostedTablet, TabletHost, TabletKey
-from tally.errors import InvalidInputError, NotFoundError, StaleMetadataError
+from tally.wire.bucket_hash import bucket_ids
+from tally.wire.messages import field, int_items, table_to_ipc
+from tally.wire.routing import TableRouting, partition_names
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +108,6 @@ class TabletServer:
                         "server_id": lambda body: self.server_id}
         self.binary_actions = {"lookup": self.lookup}
         self._heartbeat = HeartbeatSender(self.send_heartbeat, heartbeat_interval)
-        from locks.tablet_check import TabletLocks
-        from tally.server.retention import RetentionKeeper
-
         self.locks = TabletLocks(self)
         self.retention = RetentionKeeper(self, retention_interval)
 

@@ -1,7 +1,7 @@
 """A channel to one Tally server: the three Flight calls with typed errors and the auth token.
 
 Used by clients, by tablet servers talking to the coordinator and by the coordinator talking to
-tablet servers, so every hop speaks the protocol of server/protocol.py the same way.
+tablet servers, so every hop speaks the protocol of tally.wire.messages the same way.
 `pyarrow.flight.FlightClient` is thread-safe (one gRPC channel), so one channel per address is
 shared by all threads of a process through `ChannelPool`.
 """
