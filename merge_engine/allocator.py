@@ -2,7 +2,7 @@
 
 Why: a put allocates and frees tens of megabytes of Arrow buffers (taken rows, merged columns,
 the changelog batch). With pyarrow's default mimalloc pool those pages are faulted in afresh on
-every put; glibc's allocator keeps them, and puts run 10-15% faster (bench/ingest.py, measured
+every put; glibc's allocator keeps them, and puts run 10-15% faster (tally.bench.ingest, measured
 with ARROW_DEFAULT_MEMORY_POOL=mimalloc against =system). So the first KvTablet a process opens
 switches Arrow's default pool to the system allocator, unless the user chose a pool with the
 ARROW_DEFAULT_MEMORY_POOL environment variable (which is then respected as is). Buffers keep

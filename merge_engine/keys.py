@@ -1,6 +1,6 @@
 """Primary keys as bytes: order-preserving, so RocksDB iterates rows in key order.
 
-(Which bucket a key belongs to is decided by server/bucketing.py, the one bucket function that
+(Which bucket a key belongs to is decided by tally.wire.bucket_hash, the one bucket function that
 clients, servers and the Spark sink share.)
 
 Fixed-width key columns are encoded with numpy in one pass; strings and binary are escaped per

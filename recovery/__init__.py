@@ -6,9 +6,9 @@
 undoes expired, unrecovered locks in its way before taking their columns).
 """
 
+from recovery.bucket_undo import BucketUndo, UndoResult, undo_bucket
 from recovery.recover import RecoveryReport, acquire, recover, undo_can_be_skipped, undo_since
 from recovery.remote_bucket import RemoteBucket, undo_remote
-from recovery.bucket_undo import BucketUndo, UndoResult, undo_bucket
 
 __all__ = ["BucketUndo", "RecoveryReport", "RemoteBucket", "UndoResult", "acquire", "recover",
            "undo_bucket", "undo_can_be_skipped", "undo_remote", "undo_since"]

@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass, field
 
 from aggfuncs import AggFunction
-from recovery.remote_bucket import undo_remote
 from recovery.bucket_undo import UndoResult
+from recovery.remote_bucket import undo_remote
 from tally.errors import RecoveryError, UnrecoveredLockError
 
 # Functions whose result is the same when the same rows are written twice.

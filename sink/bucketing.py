@@ -1,8 +1,8 @@
 """One Spark task per bucket: rows get their bucket from the client's own bucket function.
 
 The first stage (`BucketAssigner`, in mapInArrow) computes each row's bucket with
-`server.bucketing.bucket_ids` (the function tablet servers check writes against) and a position
-column that makes folding deterministic; `repartitionById(bucket_count, bucket)` then sends
+`tally.wire.bucket_hash.bucket_ids` (the function tablet servers check writes against) and a
+position column that makes folding deterministic; `repartitionById(bucket_count, bucket)` then sends
 bucket i to partition i, so task i holds every row of every key of bucket i. Spark's
 `repartition(n, col)` is never used: it hashes with Murmur3 and makes buckets collide.
 

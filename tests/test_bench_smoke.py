@@ -7,8 +7,8 @@ of the results that `tally bench --report` renders.
 from __future__ import annotations
 
 from tally.bench import ingest
-from tally.bench.progress import Progress
 from tally.bench.markdown import ingest as ingest_markdown
+from tally.bench.progress import Progress
 from tally.bench.workload import Workload
 
 

@@ -20,7 +20,8 @@ def test_version_prints_the_package_version(capsys):
 def test_version_does_not_import_the_engine():
     # `tally version` must stay instant: no pyarrow, no engine, no bench
     code = ("import sys; from tally.cli.main import main; main(['version']); "
-            "print(sorted(m for m in ('pyarrow', 'merge_engine', 'tally.bench') if m in sys.modules))")
+            "print(sorted(m for m in ('pyarrow', 'merge_engine', 'tally.bench') "
+            "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parent.parent)
     assert out.stdout.splitlines()[-1] == "[]"

@@ -14,7 +14,7 @@ import pytest
 
 from tally.demo.crash import JOB_MARKER, end_job_processes, job_processes
 from tally.demo.orders import (MTIME_STEP_S, expected_totals, file_name, orders_of_batches,
-                         sink_order, spark_batches, stamp_in_order, write_orders)
+                               sink_order, spark_batches, stamp_in_order, write_orders)
 from tally.demo.run import demo_zookeeper
 
 

@@ -1,6 +1,6 @@
 """PNG plots of each benchmark's results, drawn with matplotlib for `tally bench --report`.
 
-One function per benchmark (named like it in bench/suite.py): it takes what that benchmark's
+One function per benchmark (named like it in tally.bench.suite): it takes what that benchmark's
 `run()` returned and a directory, writes `<benchmark>.png` there, and returns the paths.
 matplotlib is imported here only (the `bench` extra), with the Agg backend: no display needed.
 """

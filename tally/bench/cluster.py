@@ -1,7 +1,7 @@
 """Cluster benchmark: the ingest workload through the client against a LocalCluster, side by
 side in the same run with in-process KvTablet puts, then single-key lookup latency over Flight.
 
-Sides (same generated data, bench/workload.py, case (a) of the ingest benchmark by default):
+Sides (same generated data, tally.bench.workload, case (a) of the ingest benchmark by default):
   in-process   KvTablet.put of every batch in a fresh process (bench.engine, as `tally bench`)
   cluster      a client in this process writes every batch with one upsert writer to a
                LocalCluster (`tablet_servers` processes, `buckets` buckets, embedded metadata)
@@ -10,7 +10,7 @@ Sides (same generated data, bench/workload.py, case (a) of the ingest benchmark 
 Then `lookups` single-key lookups of random existing keys give p50/p99 latency, and sampled keys
 are compared between the cluster and the in-process tablet (the run fails on a difference).
 
-`run()` returns a dict of results; `python -m bench.cluster` prints them as a table.
+`run()` returns a dict of results; `python -m tally.bench.cluster` prints them as a table.
 Targets (issue 3): cluster >= 0.7x in-process throughput; lookup p99 < 2 ms.
 """
 
@@ -164,7 +164,7 @@ def format_text(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.cluster", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m tally.bench.cluster", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--keys", type=int, default=100_000, help="0 for unique keys")

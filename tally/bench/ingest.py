@@ -1,6 +1,6 @@
 """Ingest benchmark: KvTablet.put against a naive per-row RocksDB loop, side by side.
 
-Cases (issue 2, section 6), both with the four-column workload of bench/workload.py:
+Cases (issue 2, section 6), both with the four-column workload of tally.bench.workload:
   (a) `rows` rows over `keys` random keys: target >= 5x the naive loop;
   (b) `rows` unique keys: target >= 1.2x.
 Each measurement (engine run, naive run, verification) is a fresh process. Both sides of a case
@@ -8,8 +8,8 @@ write the same generated data; then the two results are compared on sampled keys
 runs on tables `rss_scales` times larger than (b) show whether peak RSS grows with table size:
 it rises while the row buffer and RocksDB's memtables fill, then stays flat.
 
-`run()` returns a list of dicts; `format_text()` renders them (bench/markdown.py and
-bench/charts.py make the report's table and plot).
+`run()` returns a list of dicts; `format_text()` renders them (tally.bench.markdown and
+tally.bench.charts make the report's table and plot).
 """
 
 from __future__ import annotations

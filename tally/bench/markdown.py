@@ -1,6 +1,6 @@
 """Markdown tables of each benchmark's results, for `tally bench --report`.
 
-One function per benchmark, named like it in bench/suite.py, taking exactly what that
+One function per benchmark, named like it in tally.bench.suite, taking exactly what that
 benchmark's `run()` returned. The numbers are formatted the same way as the text renderings
 each benchmark module prints, so the report and the terminal agree.
 """

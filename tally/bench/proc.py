@@ -23,7 +23,7 @@ def child_env() -> dict:
 
 
 def run_job(job: str, args: dict, on_progress: Callable[[int], None] | None = None) -> dict:
-    """Run `python -m bench.worker job args`; return its result dict.
+    """Run `python -m tally.bench.worker job args`; return its result dict.
 
     Raises TallyError with the tail of the child's stderr when it fails.
     """

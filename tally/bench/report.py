@@ -24,7 +24,7 @@ def machine_line(command: str, load: tuple[float, float]) -> str:
 
 def write(path: str | Path, outcomes: list, command: str, load: tuple[float, float]) -> list[Path]:
     """Write the report and its plots; returns every file written. `outcomes` are
-    bench.suite.Outcome values (benchmark, result, seconds, error)."""
+    tally.bench.suite.Outcome values (benchmark, result, seconds, error)."""
     path = Path(path)
     images = path.parent / path.stem
     images.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """Spark benchmark: one streaming job shape into Tally, PostgreSQL and a pypaimon table.
 
-    python -m bench.spark [--rows N] [--keys K] [--files F] [--per-batch B]
+    python -m tally.bench.spark [--rows N] [--keys K] [--files F] [--per-batch B]
 
 The same Structured Streaming job (a Parquet file source read `--per-batch` files per
 micro-batch, availableNow) aggregates `k` -> sum(v), sum(c) into:
@@ -142,9 +142,9 @@ def _timed(query) -> float:
 # --- the three sinks -------------------------------------------------------------------------
 
 def run_tally(spark, source, per_batch, work, buckets, expected) -> dict:
+    from sink import TallySink
     from tally import client
     from tally.server import LocalCluster
-    from sink import TallySink
 
     with LocalCluster(os.path.join(work, "tally"), tablet_servers=2) as cluster:
         sink = TallySink(cluster.url, "bench.totals", options={

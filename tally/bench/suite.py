@@ -2,7 +2,7 @@
 
 Each entry of BENCHMARKS names a benchmark module's `run()` (which returns structured
 results), its text rendering (printed as it finishes), its markdown and plot renderers (for
-`--report`, bench/markdown.py and bench/charts.py) and its verification. Sizes follow `--rows`
+`--report`, tally.bench.markdown and tally.bench.charts) and its verification. Sizes follow `--rows`
 (the default 1M reproduces the numbers in docs/benchmarks.md; smaller values give a quick run).
 
 A missed throughput target is printed, not an error: numbers vary between machines, and a wrong
@@ -139,7 +139,7 @@ BENCHMARKS = [
         "primary-key table with the aggregation merge engine; rows/s over the query's wall "
         "time (median of rotated rounds after a warm-up round), every result verified against "
         "a plain-Python fold (target >= 2x PostgreSQL). "
-        "See bench/spark.py.",
+        "See tally.bench.spark.",
         _spark, lazy("tally.bench.spark", "format_text"), lambda r: r["ok"],
         lazy("tally.bench.markdown", "spark"), lazy("tally.bench.charts", "spark")),
 ]

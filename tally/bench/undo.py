@@ -7,7 +7,7 @@ timed; the ratio undo/write is the number to watch (target <= 1.5 for a 10k-key 
 flat as the table grows). Every undo is verified: the touched keys are back to their state
 before the batch.
 
-`run()` returns a list of dicts; `python -m bench.undo` prints them.
+`run()` returns a list of dicts; `python -m tally.bench.undo` prints them.
 """
 
 from __future__ import annotations

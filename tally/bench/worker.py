@@ -1,4 +1,4 @@
-"""Entry point of a measurement process: `python -m bench.worker JOB JSON-ARGS`.
+"""Entry point of a measurement process: `python -m tally.bench.worker JOB JSON-ARGS`.
 
 Each measurement runs in a fresh process so that one run's caches, allocator state and peak
 memory cannot leak into the next. The protocol on stdout is line based: `progress <rows>` while

@@ -21,8 +21,8 @@ def positive_int(text: str) -> int:
 
 
 def benchmark_name(text: str) -> str:
-    """A name from bench.suite's list, imported only when --only is given (`tally version` must
-    not import the bench package)."""
+    """A name from tally.bench.suite's list, imported only when --only is given (`tally version`
+    must not import the bench package)."""
     from tally.bench.suite import NAMES
 
     if text not in NAMES:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from tally.wire.routing import TableRouting
 from tally.errors import NotFoundError, UnavailableError
+from tally.wire.routing import TableRouting
 
 
 @dataclasses.dataclass(frozen=True)

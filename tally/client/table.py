@@ -7,8 +7,8 @@ import concurrent.futures
 import pyarrow as pa
 
 from tally.client.writer import UpsertWriter
-from tally.wire.bucket_hash import bucket_ids
 from tally.errors import InvalidInputError
+from tally.wire.bucket_hash import bucket_ids
 
 
 class Table:

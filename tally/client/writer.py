@@ -27,8 +27,8 @@ import uuid
 import pyarrow as pa
 
 from tally.client.write_tables import write_table
-from tally.wire.routing import group_rows
 from tally.errors import TallyError
+from tally.wire.routing import group_rows
 
 DEFAULT_MAX_REQUEST_BYTES = 4 << 20
 DEFAULT_MAX_PENDING_BYTES = 256 << 20

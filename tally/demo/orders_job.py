@@ -1,6 +1,6 @@
 """The demo's Spark streaming job, run as its own process so the demo can crash and restart it.
 
-    python -m demo.job URL TABLE SOURCE_DIR CHECKPOINT_DIR
+    python -m tally.demo.orders_job URL TABLE SOURCE_DIR CHECKPOINT_DIR
 
 Reads the order files one per micro-batch, in modification-time order, and writes them through
 TallySink with `order_id` as the sequence column. With the environment variable
@@ -38,14 +38,14 @@ def main() -> int:
         {"name": f.name, "type": _spark_type(f.type), "nullable": True, "metadata": {}}
         for f in ORDER_SCHEMA]})
     # One file per micro-batch, oldest modification time first (the demo gives the files
-    # strictly increasing ones, in file order): batch i reads file i (demo/orders.py).
+    # strictly increasing ones, in file order): batch i reads file i (tally.demo.orders).
     orders = (spark.readStream.schema(schema).option("maxFilesPerTrigger", 1)
               .option("latestFirst", "false").json(source)
               .withColumnRenamed("amount", "revenue").withColumnRenamed("price", "max_price")
               .selectExpr("product", "revenue", "order_id as orders", "max_price", "tags",
                           "order_id as order_ids", "status", "order_id"))
-    sink = TallySink(url, table, options={"sequence-column": "order_id"},
-                     fail_hook="tally.demo.crash:kill_in_epoch" if os.environ.get(CRASH_EPOCH) else None)
+    crash_hook = "tally.demo.crash:kill_in_epoch" if os.environ.get(CRASH_EPOCH) else None
+    sink = TallySink(url, table, options={"sequence-column": "order_id"}, fail_hook=crash_hook)
     query = sink.start(orders, checkpoint, trigger={"availableNow": True})
     query.awaitTermination()
     spark.stop()

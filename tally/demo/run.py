@@ -2,14 +2,15 @@
 middle of a micro-batch, a restart that undoes the half-written batch, and a check that every row
 equals the exactly-once result.
 
-The job runs as a subprocess (demo/job.py) so it can really be killed: the kill comes from inside
-a write task, after it wrote half of its rows, and takes the driver and the JVM down with it.
+The job runs as a subprocess (tally.demo.orders_job) so it can really be killed: the kill comes
+from inside a write task, after it wrote half of its rows, and takes the driver and the JVM down
+with it.
 
 The check is deterministic (docs/guide.md, "The demo"): each run works in a new temporary
 directory (source files, checkpoint, cluster; with --zookeeper, a new chroot of its own), the
 source files have strictly increasing modification times so Spark reads file i in micro-batch i,
 the model folds exactly the batches Spark recorded in its checkpoint in the sink's order
-(demo/orders.py), the crash is checked to have happened in the planned batch, and no process of
+(tally.demo.orders), the crash is checked to have happened in the planned batch, and no process of
 the killed job is left when the job restarts.
 """
 
@@ -26,7 +27,7 @@ import pyarrow as pa
 
 from tally.demo.crash import CRASH_EPOCH, JOB_MARKER, JOB_PIDS, end_job_processes
 from tally.demo.orders import (expected_totals, file_name, orders_of_batches, spark_batches,
-                         write_orders)
+                               write_orders)
 
 TABLE = "shop.product_totals"
 FILES, PER_FILE, CRASH_IN = 6, 400, 3
@@ -61,7 +62,8 @@ def product_totals_descriptor():
 
 def run_job(url: str, source: str, checkpoint: str, crash_epoch: int | None, work: str,
             marker: str) -> int:
-    """Run demo/job.py to its end (or its crash); when it returns, no process of it is left."""
+    """Run tally.demo.orders_job to its end (or its crash); when it returns, no process of it is
+    left."""
     env = dict(os.environ)
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

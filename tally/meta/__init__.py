@@ -1,7 +1,7 @@
 """Tally's metadata stores: where the coordinator keeps what it must not forget.
 
 `open_store(zookeeper=..., data_dir=...)` picks ZooKeeper when a connect string is given, else
-the embedded store in `<data_dir>/meta`. Both implement `MetadataStore` (meta/store.py). This
+the embedded store in `<data_dir>/meta`. Both implement `MetadataStore` (tally.meta.store). This
 package sits below the coordinator and the lock service and knows nothing about tables: it stores
 JSON documents at paths.
 """

@@ -26,8 +26,9 @@ import json
 import os
 import threading
 
-from tally.meta.store import ChildrenCallback, CrashPoints, MetadataStore, Node, join_path, split_path
 from tally.errors import AlreadyExistsError, NotFoundError, StorageError, VersionConflictError
+from tally.meta.store import (ChildrenCallback, CrashPoints, MetadataStore, Node, join_path,
+                              split_path)
 
 NODE_FILE = ".node.json"
 JOURNAL_FILE = ".txn.json"

@@ -4,8 +4,8 @@ The coordinator keeps everything it must not forget (databases, tables, partitio
 assignments, id counters; later column locks and commits) in one of two stores with exactly these
 semantics, so one code path and one test suite serve both:
 
-- `ZooKeeperStore` (meta/zookeeper.py) when a ZooKeeper ensemble is given;
-- `EmbeddedStore` (meta/embedded.py), atomic fsynced files in the coordinator's data directory.
+- `ZooKeeperStore` (tally.meta.zookeeper) when a ZooKeeper ensemble is given;
+- `EmbeddedStore` (tally.meta.embedded), atomic fsynced files in the coordinator's data directory.
 
 The model is ZooKeeper's, reduced to what Tally needs: nodes addressed by '/'-separated paths,
 each holding a JSON object and a version that grows by one on every `set`. `set(..., version=v)`

@@ -22,9 +22,9 @@ from kazoo.exceptions import (BadVersionError, ConnectionLoss, NodeExistsError, 
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
 
-from tally.meta.store import ChildrenCallback, MetadataStore, Node, join_path, split_path
 from tally.errors import (AlreadyExistsError, InvalidInputError, NotFoundError, StorageError,
                           UnavailableError, VersionConflictError)
+from tally.meta.store import ChildrenCallback, MetadataStore, Node, join_path, split_path
 
 log = logging.getLogger(__name__)
 

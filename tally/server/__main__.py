@@ -1,4 +1,4 @@
-"""`python -m tally.server ...`: the same as `tally serve ...` (LocalCluster starts servers this way)."""
+"""`python -m tally.server ...`: the same as `tally serve ...` (LocalCluster starts servers so)."""
 
 import sys
 

@@ -24,8 +24,8 @@ import dataclasses
 import re
 import time
 
-from tally.meta import MetadataStore, join_path, node_name, text_of
 from tally.errors import AlreadyExistsError, InvalidInputError, NotFoundError
+from tally.meta import MetadataStore, join_path, node_name, text_of
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]{0,127}$")
 # Partition names become metadata node names: ZooKeeper drops the connection on a request over

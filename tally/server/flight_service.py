@@ -14,9 +14,9 @@ import logging
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from tally.wire.messages import (AUTH_HEADER, dumps, loads, parse_ticket, to_flight_error,
-                             unframe)
 from tally.errors import AuthenticationError, InvalidInputError, TallyError
+from tally.wire.messages import (AUTH_HEADER, dumps, loads, parse_ticket, to_flight_error,
+                                 unframe)
 
 log = logging.getLogger(__name__)
 

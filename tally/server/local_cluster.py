@@ -21,9 +21,9 @@ import subprocess
 import sys
 import time
 
-from tally.wire.channel import FlightChannel
-from tally.server.process import READY
 from tally.errors import ClusterError, TallyError
+from tally.server.process import READY
+from tally.wire.channel import FlightChannel
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

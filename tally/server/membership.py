@@ -20,8 +20,8 @@ import threading
 import time
 from typing import Callable
 
-from tally.meta import MetadataStore, join_path, node_name, text_of
 from tally.errors import AlreadyExistsError, TallyError
+from tally.meta import MetadataStore, join_path, node_name, text_of
 
 log = logging.getLogger(__name__)
 

@@ -17,12 +17,12 @@ import signal
 import sys
 import threading
 
-from tally.wire.channel import FlightChannel
+from tally.errors import UnavailableError
 from tally.server.clock import lock_clock
 from tally.server.flight_service import TallyFlightServer
 from tally.server.serve_args import add_serve_arguments
 from tally.server.tablet_server import TabletServer
-from tally.errors import UnavailableError
+from tally.wire.channel import FlightChannel
 
 log = logging.getLogger("tally.server")
 READY = "TALLY-READY"

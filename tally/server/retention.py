@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 
 from locks.lease import offsets_from_json
+from tally.errors import TallyError
 from tally.server.membership import HeartbeatSender
 from tally.wire.messages import field
-from tally.errors import TallyError
 
 log = logging.getLogger(__name__)
 

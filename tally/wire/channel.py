@@ -13,9 +13,9 @@ import threading
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from tally.wire.messages import (bearer, dumps, frame, ipc_to_table, loads, make_ticket,
-                             remote_error)
 from tally.errors import TallyError
+from tally.wire.messages import (bearer, dumps, frame, ipc_to_table, loads, make_ticket,
+                                 remote_error)
 
 DEFAULT_TIMEOUT = 30.0
 

@@ -18,9 +18,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tally.errors import InvalidInputError
 from tally.wire.bucket_hash import bucket_ids, bucket_of_key
 from tally.wire.messages import schema_from_b64, schema_to_b64
-from tally.errors import InvalidInputError
 
 PARTITION_SEPARATOR = "$"
 DYNAMIC_PARTITIONS = "table.partition.dynamic-creation.enabled"

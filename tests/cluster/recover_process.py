@@ -6,8 +6,8 @@ Re-acquires the owner's lock (a restarted job) and runs recover(); prints "done"
 
 import sys
 
-from tally import client
 from recovery import recover
+from tally import client
 
 
 def main() -> None:

@@ -11,11 +11,11 @@ import pyarrow as pa
 import pytest
 
 from tally import client
+from tally.errors import (AuthenticationError, InvalidInputError, NotFoundError, SchemaError,
+                          StaleMetadataError)
 from tally.server import LocalCluster
 from tally.wire.bucket_hash import bucket_ids
 from tally.wire.channel import FlightChannel
-from tally.errors import (AuthenticationError, InvalidInputError, NotFoundError, SchemaError,
-                          StaleMetadataError)
 from tests.cluster import reference_workload
 
 

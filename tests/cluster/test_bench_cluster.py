@@ -1,4 +1,4 @@
-"""Smoke test of the cluster benchmark (bench/cluster.py) on a tiny workload."""
+"""Smoke test of the cluster benchmark (tally.bench.cluster) on a tiny workload."""
 
 from __future__ import annotations
 

@@ -10,9 +10,9 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tally.wire.bucket_hash import (_hash_small, bucket_ids, bucket_of_key, hash_keys,
-                              hash_keys_vectorized)
 from tally.errors import InvalidInputError
+from tally.wire.bucket_hash import (_hash_small, bucket_ids, bucket_of_key, hash_keys,
+                                    hash_keys_vectorized)
 
 M64 = (1 << 64) - 1
 

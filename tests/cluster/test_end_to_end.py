@@ -26,12 +26,14 @@ def test_three_client_processes_fold_to_the_reference(cluster, conn, table_name)
     outputs = [p.communicate(timeout=120) for p in procs]
     for p, (out, err) in zip(procs, outputs):
         assert p.returncode == 0, err.decode()[-2000:]
-    expected = reference_workload.fold([b for s in seeds for b in reference_workload.batches(s, count, rows)])
+    expected = reference_workload.fold(
+        [b for s in seeds for b in reference_workload.batches(s, count, rows)])
     table = conn.table(table_name)
     got = reference_workload.as_state(table.to_arrow())
     # The writers interleave, so last_value `label` may come from any writer's last label for
     # the key; every commutative column must equal the fold exactly.
-    per_writer = [reference_workload.fold(reference_workload.batches(s, count, rows)) for s in seeds]
+    per_writer = [reference_workload.fold(reference_workload.batches(s, count, rows))
+                  for s in seeds]
     assert got.keys() == expected.keys()
     for key, row in got.items():
         assert row["label"] in {w[key]["label"] for w in per_writer if key in w}
@@ -131,6 +133,7 @@ def test_one_connection_shared_by_threads(conn, table_name):
     [t.join(60) for t in threads]
     assert not errors, errors
     got = reference_workload.as_state(conn.table(table_name).to_arrow())
-    expected = reference_workload.fold([b for s in seeds for b in reference_workload.batches(s, 3, 200)])
+    expected = reference_workload.fold(
+        [b for s in seeds for b in reference_workload.batches(s, 3, 200)])
     assert {k: {**r, "label": None} for k, r in got.items()} == \
         {k: {**r, "label": None} for k, r in expected.items()}

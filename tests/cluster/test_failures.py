@@ -62,7 +62,8 @@ def test_cluster_restart_on_the_same_data_dir(tmp_path, request):
             assert sorted(h.port for h in second.tablet_servers) != ports
             with client.connect(second.url) as conn:
                 table = conn.table("default.kept")
-                assert reference_workload.as_state(table.to_arrow()) == reference_workload.fold(data)
+                got = reference_workload.as_state(table.to_arrow())
+                assert got == reference_workload.fold(data)
                 ends = conn.admin.list_offsets("default.kept")
                 assert all(ends[key] == end for key, end in offsets.items())
 

@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tally.meta.embedded import EmbeddedStore
-from tests.cluster.meta_crash import Model, assert_clean, make_store, model_apply, run_child, snapshot
+from tests.cluster.meta_crash import (Model, assert_clean, make_store, model_apply, run_child,
+                                      snapshot)
 from tests.cluster.meta_crash_child import run_op
 
 PATHS = ["/a", "/a/b", "/a/b/c", "/a/d", "/e", "/e/f"]  # every parent is listed too

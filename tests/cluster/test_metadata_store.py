@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from tally.meta import node_name, open_store, text_of
 from tally.errors import (AlreadyExistsError, InvalidInputError, NotFoundError, StorageError,
                           VersionConflictError)
+from tally.meta import node_name, open_store, text_of
 
 
 @pytest.fixture

@@ -34,10 +34,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from tally import client
 import recovery
 from merge_engine import Schema, TableDescriptor
-from tally.server import LocalCluster
-from tally.wire.channel import FlightChannel
-from tally.server.clock import SkewedClock
 from tally.errors import ColumnLockConflict, LeaseLostError, RecoveryError, UnrecoveredLockError
+from tally.server import LocalCluster
+from tally.server.clock import SkewedClock
+from tally.wire.channel import FlightChannel
 
 TTL = 1500.0          # lock ttl, in seconds of the lock clock
 TICK = 1000.0         # how far one tick moves the lock clock: two ticks expire a silent lease

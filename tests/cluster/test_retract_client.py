@@ -2,9 +2,9 @@
 
 import pyarrow as pa
 
-from tally import client
 from merge_engine import Schema, TableDescriptor
 from recovery import recover
+from tally import client
 
 
 def test_writer_retract_takes_back_contributions_and_undo_restores(conn, table_name):

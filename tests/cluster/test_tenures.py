@@ -13,8 +13,8 @@ import pytest
 import recovery
 from locks import Lease
 from merge_engine import Schema, TableDescriptor
-from tally.wire.channel import FlightChannel
 from tally.errors import RecoveryError, UnrecoveredLockError
+from tally.wire.channel import FlightChannel
 from tests.cluster.test_locks import wait_until_expired
 
 

@@ -2,10 +2,10 @@
 
     python -m tests.cluster.write_process URL TABLE SEED STEPS ROWS [--acks] [--delete-share F]
 
-Writes `reference_workload.steps(SEED, STEPS, ROWS, delete_share=F)` with one upsert writer, flushing after
-each step, then prints the end offsets of every bucket it wrote as one JSON line. With `--acks`
-it also prints `ACK <i>` (flushed) after each step's flush returns: the parent knows exactly
-which writes were acknowledged when it kills this process or a tablet server.
+Writes `reference_workload.steps(SEED, STEPS, ROWS, delete_share=F)` with one upsert writer,
+flushing after each step, then prints the end offsets of every bucket it wrote as one JSON line.
+With `--acks` it also prints `ACK <i>` (flushed) after each step's flush returns: the parent knows
+exactly which writes were acknowledged when it kills this process or a tablet server.
 
 TABLE `-` starts a writer ahead of time: it imports and connects, prints `READY`, then reads
 `TABLE SEED` from stdin (the seed argument is ignored). Process start-up costs about a second,
@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> None:
         if table == "-":
             print(READY, flush=True)
             table, seed = sys.stdin.readline().split()
-        writes = reference_workload.steps(int(seed), args.steps, args.rows, delete_share=args.delete_share)
+        writes = reference_workload.steps(int(seed), args.steps, args.rows,
+                                          delete_share=args.delete_share)
         writer = conn.table(table).upsert_writer()
         offsets = {}
         for i, (op, rows) in enumerate(writes):

@@ -7,9 +7,9 @@ import pytest
 
 from locks import ColumnLockService, CommitLog, LockTarget, view_from_records
 from merge_engine import Schema
-from tally.meta import open_store
 from tally.errors import (ColumnLockConflict, InvalidInputError, LeaseLostError, RecoveryError,
                           UnrecoveredLockError)
+from tally.meta import open_store
 
 
 class Clock:

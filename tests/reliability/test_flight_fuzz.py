@@ -1,14 +1,15 @@
 """Fuzzing the Flight API: malformed requests never crash a server, are refused with a typed
 Tally error, and apply nothing.
 
-One cluster (per metadata store) holds the fuzz table (tests/cluster/reference_workload.py: 2 partitions x
-4 buckets over both tablet servers, some rows), a live column lock of `fuzz-owner` on `label`
-with one committed epoch. Hypothesis draws requests from tests/reliability/flight_requests.py
-and data_requests.py (DoAction, DoPut, DoGet and the binary lookup, each broken on purpose) and
-sends them with a raw pyarrow.flight client to the coordinator or a tablet server. After each:
+One cluster (per metadata store) holds the fuzz table (tests/cluster/reference_workload.py: 2
+partitions x 4 buckets over both tablet servers, some rows), a live column lock of `fuzz-owner` on
+`label` with one committed epoch. Hypothesis draws requests from
+tests/reliability/flight_requests.py and data_requests.py (DoAction, DoPut, DoGet and the binary
+lookup, each broken on purpose) and sends them with a raw pyarrow.flight client to the coordinator
+or a tablet server. After each:
 
 - the call failed with a FlightError carrying a `tally.errors` class name (as
-  server/protocol.py encodes errors), and not the "internal server error" that stands for an
+  tally.wire.messages encodes errors), and not the "internal server error" that stands for an
   unexpected exception on the server (a bug);
 - every server still answers `ping`;
 - nothing changed: databases, tables, partitions and assignments, servers, locks, commits,

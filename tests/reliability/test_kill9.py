@@ -111,7 +111,8 @@ def test_kill9_tablet_server_loses_no_acknowledged_write(cluster, conn, table_na
     rng = random.Random(f"kill9-{cluster.store_kind}-{trial}")
     writer_dies = trial % 2 == 1
     victim = rng.randrange(len(cluster.tablet_servers))
-    conn.admin.create_table(table_name, reference_workload.descriptor(buckets=4, **DESCRIPTOR_PROPERTIES))
+    conn.admin.create_table(table_name,
+                            reference_workload.descriptor(buckets=4, **DESCRIPTOR_PROPERTIES))
     writes = reference_workload.steps(trial, STEPS, ROWS, delete_share=DELETE_SHARE)
     writer = spare_writers()
     try:

@@ -7,9 +7,7 @@ import pyarrow as pa
 import pytest
 
 from aggfuncs import AggFunction
-from tally.client.admin import TableInfo
 from merge_engine import MergeMode, Schema, TableDescriptor
-from tally.wire.bucket_hash import bucket_ids
 from sink.bucketing import BucketMismatchError, check_bucket, check_task_coverage
 from sink.job import bucketed
 from sink.options import SinkOptions
@@ -17,7 +15,9 @@ from sink.owner import batch_owner_id, streaming_owner_id
 from sink.plan import BUCKET_COLUMN, ORDER_COLUMN, build_plan, descriptor_for
 from sink.task import fold_rows
 from sink.types import accepts, widens
+from tally.client.admin import TableInfo
 from tally.errors import InvalidInputError, InvalidOptionError
+from tally.wire.bucket_hash import bucket_ids
 
 
 def info(buckets=4, partitioned=False):
