@@ -1,8 +1,19 @@
-"""The merge engine: schemas with aggregate columns, table options, RowMergers and KvTablet."""
+"""The merge engine: schemas with aggregate columns, table options, RowMergers and KvTablet.
+
+KvTablet is loaded on first use (PEP 562): it brings RocksDB, which declaring a schema or a
+table descriptor does not need.
+"""
 
 from merge_engine.descriptor import TableDescriptor
 from merge_engine.modes import DeleteBehavior, MergeMode
 from merge_engine.schema import Column, Schema
-from merge_engine.tablet import KvTablet
 
 __all__ = ["Column", "DeleteBehavior", "KvTablet", "MergeMode", "Schema", "TableDescriptor"]
+
+
+def __getattr__(name: str):
+    if name == "KvTablet":
+        from merge_engine.tablet import KvTablet
+
+        return KvTablet
+    raise AttributeError(f"module 'merge_engine' has no attribute {name!r}")

@@ -1,7 +1,53 @@
 """Tally: a table store for real-time aggregates.
 
-This package sits at the bottom of the dependency graph: it holds only the version and the
-exception hierarchy that every other package raises.
+`import tally` is the public face:
+
+    tally.connect(url)                 a client connection to a cluster
+    tally.Schema, tally.AggFunction    tables and their aggregate columns
+    tally.TableDescriptor, tally.MergeMode, tally.KvTablet
+    tally.TallySink                    the exactly-once Spark sink
+    tally.LocalCluster                 a real cluster of local processes
+    tally.errors                       every error Tally raises (TallyError and its subclasses)
+    tally.testing                      the reference model; tally.testing.strategies for hypothesis
+
+Each name is loaded on first use (PEP 562), so building a schema loads neither RocksDB, Arrow
+Flight nor Spark, and `tally version` stays instant. The names come from packages layered
+below this face (docs/architecture.md); this module imports none of them until asked.
 """
 
+from __future__ import annotations
+
+import importlib
+
 __version__ = "0.1.0"
+
+# name -> (module, attribute); no attribute: the module itself.
+_FACE: dict[str, tuple[str, str | None]] = {
+    "connect": ("tally.client.connection", "connect"),
+    "Schema": ("merge_engine.schema", "Schema"),
+    "AggFunction": ("aggfuncs.functions", "AggFunction"),
+    "TableDescriptor": ("merge_engine.descriptor", "TableDescriptor"),
+    "MergeMode": ("merge_engine.modes", "MergeMode"),
+    "KvTablet": ("merge_engine.tablet", "KvTablet"),
+    "TallySink": ("sink.tally_sink", "TallySink"),
+    "LocalCluster": ("tally.server.local_cluster", "LocalCluster"),
+    "errors": ("tally.errors", None),
+    "testing": ("merge_engine.testing", None),
+}
+
+__all__ = list(_FACE)
+
+
+def __getattr__(name: str):
+    try:
+        module_name, attribute = _FACE[name]
+    except KeyError:
+        raise AttributeError(f"module 'tally' has no attribute {name!r}") from None
+    module = importlib.import_module(module_name)
+    value = module if attribute is None else getattr(module, attribute)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*_FACE, "__version__"])

@@ -5,9 +5,12 @@
 - `merge_engine.testing.strategies`: hypothesis strategies for specs, rows and write sequences.
 - `TabletHarness`: drives a real KvTablet and the model with the same writes and compares them.
 
-`strategies` needs hypothesis (a test extra), so import it explicitly:
-`from merge_engine.testing import strategies`. See docs/testing.md.
+`strategies` needs hypothesis (a test extra), so it is loaded on first use:
+`tally.testing.strategies` (or `from merge_engine.testing import strategies`). See
+docs/testing.md.
 """
+
+import importlib
 
 from merge_engine.testing.harness import TabletHarness
 from merge_engine.testing.model import ReferenceTable, RowState
@@ -31,3 +34,11 @@ __all__ = [
     "same_row",
     "same_value",
 ]
+
+
+def __getattr__(name: str):
+    if name == "strategies":
+        # import_module, not `from merge_engine.testing import ...`: that form would look the
+        # name up on this package first and land here again.
+        return importlib.import_module("merge_engine.testing.strategies")
+    raise AttributeError(f"module 'merge_engine.testing' has no attribute {name!r}")
