@@ -15,16 +15,18 @@ $(VENV)/.installed: pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
 	touch $@
 
+# The demo needs the Spark extra; the tests need [test] (Spark, pytest, import-linter, ...).
 demo:
-	bash scripts/setup.sh $(JAVA_PKG)
-	touch $(VENV)/.installed
+	EXTRAS=spark bash scripts/setup.sh $(JAVA_PKG)
 	$(VENV)/bin/tally demo
 
 # The cluster tests run a real ZooKeeper: setup.sh installs Debian's package when missing (and
 # refreshes the venv), every time, so a machine that lacks it gets it. Idempotent and quick.
+# lint-imports checks the layer contracts of pyproject.toml first: a wrong arrow fails the run.
 test:
 	bash scripts/setup.sh zookeeper $(JAVA_PKG)
 	touch $(VENV)/.installed
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 bench: venv

@@ -57,7 +57,7 @@ for i in $(seq 1 "$N"); do
     if git clone -q "$REPO" "$clone" >"$log" 2>&1 && git -C "$clone" checkout -q "$COMMIT" >>"$log" 2>&1; then
         # The clone's packages must shadow the venv's editable install of the original checkout.
         where=$(cd "$clone" && PYTHONPATH="$clone" "$PYTHON" -c \
-            'import os, demo, sink; print(os.path.dirname(os.path.dirname(demo.__file__)))' 2>>"$log")
+            'import os, tally, sink; print(os.path.dirname(os.path.dirname(tally.__file__)))' 2>>"$log")
         if [ "$where" != "$clone" ]; then
             echo "the demo would not run the clone's code (imports from '$where')" >>"$log"
         else

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Installs everything Tally needs on a fresh Debian machine: Debian packages when missing,
-# then the venv with the project and its test extras. Safe to run again.
+# then the venv with the project and the extras asked for. Safe to run again.
+#
+#   EXTRAS=spark bash scripts/setup.sh openjdk-17-jre-headless   # what `make demo` runs
+#   bash scripts/setup.sh zookeeper openjdk-17-jre-headless        # `make test`: EXTRAS=test
 set -euo pipefail
 cd "$(dirname "$0")/.."
+EXTRAS=${EXTRAS:-test}
 
 need_apt=()
 for pkg in "$@"; do
@@ -19,5 +23,10 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
   python3 -m venv .venv
 fi
-echo "setup: installing the project into .venv"
-.venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
+# The distribution was called `tally` before it took a name of its own on PyPI; an old editable
+# install would still claim the `tally` command.
+if .venv/bin/pip show -q tally >/dev/null 2>&1; then
+  .venv/bin/pip uninstall -y -q --disable-pip-version-check tally
+fi
+echo "setup: installing the project into .venv with [$EXTRAS]"
+.venv/bin/pip install -q --disable-pip-version-check -e ".[$EXTRAS]"
