@@ -26,7 +26,7 @@ demo:
 test:
 	bash scripts/setup.sh zookeeper $(JAVA_PKG)
 	touch $(VENV)/.installed
-	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/lint-imports --no-cache --no-logo
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 bench: venv

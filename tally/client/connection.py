@@ -1,4 +1,4 @@
-"""`client.connect(url)`: a connection to a Tally cluster, shared safely between threads.
+"""`tally.connect(url)`: a connection to a Tally cluster, shared safely between threads.
 
 The connection keeps one Flight channel per server, a metadata cache per table, and the retry
 policy: a call that fails because a server is unavailable or the cached metadata is stale is

@@ -1,6 +1,6 @@
 """The coordinator's persistent catalog: databases, tables, partitions and bucket assignments.
 
-Layout in the metadata store (names are quoted with `meta.node_name`):
+Layout in the metadata store (names are quoted with `tally.meta.node_name`):
 
     /databases/<db>                       {"name"}
     /databases/<db>/tables/<table>        {"name", "table_id", "descriptor", "created_at"}

@@ -159,7 +159,7 @@ class LocalCluster:
 
     @property
     def url(self) -> str:
-        """The coordinator's URL: what `client.connect` takes."""
+        """The coordinator's URL: what `tally.connect` takes."""
         if not self.coordinator.address:
             raise ClusterError("the cluster is not running")
         return self.coordinator.address
