@@ -1,11 +1,11 @@
 """LocalCluster: a real cluster of server processes on loopback ports, for tests, demo, benchmarks.
 
-    with LocalCluster(data_dir, tablet_servers=2, zookeeper=None) as cluster:
-        conn = client.connect(cluster.url)
+    with tally.LocalCluster(data_dir, tablet_servers=2, zookeeper=None) as cluster:
+        conn = tally.connect(cluster.url)
 
-starts one coordinator process and `tablet_servers` tablet-server processes (`python -m server`),
-each with its own directory under `data_dir` (`coordinator/`, `tablet-0/`, ...), and waits until
-the coordinator sees every tablet server live. Started again on an existing `data_dir`, it
+starts one coordinator process and `tablet_servers` tablet-server processes
+(`python -m tally.server`), each with its own directory under `data_dir` (`coordinator/`,
+`tablet-0/`, ...), and waits until the coordinator sees every tablet server live. Started again on an existing `data_dir`, it
 restarts that cluster: the same server identities (kept in each tablet directory) and data, on
 new ports. `kill_tablet_server(i)` (SIGKILL), `start_tablet_server(i)`, `restart_coordinator()`
 and friends drive failure tests.
