@@ -12,21 +12,16 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from merge_engine.input import CONTRIBUTIONS, UNWRITTEN
+from merge_engine.hidden_columns import (CHANGE_CODE, CHANGE_TYPE, CONTRIBUTIONS, OFFSET, TOKENS,
+                                          UNWRITTEN)
 from merge_engine.state import StateBatch
-
-OFFSET = "_offset"
-CHANGE_TYPE = "_change_type"
 
 INSERT, UPDATE_BEFORE, UPDATE_AFTER, DELETE = "+I", "-U", "+U", "-D"
 
 # What happened to each key of a write.
 UNCHANGED, INSERTED, UPDATED, REMOVED = 0, 1, 2, 3
 
-CHANGE_CODE = "_change"  # stored form of the change type: an index into CHANGE_TYPES
 CHANGE_TYPES = pa.array([INSERT, UPDATE_BEFORE, UPDATE_AFTER, DELETE], type=pa.string())
-
-TOKENS = "_tokens"  # images: the tokens of string_agg states a joined string cannot tell apart
 
 
 class Images:

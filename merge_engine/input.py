@@ -11,12 +11,10 @@ import numpy as np
 import pyarrow as pa
 
 from aggfuncs import AggFunction
+from merge_engine.hidden_columns import CHANGE_TYPE, CONTRIBUTIONS, UNWRITTEN
 from merge_engine.schema import Schema
 from tally.errors import InvalidInputError
 
-UNWRITTEN = "_unwritten"
-CONTRIBUTIONS = "_contributions"
-CHANGE_TYPE = "_change_type"
 _SIGNS = {"+I": 1, "+U": 1, "-U": -1, "-D": -1}
 
 

@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from merge_engine.changelog import (CHANGE_TYPE, DELETE, INSERT, UPDATE_AFTER, UPDATE_BEFORE,
-                                    with_tokens)
-from merge_engine.input import CONTRIBUTIONS, UNWRITTEN
+from merge_engine.changelog import DELETE, INSERT, UPDATE_AFTER, UPDATE_BEFORE, with_tokens
+from merge_engine.hidden_columns import CHANGE_TYPE, CONTRIBUTIONS, UNWRITTEN
 from merge_engine.keys import encode_keys
 from merge_engine.modes import MergeMode
 from tally.errors import RecoveryError

@@ -14,6 +14,7 @@ from typing import Any, Iterable
 import pyarrow as pa
 
 from aggfuncs import AggFunction
+from merge_engine.hidden_columns import CONTRIBUTIONS, UNWRITTEN
 from merge_engine.testing.model_functions import (FOLDS, bitmap_input, empty_value, is_empty,
                                                   self_overlapping, tokens_of)
 from merge_engine.testing.records import ChangeRecord, as_records
@@ -22,7 +23,6 @@ from merge_engine.testing.values import check_range, coerce_input, same_row
 from tally.errors import DeleteDisabledError, InvalidInputError
 
 AGGREGATE, MERGE_STATE, OVERWRITE = "AGGREGATE", "MERGE_STATE", "OVERWRITE"
-UNWRITTEN = "_unwritten"
 
 
 def mode_name(mode: Any) -> str:
@@ -224,7 +224,7 @@ class ReferenceTable:
                 else:
                     unwritten.discard(name)
                 if name in counts:
-                    given = last.get("_contributions")
+                    given = last.get(CONTRIBUTIONS)
                     counts[name] = given[self.counted.index(name)] if given else \
                         int(value is not None)
                 continue

@@ -7,10 +7,11 @@ from typing import Any, Iterable
 
 import pyarrow as pa
 
+from merge_engine.hidden_columns import CHANGE_TYPE, CONTRIBUTIONS, OFFSET, TOKENS, UNWRITTEN
 from merge_engine.testing.values import same_row
 
 CHANGE_TYPES = ("+I", "-U", "+U", "-D")
-META_COLUMNS = ("_offset", "_change_type", "_unwritten", "_contributions", "_tokens")
+META_COLUMNS = (OFFSET, CHANGE_TYPE, UNWRITTEN, CONTRIBUTIONS, TOKENS)
 
 
 @dataclass(frozen=True)
@@ -52,16 +53,16 @@ def records_from_arrow(table: pa.Table | pa.RecordBatch, names: Iterable[str]) -
     rows = table.to_pylist()
     out = []
     for row in rows:
-        unwritten = row.get("_unwritten") or ()
+        unwritten = row.get(UNWRITTEN) or ()
         out.append(
             ChangeRecord(
-                offset=int(row["_offset"]),
-                change_type=str(row["_change_type"]),
+                offset=int(row[OFFSET]),
+                change_type=str(row[CHANGE_TYPE]),
                 image={n: row.get(n) for n in names},
                 unwritten=frozenset(unwritten),
-                contributions=tuple(row.get("_contributions") or ()),
+                contributions=tuple(row.get(CONTRIBUTIONS) or ()),
                 tokens=tuple(None if t is None else tuple(t)
-                             for t in (row.get("_tokens") or {}).values()),
+                             for t in (row.get(TOKENS) or {}).values()),
             )
         )
     return out

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 import pyarrow as pa
 
 from aggfuncs import AggFunction, build_bitmap
+from merge_engine.hidden_columns import UNWRITTEN
 from tally.errors import InvalidAggFunctionError
 
 MERGE_ENGINE = "table.merge-engine"
@@ -130,9 +131,9 @@ class TableSpec:
                               if isinstance(v, int) else v for v in values]
             arrays.append(pa.array(values, type=arrow_type))
             fields.append(pa.field(name, arrow_type))
-        if any("_unwritten" in r for r in rows):
-            arrays.append(pa.array([r.get("_unwritten") for r in rows], type=pa.list_(pa.string())))
-            fields.append(pa.field("_unwritten", pa.list_(pa.string())))
+        if any(UNWRITTEN in r for r in rows):
+            arrays.append(pa.array([r.get(UNWRITTEN) for r in rows], type=pa.list_(pa.string())))
+            fields.append(pa.field(UNWRITTEN, pa.list_(pa.string())))
         return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
     # --- the engine's objects ---------------------------------------------------------------

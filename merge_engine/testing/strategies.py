@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from aggfuncs import AggFunction as F
 from aggfuncs import build_bitmap
 from merge_engine.descriptor import KV_BUFFER_SIZE
+from merge_engine.hidden_columns import UNWRITTEN
 from merge_engine.testing.model_functions import empty_value
 from merge_engine.testing.ops import Delete, Put, Reopen
 from merge_engine.testing.spec import DELETE_BEHAVIOR, MERGE_ENGINE, ColumnSpec, TableSpec
@@ -273,7 +274,7 @@ def rows(draw, spec: TableSpec, targets: Iterable[str] | None = None, mode: str 
             hidden = draw(st.lists(st.sampled_from(sorted(columns)), min_size=1, unique=True))
             for name in hidden:
                 row[name] = empty_value(spec.column(name).function if spec.is_aggregation else None)
-            row["_unwritten"] = hidden
+            row[UNWRITTEN] = hidden
         out.append(row)
     return out
 

@@ -55,6 +55,12 @@ class TableMeta:
 
         return TableDescriptor.from_json(self.descriptor_json)
 
+    @functools.cached_property
+    def aggregators(self) -> list:
+        """The table's aggregators, in schema order (what client-side validation uses)."""
+        descriptor = self.descriptor
+        return descriptor.schema.aggregators(descriptor.is_aggregation)
+
     def partition_names(self) -> list[str | None]:
         return sorted(self.partitions, key=lambda p: (p is not None, p or ""))
 

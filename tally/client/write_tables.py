@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-UNWRITTEN = "_unwritten"
-
 
 def write_table(meta, rows, target_columns, mode, keys_only: bool = False,
                 retract: bool = False) -> pa.Table:
@@ -20,11 +18,12 @@ def write_table(meta, rows, target_columns, mode, keys_only: bool = False,
     With `retract`, every row takes back its contribution (sent with a `_change_type` of -U).
     """
     from merge_engine import MergeMode
-    from merge_engine.input import CHANGE_TYPE, CONTRIBUTIONS, prepare_write
+    from merge_engine.hidden_columns import CHANGE_TYPE, CONTRIBUTIONS, UNWRITTEN
+    from merge_engine.input import prepare_write
 
     descriptor = meta.descriptor
     schema = descriptor.schema
-    aggregators = _aggregators(meta)
+    aggregators = meta.aggregators
     overwrite = MergeMode.parse(mode) == MergeMode.OVERWRITE
     write = prepare_write(rows, schema, aggregators, target_columns, allow_unwritten=overwrite,
                           keys_only=keys_only, allow_retractions=not overwrite)
@@ -40,11 +39,3 @@ def write_table(meta, rows, target_columns, mode, keys_only: bool = False,
                                         pa.string())
     return pa.table(columns) if columns else pa.table({})
 
-
-def _aggregators(meta):
-    cached = getattr(meta, "_aggregators", None)
-    if cached is None:
-        descriptor = meta.descriptor
-        cached = descriptor.schema.aggregators(descriptor.is_aggregation)
-        meta._aggregators = cached
-    return cached
