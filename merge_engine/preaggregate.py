@@ -1,4 +1,5 @@
-"""Client-side folding: many rows per key into few partial states (MERGE_STATE input).
+"""Client-side folding: many rows per key into few partial states (MERGE_STATE input), or, for
+OVERWRITE writes, into each key's latest row.
 
 A writer that holds a batch's rows (a Spark task owns a whole bucket) folds them here with the
 very aggregators the tablet uses, so a MERGE_STATE put of the result equals an AGGREGATE put of
@@ -20,8 +21,9 @@ import pyarrow as pa
 from aggfuncs.base import valid_mask
 from merge_engine.changelog import contribution_lists
 from merge_engine.descriptor import TableDescriptor
-from merge_engine.input import CHANGE_TYPE, CONTRIBUTIONS, prepare_write
-from merge_engine.keys import group_keys
+from merge_engine.hidden_columns import CHANGE_TYPE, CONTRIBUTIONS
+from merge_engine.input import prepare_write
+from merge_engine.keys import encode_keys, group_keys
 from merge_engine.modes import MergeMode
 from merge_engine.runs import exact_runs
 
@@ -77,6 +79,34 @@ def preaggregate(rows, descriptor: TableDescriptor, target_columns=None,
     if any(write.target[i] for i in counted):
         table = table.append_column(CONTRIBUTIONS, contribution_lists(counts, counted))
     return table
+
+
+def latest_rows(rows, descriptor: TableDescriptor, target_columns,
+                order: np.ndarray) -> pa.Table:
+    """OVERWRITE folding: each key's last row in `order`, its values cast to the columns'
+    input types, so a value that does not fit its column fails here, on the client, naming
+    the column (as folding does for the other modes)."""
+    schema = descriptor.schema
+    aggregators = schema.aggregators(descriptor.is_aggregation)
+    write = prepare_write(rows, schema, aggregators, target_columns, allow_unwritten=True)
+    columns = {}
+    for agg in aggregators:
+        if agg.column in write.columns:
+            values = write.columns[agg.column]
+            columns[agg.column] = values if agg.column in schema.primary_key \
+                else agg.cast_input(values)
+    return last_per_key(pa.table(columns), schema.primary_key, order)
+
+
+def last_per_key(rows: pa.Table, key_columns, order: np.ndarray) -> pa.Table:
+    """The last row of each key in `order`, in the order those last rows appear."""
+    ordered = rows.take(pa.array(order, type=pa.int64()))
+    keys = pa.array(encode_keys([ordered.column(k).combine_chunks() for k in key_columns]),
+                    type=pa.binary())
+    codes = keys.dictionary_encode().indices.to_numpy(zero_copy_only=False)
+    last = np.full(int(codes.max()) + 1 if len(codes) else 0, -1, dtype=np.int64)
+    last[codes] = np.arange(len(codes))
+    return ordered.take(pa.array(np.sort(last), type=pa.int64()))
 
 
 def _contributions(write, counted, i, states, permutation) -> np.ndarray:

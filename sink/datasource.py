@@ -90,12 +90,12 @@ class _TaskSide:
 
         from sink.bucketing import BucketAssigner
         from sink.funnel import fold_part
-        from sink.task import SEQUENCE_COLUMN
+        from sink.plan import HIDDEN_SEQUENCE_COLUMN
 
         plan = self.plan
         names = dict(zip(plan.input_columns, plan.table_columns))
         if plan.sequence_column and plan.sequence_column not in names:
-            names[plan.sequence_column] = SEQUENCE_COLUMN
+            names[plan.sequence_column] = HIDDEN_SEQUENCE_COLUMN
 
         def renamed():
             for b in batches:

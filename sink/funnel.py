@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from merge_engine import MergeMode
-from merge_engine.preaggregate import preaggregate
+from merge_engine.preaggregate import last_per_key, preaggregate
 from sink import remote
 from sink.plan import ORDER_COLUMN, WritePlan
 from sink.protocol import WriterRun
@@ -30,7 +30,6 @@ from sink.task import (
     BucketReport,
     EpochContext,
     fold_rows,
-    last_per_key,
     sequence_name,
     write_bucket,
 )

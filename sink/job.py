@@ -2,7 +2,7 @@
 
     df ─select─▶ table-named columns ─mapInArrow(BucketAssigner)─▶ + bucket, position
        ─repartitionById(bucket_count, bucket)─▶ partition i = bucket i
-       ─mapInArrow(BucketWriter)─▶ one report row per task (the per-bucket step, sink.task)
+       ─mapInArrow(BucketTask)─▶ one report row per task (the per-bucket step, sink.task)
        ─collect─▶ driver
 
 One action per epoch, so the micro-batch is evaluated once.
@@ -14,12 +14,11 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, LongType, StructField, StructType
 
 from sink.bucketing import BucketAssigner
-from sink.plan import BUCKET_COLUMN, ORDER_COLUMN, WritePlan
+from sink.plan import BUCKET_COLUMN, HIDDEN_SEQUENCE_COLUMN, ORDER_COLUMN, WritePlan
 from sink.task import (
     RESULT_DDL,
-    SEQUENCE_COLUMN,
     BucketReport,
-    BucketWriter,
+    BucketTask,
     EpochContext,
     report_from_row,
 )
@@ -33,7 +32,7 @@ def bucketed(df, plan: WritePlan, label: str):
     """The DataFrame the write stage reads: partition i holds exactly bucket i's rows."""
     columns = [_column(src).alias(dst) for src, dst in zip(plan.input_columns, plan.table_columns)]
     if plan.sequence_column is not None and plan.sequence_column not in plan.input_columns:
-        columns.append(_column(plan.sequence_column).alias(SEQUENCE_COLUMN))
+        columns.append(_column(plan.sequence_column).alias(HIDDEN_SEQUENCE_COLUMN))
     selected = df.select(*columns)
     schema = StructType(selected.schema.fields + [
         StructField(BUCKET_COLUMN, IntegerType(), False),
@@ -47,7 +46,7 @@ def run_write_job(df, plan: WritePlan, epoch: EpochContext, label: str) -> list[
     spark = df.sparkSession
     spark.sparkContext.setJobDescription(f"tally sink: {label} into {plan.table}")
     try:
-        rows = bucketed(df, plan, label).mapInArrow(BucketWriter(plan, epoch), RESULT_DDL) \
+        rows = bucketed(df, plan, label).mapInArrow(BucketTask(plan, epoch), RESULT_DDL) \
             .collect()
     finally:
         spark.sparkContext.setJobDescription(None)

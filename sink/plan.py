@@ -20,6 +20,8 @@ from tally.errors import InvalidInputError, InvalidOptionError, NotFoundError, S
 
 BUCKET_COLUMN = "__tally_bucket"
 ORDER_COLUMN = "__tally_order"
+# The sequence column's values, when the sequence column is not also written to the table.
+HIDDEN_SEQUENCE_COLUMN = "__tally_sequence"
 
 
 @dataclasses.dataclass(frozen=True)

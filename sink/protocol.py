@@ -102,8 +102,7 @@ class WriterRun:
                                     self.plan.lock_columns, self.options.ttl)
         self.recovery = remote.recover(self.conn, self.plan.table, self.lease,
                                        self.plan.writer_target)
-        summary = getattr(self.recovery, "summary", None)
-        log.info("tally sink %s: %s", self.owner_id, summary() if summary else self.recovery)
+        log.info("tally sink %s: %s", self.owner_id, self.recovery.summary())
         return self
 
     def last_committed(self) -> int | None:

@@ -7,7 +7,6 @@ what the sink needs from the rest of Tally.
 
 from __future__ import annotations
 
-import inspect
 import threading
 
 from merge_engine import MergeMode
@@ -77,13 +76,8 @@ def recover(conn, table: str, lease, target_columns):
     """
     import recovery
 
-    kwargs = {}
-    params = inspect.signature(recovery.recover).parameters
-    if "skip_idempotent" in params:
-        kwargs["skip_idempotent"] = False
-    if "writer_deletes" in params:
-        kwargs["writer_deletes"] = False
-    return recovery.recover(conn, table, lease, target_columns, **kwargs)
+    return recovery.recover(conn, table, lease, target_columns, writer_deletes=False,
+                            skip_idempotent=False)
 
 
 def undo_since(conn, table: str, lease, baselines: dict, target_columns) -> list:
@@ -111,5 +105,7 @@ def undo_bucket(table, bucket: int, baseline: int, partition, target_columns, le
                                 target_columns=target_columns, lease=lease, attempt=attempt)
 
 
-def bucket_writer(table, target_columns, mode: MergeMode, lease, attempt):
-    return table.upsert_writer(target_columns, mode, lease=lease, attempt=attempt)
+def bucket_writer(table, bucket: int, target_columns, mode: MergeMode, lease, attempt):
+    """The client's bucket-addressed writer: the task's rows are validated, bucketed and
+    folded already, so they go to the bucket as they are."""
+    return table.bucket_writer(bucket, target_columns, mode, lease=lease, attempt=attempt)

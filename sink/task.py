@@ -1,7 +1,7 @@
 """The per-bucket step of every epoch, and the Spark task that runs it for TallySink.
 
 `write_bucket` is the one way an epoch's rows reach a bucket, whoever runs it: the Spark task
-of a bucket (TallySink: `BucketWriter`, task i owns bucket i in every partition of the table)
+of a bucket (TallySink: `BucketTask`, task i owns bucket i in every partition of the table)
 or the data source's commit process (sink.funnel, one bucket after another). For bucket b:
 
 1. register a new task attempt for b, so tablet servers reject, from now on, the owner's writes
@@ -14,9 +14,11 @@ or the data source's commit process (sink.funnel, one bucket after another). For
    under the lease and that attempt;
 4. report b's end offsets, which the driver commits once every bucket is done.
 
-`BucketWriter` checks that every row it received belongs to its bucket and folds them per key
+`BucketTask` checks that every row it received belongs to its bucket and folds them per key
 with the table's own aggregators (less to send, fewer RocksDB writes), in a deterministic
-order, before the step.
+order, before the step. Folding is where the client validates the values (once); the folded
+rows then go to the bucket as they are, through the client's bucket-addressed writer, and the
+tablet server checks them at its trust boundary.
 """
 
 from __future__ import annotations
@@ -29,14 +31,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from merge_engine import MergeMode
-from merge_engine.keys import encode_keys
-from merge_engine.preaggregate import preaggregate
+from merge_engine.preaggregate import latest_rows, preaggregate
 from sink import remote
 from sink.bucketing import check_bucket
-from sink.plan import BUCKET_COLUMN, ORDER_COLUMN, WritePlan
+from sink.plan import BUCKET_COLUMN, HIDDEN_SEQUENCE_COLUMN, ORDER_COLUMN, WritePlan
 from tally.errors import RecoveryError
-
-SEQUENCE_COLUMN = "__tally_sequence"
 
 RESULT_DDL = ("bucket int, rows long, keys long, undone long, attempt int, seconds double, "
               "ends array<struct<partition: string, end_offset: long>>")
@@ -93,18 +92,7 @@ def order_of(data: pa.Table, plan: WritePlan) -> np.ndarray:
 def sequence_name(plan: WritePlan) -> str:
     if plan.sequence_column in plan.input_columns:
         return plan.table_columns[plan.input_columns.index(plan.sequence_column)]
-    return SEQUENCE_COLUMN
-
-
-def last_per_key(rows: pa.Table, key_columns, order: np.ndarray) -> pa.Table:
-    """OVERWRITE folding: the last row of each key in `order`."""
-    ordered = rows.take(pa.array(order, type=pa.int64()))
-    keys = pa.array(encode_keys([ordered.column(k).combine_chunks() for k in key_columns]),
-                    type=pa.binary())
-    codes = keys.dictionary_encode().indices.to_numpy(zero_copy_only=False)
-    last = np.full(int(codes.max()) + 1 if len(codes) else 0, -1, dtype=np.int64)
-    last[codes] = np.arange(len(codes))
-    return ordered.take(pa.array(np.sort(last), type=pa.int64()))
+    return HIDDEN_SEQUENCE_COLUMN
 
 
 def fold_rows(data: pa.Table, plan: WritePlan) -> tuple[pa.Table, MergeMode]:
@@ -112,7 +100,8 @@ def fold_rows(data: pa.Table, plan: WritePlan) -> tuple[pa.Table, MergeMode]:
     order = order_of(data, plan)
     rows = data.select(list(plan.target_columns))
     if plan.mode is MergeMode.OVERWRITE:
-        return last_per_key(rows, plan.key_columns, order), MergeMode.OVERWRITE
+        return latest_rows(rows, plan.descriptor, list(plan.target_columns), order), \
+            MergeMode.OVERWRITE
     folded = preaggregate(rows, plan.descriptor, list(plan.target_columns), plan.mode, order)
     return folded, MergeMode.MERGE_STATE
 
@@ -142,34 +131,30 @@ def write_bucket(conn, plan: WritePlan, epoch: EpochContext, bucket: int,
             undone += 1
     keys = 0 if folded is None else folded.num_rows
     if keys:
-        writer = remote.bucket_writer(table, plan.writer_target, mode, lease, attempt)
-        try:
-            _write(writer, folded, plan, epoch, attempt_number, bucket)
-            ends.update(writer.flush())
-        finally:
-            writer.close()
+        writer = remote.bucket_writer(table, bucket, plan.writer_target, mode, lease, attempt)
+        ends.update(_write(writer, folded, plan, epoch, attempt_number, bucket))
     return BucketReport(bucket, ends, rows, keys, undone, attempt_number,
                         time.monotonic() - started)
 
 
 def _write(writer, folded: pa.Table, plan: WritePlan, epoch: EpochContext,
-           attempt_number: int, bucket: int) -> None:
-    """Write the rows; with a test hook, write half, flush, call the hook, write the rest."""
+           attempt_number: int, bucket: int) -> dict:
+    """Write the rows, returning the end offsets; with a test hook, write half, call the
+    hook, write the rest."""
     hook = epoch.fail_hook
     if hook is None or folded.num_rows < 2:
-        writer.upsert(folded)
-        return
+        return writer.put(folded)
     half = folded.num_rows // 2
-    writer.upsert(folded.slice(0, half))
-    writer.flush()
+    ends = writer.put(folded.slice(0, half))
     module, _, name = hook.partition(":")
     import importlib
 
     getattr(importlib.import_module(module), name)(plan, epoch, attempt_number, bucket)
-    writer.upsert(folded.slice(half))
+    ends.update(writer.put(folded.slice(half)))
+    return ends
 
 
-class BucketWriter:
+class BucketTask:
     """mapInArrow function of TallySink's write stage (runs on executors, one call per
     bucket): check the rows' bucket, fold them, run the per-bucket step."""
 

@@ -6,6 +6,7 @@ import concurrent.futures
 
 import pyarrow as pa
 
+from tally.client.bucket_writer import BucketWriter
 from tally.client.writer import UpsertWriter
 from tally.errors import InvalidInputError
 from tally.wire.bucket_hash import bucket_ids
@@ -40,6 +41,16 @@ class Table:
         owner and fencing token, and fails once the lease is lost; `attempt` (from
         `conn.locks.register_attempt`) fences this writer when a later attempt registers."""
         return UpsertWriter(self, target_columns, mode, lease=lease, attempt=attempt, **options)
+
+    def bucket_writer(self, bucket: int, target_columns=None, mode=None, lease=None,
+                      attempt=None, **options) -> BucketWriter:
+        """A writer of one bucket's rows that the caller already validated, bucketed and
+        folded (the Spark sink's tasks): sent as they are, in order; the tablet server checks
+        them. `lease` and `attempt` as for `upsert_writer`."""
+        from merge_engine import MergeMode
+
+        return BucketWriter(self, bucket, mode if mode is not None else MergeMode.AGGREGATE,
+                            target_columns, lease=lease, attempt=attempt, **options)
 
     # --- reads --------------------------------------------------------------------------
 

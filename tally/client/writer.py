@@ -26,11 +26,11 @@ import uuid
 
 import pyarrow as pa
 
+from tally.client.bucket_writer import DEFAULT_MAX_REQUEST_BYTES, send_write, write_header
 from tally.client.write_tables import write_table
 from tally.errors import TallyError
 from tally.wire.routing import group_rows
 
-DEFAULT_MAX_REQUEST_BYTES = 4 << 20
 DEFAULT_MAX_PENDING_BYTES = 256 << 20
 
 
@@ -217,17 +217,6 @@ class UpsertWriter:
 
     def _send(self, key: tuple[str | None, int], op: str, rows: pa.Table, sequence: int) -> int:
         partition, bucket = key
-        name = self._table.name
-        header_base = {"op": op, "table": name, "mode": self.mode.name,
-                       "target_columns": self.target_columns,
-                       "writer": [self.writer_id, sequence]}
-        if self.lease is not None:
-            header_base["lease"] = {"owner_id": self.lease.owner_id, "token": self.lease.token,
-                                    "attempt": self.attempt}
-
-        def attempt() -> int:
-            route = self._conn.route(name, partition, bucket, create_partition=True)
-            ack = self._conn.server(route.address).put({**header_base, **route.header()}, rows)
-            return int(ack["end_offset"])
-
-        return self._conn.retry(attempt, refresh=name)
+        header = write_header(self._table.name, op, self.mode, self.target_columns,
+                              (self.writer_id, sequence), self.lease, self.attempt)
+        return send_write(self._conn, self._table.name, partition, bucket, header, rows)
