@@ -18,6 +18,10 @@ KV_BUFFER_SIZE = "table.kv.buffer-size"
 DEFAULT_KV_BUFFER_SIZE = 64 << 20
 BUCKET_NUM = "bucket.num"
 
+# Changelog retention (the policy: merge_engine/log_retention.py).
+RETENTION_OFFSETS = "table.log.retention.offsets"
+RETENTION_MS = "table.log.retention.ms"
+RETENTION_IGNORE_LOCKS = "table.log.retention.ignore-locks"
 # How long retention keeps the changelog an expired, unrecovered lock tenure needs for its undo.
 EXPIRED_LOCK_RETENTION = "table.log.retention.expired-lock-ms"
 DEFAULT_EXPIRED_LOCK_RETENTION_MS = 7 * 24 * 3600 * 1000
@@ -31,9 +35,9 @@ KNOWN_TABLE_OPTIONS = {
     KV_SYNC,
     KV_BUFFER_SIZE,
     "table.partition.dynamic-creation.enabled",
-    "table.log.retention.offsets",
-    "table.log.retention.ms",
-    "table.log.retention.ignore-locks",
+    RETENTION_OFFSETS,
+    RETENTION_MS,
+    RETENTION_IGNORE_LOCKS,
     EXPIRED_LOCK_RETENTION,
     "table.agg.remove-record-on-empty",
 }
@@ -114,15 +118,14 @@ class TableDescriptor:
                 "before and after images only: aggregation tables need them for undo recovery."
             )
         self.delete_behavior  # validates the value
-        for key in ("table.log.retention.offsets", "table.log.retention.ms",
-                    EXPIRED_LOCK_RETENTION):
+        for key in (RETENTION_OFFSETS, RETENTION_MS, EXPIRED_LOCK_RETENTION):
             if key in self.properties:
                 value = self.properties[key]
                 if not str(value).strip().isdigit():
                     raise InvalidOptionError(
                         f"Invalid value for option '{key}': {value!r} (expected a non-negative integer)")
         self.kv_buffer_size  # validates the value
-        for key in (COLUMN_LOCK_ENABLED, KV_SYNC, "table.log.retention.ignore-locks",
+        for key in (COLUMN_LOCK_ENABLED, KV_SYNC, RETENTION_IGNORE_LOCKS,
                     "table.agg.remove-record-on-empty",
                     "table.partition.dynamic-creation.enabled"):
             if key in self.properties:

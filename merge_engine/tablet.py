@@ -332,7 +332,17 @@ class KvTablet:
         """Row states of changelog records, written bits included (for replay and undo)."""
         return self._images.to_state(records)
 
-    # --- retention --------------------------------------------------------------------------
+    # --- log truncation (its policy: merge_engine/log_retention.py) -------------------------
+
+    def log_entry_spans(self) -> list[tuple[int, int, int]]:
+        """(first offset, end offset, written-at ms) of every stored changelog batch, oldest
+        first. The first may start below the log start offset (truncate_log keeps a batch that
+        straddles it)."""
+        with self._lock:
+            self._check_open()
+            entries = list(self._store.log_entry_times())
+            ends = [first for first, _ in entries[1:]] + [self._end]
+            return [(first, end, written) for (first, written), end in zip(entries, ends)]
 
     def truncate_log(self, before: int) -> int:
         """Drop changelog records below offset `before`; returns the new log start offset.
@@ -349,39 +359,14 @@ class KvTablet:
             if before <= self._start:
                 return self._start
             self._rows.flush(self._end)  # the records to go may be the only copy of buffered rows
-            entries = [first for first, _ in self._store.log_entry_times()]
             batch = self._store.new_batch()
-            for first, following in zip(entries, entries[1:] + [self._end]):
+            for first, following, _ in self.log_entry_spans():
                 if following <= before:
                     TabletStore.delete_log_entry(batch, first)
             TabletStore.put_int(batch, START_OFFSET, before)
             self._store.commit(batch)
             self._start = before
             return before
-
-    def retention_offset(self, now_ms: int | None = None) -> int:
-        """The log start offset the table's retention options ask for (ignoring locks)."""
-        keep = self.descriptor.properties.get("table.log.retention.offsets")
-        max_age = self.descriptor.properties.get("table.log.retention.ms")
-        cut = self._start
-        if keep is not None:
-            cut = max(cut, self._end - int(keep))
-        if max_age is not None:
-            now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-            entries = list(self._store.log_entry_times())
-            for (first, written), nxt in zip(entries, [e[0] for e in entries[1:]] + [self._end]):
-                if now_ms - written > int(max_age):
-                    cut = max(cut, nxt)
-        return min(cut, self._end)
-
-    def enforce_retention(self, floor: int | None = None) -> int:
-        """Truncate to what the retention options allow, but never above `floor` (the oldest
-        offset a live lock or an uncommitted epoch still needs for undo) unless
-        `table.log.retention.ignore-locks` is true. Returns the log start offset."""
-        cut = self.retention_offset()
-        if floor is not None and not self.descriptor.bool_option("table.log.retention.ignore-locks"):
-            cut = min(cut, floor)
-        return self.truncate_log(cut) if cut > self._start else self._start
 
     # --- lifecycle --------------------------------------------------------------------------
 

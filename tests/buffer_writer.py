@@ -8,7 +8,7 @@ its row buffer survives solely as changelog records. Steps:
   write:FIRST:COUNT   apply operations FIRST .. FIRST+COUNT-1 of `operations(SEED, ...)`
   flush               flush()
   truncate            truncate_log(log_end_offset)
-  retain              enforce_retention()
+  retain              enforce_retention(tablet)  (merge_engine/log_retention.py)
 
 Protocol on stdout, one flushed line per event:
   ready <log_start_offset> <log_end_offset>
@@ -158,6 +158,7 @@ def apply(table, op, table_spec: TableSpec | None = None) -> int:
 
 def main(argv: list[str]) -> None:
     from merge_engine import KvTablet
+    from merge_engine.log_retention import enforce_retention
     from tally.errors import TallyError
 
     path, properties, seed, steps = argv[0], json.loads(argv[1]), int(argv[2]), argv[3:]
@@ -180,7 +181,7 @@ def main(argv: list[str]) -> None:
         elif step == "truncate":
             print(f"truncated {tablet.truncate_log(tablet.log_end_offset)}", flush=True)
         elif step == "retain":
-            print(f"retained {tablet.enforce_retention()}", flush=True)
+            print(f"retained {enforce_retention(tablet)}", flush=True)
         else:
             raise SystemExit(f"unknown step {step!r}")
     print(f"exit {tablet.log_end_offset}", flush=True)

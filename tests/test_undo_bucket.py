@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from aggfuncs import AggFunction
 from merge_engine import KvTablet, MergeMode, Schema, TableDescriptor
+from merge_engine.log_retention import enforce_retention, retention_offset
 from recovery import undo_bucket
 from tally.errors import RecoveryError
 
@@ -133,11 +134,11 @@ def test_truncation_and_retention_refuse_undo_below_the_log_start(tmp_path):
     with KvTablet.open(str(tmp_path), d) as t:
         for i in range(4):
             t.put([{"k": i % 2, "v": 1}])  # offsets: +I, +I, -U +U, -U +U -> end 6
-        assert t.log_end_offset == 6 and t.retention_offset() == 3
-        assert t.enforce_retention(floor=2) == 2  # a live lock still needs offset 2
+        assert t.log_end_offset == 6 and retention_offset(t) == 3
+        assert enforce_retention(t, floor=2) == 2  # a live lock still needs offset 2
         assert t.log_start_offset == 2
         assert t.changelog(2).column("_offset").to_pylist() == [2, 3, 4, 5]
-        assert t.enforce_retention() == 3
+        assert enforce_retention(t) == 3
         with pytest.raises(RecoveryError, match="now starts at 3"):
             undo_bucket(t, 2)
         assert t.truncate_log(1) == 3  # never moves back

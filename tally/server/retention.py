@@ -5,7 +5,8 @@ Every `interval` seconds each open tablet whose table sets `table.log.retention.
 coordinator reports: the oldest offset an unreleased lock tenure (live, or expired within the
 table's `table.log.retention.expired-lock-ms`) still needs for its undo: its last commit in the
 tenure (or the tenure's start) and its uncommitted epochs' baselines.
-`table.log.retention.ignore-locks = true` drops that protection.
+`table.log.retention.ignore-locks = true` drops that protection. The policy itself (what the
+options allow, capped at the floor) is merge_engine/log_retention.py.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import logging
 
 from locks.lease import offsets_from_json
+from merge_engine.log_retention import enforce_retention, has_retention
 from tally.errors import TallyError
 from tally.server.membership import HeartbeatSender
 from tally.wire.messages import field
@@ -20,7 +22,6 @@ from tally.wire.messages import field
 log = logging.getLogger(__name__)
 
 RETENTION_INTERVAL = 30.0
-_OPTIONS = ("table.log.retention.offsets", "table.log.retention.ms")
 
 
 class RetentionKeeper:
@@ -47,8 +48,7 @@ class RetentionKeeper:
         floors: dict[int, tuple[dict, int]] = {}
         moved = {}
         for hosted in self.server.host.all_hosted():
-            properties = hosted.tablet.descriptor.properties
-            if not any(option in properties for option in _OPTIONS):
+            if not has_retention(hosted.tablet.descriptor):
                 continue
             table_id = hosted.key.table_id
             try:
@@ -62,7 +62,7 @@ class RetentionKeeper:
             floor = offsets.get((hosted.partition, hosted.key.bucket), 0 if holding else None)
             with hosted.lock:
                 before = hosted.tablet.log_start_offset
-                after = hosted.tablet.enforce_retention(floor)
+                after = enforce_retention(hosted.tablet, floor)
             if after != before:
                 moved[hosted.label] = after
         return moved
