@@ -88,7 +88,7 @@ class _TaskSide:
     def _fold_part(self, batches, query_id):
         from pyspark import TaskContext
 
-        from sink.bucketing import BucketAssigner
+        from sink.job import BucketAssigner
         from sink.funnel import fold_part
         from sink.plan import HIDDEN_SEQUENCE_COLUMN
 

@@ -33,9 +33,8 @@ import pyarrow.compute as pc
 from merge_engine import MergeMode
 from merge_engine.preaggregate import latest_rows, preaggregate
 from sink import remote
-from sink.bucketing import check_bucket
 from sink.plan import BUCKET_COLUMN, HIDDEN_SEQUENCE_COLUMN, ORDER_COLUMN, WritePlan
-from tally.errors import RecoveryError
+from tally.errors import InvalidInputError, RecoveryError
 
 RESULT_DDL = ("bucket int, rows long, keys long, undone long, attempt int, seconds double, "
               "ends array<struct<partition: string, end_offset: long>>")
@@ -175,6 +174,23 @@ class BucketTask:
         report = write_bucket(conn, self.plan, self.epoch, bucket, folded, mode,
                               rows=data.num_rows, attempt_number=context.attemptNumber())
         yield report_batch(report)
+
+
+class BucketMismatchError(InvalidInputError):
+    """A write task received rows of a bucket other than its own (a partitioning bug)."""
+
+
+def check_bucket(buckets: pa.ChunkedArray | pa.Array, expected: int, table: str) -> None:
+    """Raise unless every row belongs to bucket `expected` (the task's partition id)."""
+    values = buckets.to_numpy() if isinstance(buckets, pa.Array) else \
+        np.concatenate([c.to_numpy(zero_copy_only=False) for c in buckets.chunks]) \
+        if buckets.num_chunks else np.zeros(0, np.int32)
+    wrong = np.flatnonzero(values != expected)
+    if len(wrong):
+        raise BucketMismatchError(
+            f"Spark task {expected} of the write to {table} received {len(wrong)} row(s) of "
+            f"bucket {int(values[wrong[0]])}: one task must write exactly one bucket. Is "
+            "adaptive query execution coalescing the repartitionById shuffle?")
 
 
 def _collect(batches) -> pa.Table:

@@ -8,9 +8,9 @@ in call order), and the tablet server checks them at its trust boundary (every r
 addressed bucket, the lease, the values). A partitioned table's bucket spans every partition,
 so the rows are split by partition name first.
 
-Every request carries the writer's (id, sequence) and keeps them across its retries, so a
-request retried after a lost acknowledgement is applied once. `send_write` is the one way a
-write request leaves the client; the general upsert writer uses it too.
+Every request carries the writer's (id, sequence) and keeps them across its retries
+(`Connection.put`, the one way a write request leaves the client), so a request retried after
+a lost acknowledgement is applied once.
 """
 
 from __future__ import annotations
@@ -34,19 +34,6 @@ def write_header(table: str, op: str, mode, target_columns, writer: tuple[str, i
         header["lease"] = {"owner_id": lease.owner_id, "token": lease.token,
                            "attempt": attempt}
     return header
-
-
-def send_write(conn, table: str, partition: str | None, bucket: int, header: dict,
-               rows: pa.Table) -> int:
-    """Send one write request to the server of (partition, bucket); the bucket's end offset
-    after it. Transient failures are retried with fresh routing (the header, and so the
-    writer's sequence, stays the same); a missing partition is created on the way."""
-    def attempt() -> int:
-        route = conn.route(table, partition, bucket, create_partition=True)
-        ack = conn.server(route.address).put({**header, **route.header()}, rows)
-        return int(ack["end_offset"])
-
-    return conn.retry(attempt, refresh=table)
 
 
 def request_slices(rows: pa.Table, max_bytes: int) -> list[pa.Table]:
@@ -104,4 +91,4 @@ class BucketWriter:
         self._sequence += 1
         header = write_header(self._table, "put", self.mode, self.target_columns,
                               (self.writer_id, self._sequence), self.lease, self.attempt)
-        return send_write(self._conn, self._table, partition, self.bucket, header, rows)
+        return self._conn.put(self._table, partition, self.bucket, header, rows)

@@ -12,6 +12,8 @@ import threading
 import time
 from typing import Callable, TypeVar
 
+import pyarrow as pa
+
 from locks.client import Locks
 from tally.client.admin import Admin
 from tally.client.metadata import Route, TableMeta
@@ -74,6 +76,19 @@ class Connection:
                     "name": name, "partition": partition, "dynamic": True})
                 meta = self.table_meta(name, refresh=True)
         return meta.route(partition, bucket)
+
+    def put(self, table: str, partition: str | None, bucket: int, header: dict,
+            rows: pa.Table) -> int:
+        """Send one write request to the server of (partition, bucket) of `table`; the
+        bucket's end offset after it. Transient failures are retried with fresh routing and
+        the same header (so the same writer sequence: a retry of a request that landed is
+        not applied twice); a missing partition is created on the way."""
+        def attempt() -> int:
+            route = self.route(table, partition, bucket, create_partition=True)
+            ack = self.server(route.address).put({**header, **route.header()}, rows)
+            return int(ack["end_offset"])
+
+        return self.retry(attempt, refresh=table)
 
     def retry(self, call: Callable[[], T], refresh: str | None) -> T:
         """Run `call`, retrying transient failures; `refresh` names a table whose cached

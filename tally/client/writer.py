@@ -26,7 +26,7 @@ import uuid
 
 import pyarrow as pa
 
-from tally.client.bucket_writer import DEFAULT_MAX_REQUEST_BYTES, send_write, write_header
+from tally.client.bucket_writer import DEFAULT_MAX_REQUEST_BYTES, write_header
 from tally.client.write_tables import write_table
 from tally.errors import TallyError
 from tally.wire.routing import group_rows
@@ -219,4 +219,4 @@ class UpsertWriter:
         partition, bucket = key
         header = write_header(self._table.name, op, self.mode, self.target_columns,
                               (self.writer_id, sequence), self.lease, self.attempt)
-        return send_write(self._conn, self._table.name, partition, bucket, header, rows)
+        return self._conn.put(self._table.name, partition, bucket, header, rows)

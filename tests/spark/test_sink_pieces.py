@@ -8,7 +8,8 @@ import pytest
 
 from aggfuncs import AggFunction
 from merge_engine import MergeMode, Schema, TableDescriptor
-from sink.bucketing import BucketMismatchError, check_bucket, check_task_coverage
+from sink.protocol import check_task_coverage
+from sink.task import BucketMismatchError, check_bucket
 from sink.job import bucketed
 from sink.options import SinkOptions
 from sink.owner import batch_owner_id, streaming_owner_id
