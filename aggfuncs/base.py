@@ -222,6 +222,14 @@ def valid_mask(values: pa.Array) -> np.ndarray:
     return values.is_valid().to_numpy(zero_copy_only=False)
 
 
+def contributions(states: pa.Array, written: np.ndarray,
+                  segments: Segments) -> tuple[pa.Array, Segments]:
+    """The null rule: only written, non-null states contribute. Those states, in input order,
+    and the segments that group them (a group of none is empty)."""
+    keep = written & valid_mask(states)
+    return states.filter(pa.array(keep)), segments.filtered(keep)
+
+
 def numeric_values(values: pa.Array) -> np.ndarray:
     """The values as numpy, nulls filled with zero (callers track validity separately)."""
     if values.null_count:

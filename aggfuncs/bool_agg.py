@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from aggfuncs.base import Aggregator, numeric_values, valid_mask, with_nulls
+from aggfuncs.base import Aggregator, contributions, numeric_values, with_nulls
 from aggfuncs.functions import AggFunction
 from aggfuncs.segments import Segments
 
@@ -19,9 +19,8 @@ class _BoolAggregator(Aggregator):
         return pa.types.is_boolean(arrow_type)
 
     def fold(self, states: pa.Array, written: np.ndarray, segments: Segments) -> pa.Array:
-        keep = written & valid_mask(states)
-        data = numeric_values(states.filter(pa.array(keep))).astype(bool)
-        result, has = segments.filtered(keep).reduce(self.ufunc, data)
+        values, groups = contributions(states, written, segments)
+        result, has = groups.reduce(self.ufunc, numeric_values(values).astype(bool))
         return with_nulls(result, has, pa.bool_())
 
 

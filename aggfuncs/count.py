@@ -52,14 +52,8 @@ class CountAggregator(Aggregator):
         return ~valid_mask(values) | (pc.fill_null(values, 0).to_numpy(zero_copy_only=False) == 0)
 
     def fold(self, states: pa.Array, written: np.ndarray, segments: Segments) -> pa.Array:
-        keep = written & valid_mask(states)
-        total = fold_numeric(
-            states.filter(pa.array(keep)),
-            segments.filtered(keep),
-            np.add,
-            operator.add,
-            f"count column '{self.column}'",
-        )
+        total = fold_numeric(states, written, segments, np.add, operator.add,
+                             f"count column '{self.column}'")
         return pc.fill_null(total, 0)
 
     def run_breaks(self, states: pa.Array, runs: Segments) -> np.ndarray | None:

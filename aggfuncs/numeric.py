@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
-from aggfuncs.base import numeric_values, valid_mask, with_nulls
+from aggfuncs.base import contributions, numeric_values, valid_mask, with_nulls
 from aggfuncs.segments import Segments
 from tally.errors import AggregateOverflowError
 
@@ -73,7 +73,8 @@ def check_result(value, arrow_type: pa.DataType, what: str) -> None:
 
 
 def fold_numeric(
-    values: pa.Array,
+    states: pa.Array,
+    written: np.ndarray,
     segments: Segments,
     ufunc: np.ufunc,
     python_op: Callable[[object, object], object],
@@ -81,11 +82,13 @@ def fold_numeric(
     decimal_op: Callable[[decimal.Decimal, decimal.Decimal], decimal.Decimal] | None = None,
     result_type: pa.DataType | None = None,
 ) -> pa.Array:
-    """Fold the (all non-null) `values` per group; null where a group has no values.
+    """Fold the written, non-null `states` per group (the null rule); null where a group has
+    none.
 
     `what` names the function and column for error messages, e.g. "sum column 'qty'".
-    `result_type` is the column's type when `values` are wider (retractions negated in int64).
+    `result_type` is the column's type when `states` are wider (retractions negated in int64).
     """
+    values, segments = contributions(states, written, segments)
     arrow_type = result_type or values.type
     if pa.types.is_floating(arrow_type):
         data = numeric_values(values)

@@ -13,7 +13,7 @@ import operator
 import numpy as np
 import pyarrow as pa
 
-from aggfuncs.base import Aggregator, valid_mask
+from aggfuncs.base import Aggregator
 from aggfuncs.functions import AggFunction
 from aggfuncs.numeric import (NUMERIC_TYPE_NAMES, check_result, each_contribution_breaks,
                               fold_numeric, is_numeric)
@@ -70,15 +70,8 @@ class ProductAggregator(Aggregator):
             return exact.quantize(quantum)
 
     def fold(self, states: pa.Array, written: np.ndarray, segments: Segments) -> pa.Array:
-        keep = written & valid_mask(states)
-        return fold_numeric(
-            states.filter(pa.array(keep)),
-            segments.filtered(keep),
-            np.multiply,
-            operator.mul,
-            f"product column '{self.column}'",
-            decimal_op=self._multiply_decimal,
-        )
+        return fold_numeric(states, written, segments, np.multiply, operator.mul,
+                            f"product column '{self.column}'", decimal_op=self._multiply_decimal)
 
     def _multiply_decimal(self, a: decimal.Decimal, b: decimal.Decimal) -> decimal.Decimal:
         quantum = decimal.Decimal(1).scaleb(-self.type.scale)

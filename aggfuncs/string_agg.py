@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from aggfuncs.base import Aggregator, parse_bool, valid_mask
+from aggfuncs.base import Aggregator, contributions, parse_bool
 from aggfuncs.functions import AggFunction
 from aggfuncs.segments import Segments
 from aggfuncs.tokens import apply_items, fold_lists
@@ -123,9 +123,8 @@ class StringAggAggregator(Aggregator):
         if distinct:  # the joined string cuts back into exactly its tokens
             lists = pc.split_pattern(states, delimiter)
             return self.values_of_tokens(fold_lists(lists, written, segments, True, lists.type))
-        keep = written & valid_mask(states)
-        sub = segments.filtered(keep)
-        ordered = states.filter(pa.array(keep)).take(pa.array(sub.order, type=pa.int64()))
+        values, sub = contributions(states, written, segments)
+        ordered = values.take(pa.array(sub.order, type=pa.int64()))
         offsets = pa.array(np.concatenate([[0], np.cumsum(sub.lengths)]), type=pa.int32())
         lists = pa.ListArray.from_arrays(offsets, ordered, mask=pa.array(sub.lengths == 0))
         return pc.binary_join(lists, delimiter).cast(self.type)

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from aggfuncs.base import Aggregator, valid_mask
+from aggfuncs.base import Aggregator
 from aggfuncs.functions import AggFunction
 from aggfuncs.numeric import (NUMERIC_TYPE_NAMES, check_result, each_contribution_breaks,
                               fold_numeric, is_numeric, sum_run_breaks)
@@ -45,15 +45,8 @@ class SumAggregator(Aggregator):
 
     def fold(self, states: pa.Array, written: np.ndarray, segments: Segments) -> pa.Array:
         # Null rule: nulls and unwritten cells contribute nothing; a group of only those is null.
-        keep = written & valid_mask(states)
-        return fold_numeric(
-            states.filter(pa.array(keep)),
-            segments.filtered(keep),
-            np.add,
-            operator.add,
-            f"sum column '{self.column}'",
-            result_type=self.type,
-        )
+        return fold_numeric(states, written, segments, np.add, operator.add,
+                            f"sum column '{self.column}'", result_type=self.type)
 
     def run_breaks(self, states: pa.Array, runs: Segments) -> np.ndarray | None:
         if pa.types.is_floating(self.type):
