@@ -112,66 +112,64 @@ class KvTablet:
     def put(self, rows, mode: MergeMode = MergeMode.AGGREGATE, target_columns=None,
             writer: tuple[str, int] | None = None) -> int:
         """Merge `rows` into the bucket; returns the log end offset after the write."""
-        return self._written(self._put(rows, mode, target_columns, writer))
+        return self._write(self._put, rows, mode, target_columns, writer)
 
     def delete(self, keys, mode: MergeMode = MergeMode.AGGREGATE, target_columns=None,
                writer: tuple[str, int] | None = None) -> int:
         """Delete keys (or, with target_columns, reset those columns); returns the end offset."""
-        return self._written(self._delete(keys, mode, target_columns, writer))
+        return self._write(self._delete, keys, mode, target_columns, writer)
 
-    def _written(self, end: int) -> int:
-        """After a write, outside the bucket's lock: let a shared memory budget flush buffers."""
+    def _write(self, apply, data, mode, target_columns, writer) -> int:
+        """Run `apply` (_put or _delete) under the bucket's lock unless `writer` already applied
+        this write (then its recorded end offset); afterwards, outside the lock, let a shared
+        memory budget flush buffers."""
+        mode = MergeMode.parse(mode)
+        with self._lock:
+            self._check_open()
+            end = self._replayed(writer)
+            if end is None:
+                end = apply(data, mode, target_columns, writer)
         if self._budget is not None:
             self._budget.after_write()
         return end
 
     def _put(self, rows, mode, target_columns, writer) -> int:
-        mode = MergeMode.parse(mode)
-        with self._lock:
-            self._check_open()
-            replayed = self._replayed(writer)
-            if replayed is not None:
-                return replayed
-            write = prepare_write(rows, self.schema, self.aggregators, target_columns,
-                                  allow_unwritten=mode is MergeMode.OVERWRITE,
-                                  allow_retractions=mode is not MergeMode.OVERWRITE)
-            if write.rows == 0:
-                return self._commit(None, None, None, None, writer)
-            keys, group_ids, firsts = self._group(write)
-            before, present = self._load(keys, write, firsts)
-            merger = self._overwrite if mode is MergeMode.OVERWRITE else self._engine
-            after = merger.merge(before, write, group_ids, mode)
-            outcome = np.where(present, np.where(self.codec.differs(before, after), log.UPDATED,
-                                                 log.UNCHANGED), log.INSERTED).astype(np.int8)
-            if self.remove_on_empty and mode is not MergeMode.OVERWRITE:
-                outcome = self._remove_empty(after, outcome, present)
-            return self._commit(keys, before, after, outcome, writer)
+        """Under the lock, not a replay: merge the rows and commit."""
+        write = prepare_write(rows, self.schema, self.aggregators, target_columns,
+                              allow_unwritten=mode is MergeMode.OVERWRITE,
+                              allow_retractions=mode is not MergeMode.OVERWRITE)
+        if write.rows == 0:
+            return self._commit(None, None, None, None, writer)
+        keys, group_ids, firsts = self._group(write)
+        before, present = self._load(keys, write, firsts)
+        merger = self._overwrite if mode is MergeMode.OVERWRITE else self._engine
+        after = merger.merge(before, write, group_ids, mode)
+        outcome = np.where(present, np.where(self.codec.differs(before, after), log.UPDATED,
+                                             log.UNCHANGED), log.INSERTED).astype(np.int8)
+        if self.remove_on_empty and mode is not MergeMode.OVERWRITE:
+            outcome = self._remove_empty(after, outcome, present)
+        return self._commit(keys, before, after, outcome, writer)
 
     def _delete(self, keys, mode, target_columns, writer) -> int:
-        mode = MergeMode.parse(mode)
-        with self._lock:
-            self._check_open()
-            replayed = self._replayed(writer)
-            if replayed is not None:
-                return replayed
-            behavior = DeleteBehavior.ALLOW if mode is MergeMode.OVERWRITE \
-                else self.descriptor.delete_behavior
-            if behavior is DeleteBehavior.DISABLE:
-                raise DeleteDisabledError(
-                    "Delete operations are disabled for this table: 'table.delete.behavior' "
-                    "is 'disable'. Nothing was applied."
-                )
-            write = prepare_write(keys, self.schema, self.aggregators, target_columns,
-                                  keys_only=True)
-            if behavior is DeleteBehavior.IGNORE or write.rows == 0:
-                return self._commit(None, None, None, None, writer)
-            unique, _, firsts = self._group(write)
-            before, present = self._load(unique, write, firsts)
-            after, removed = self._deletes.delete(before, write.target)
-            changed = self.codec.differs(before, after)
-            outcome = np.select([present & removed, present & changed], [log.REMOVED, log.UPDATED],
-                                log.UNCHANGED).astype(np.int8)
-            return self._commit(unique, before, after, outcome, writer)
+        """Under the lock, not a replay: apply the table's delete behavior, then commit."""
+        behavior = DeleteBehavior.ALLOW if mode is MergeMode.OVERWRITE \
+            else self.descriptor.delete_behavior
+        if behavior is DeleteBehavior.DISABLE:
+            raise DeleteDisabledError(
+                "Delete operations are disabled for this table: 'table.delete.behavior' "
+                "is 'disable'. Nothing was applied."
+            )
+        write = prepare_write(keys, self.schema, self.aggregators, target_columns,
+                              keys_only=True)
+        if behavior is DeleteBehavior.IGNORE or write.rows == 0:
+            return self._commit(None, None, None, None, writer)
+        unique, _, firsts = self._group(write)
+        before, present = self._load(unique, write, firsts)
+        after, removed = self._deletes.delete(before, write.target)
+        changed = self.codec.differs(before, after)
+        outcome = np.select([present & removed, present & changed], [log.REMOVED, log.UPDATED],
+                            log.UNCHANGED).astype(np.int8)
+        return self._commit(unique, before, after, outcome, writer)
 
     def _remove_empty(self, after: StateBatch, outcome: np.ndarray, present: np.ndarray) -> np.ndarray:
         """`table.agg.remove-record-on-empty`: a row whose every aggregate is back to its empty
