@@ -9,20 +9,16 @@ import pyarrow.compute as pc
 from aggfuncs import Aggregator, Segments
 from aggfuncs.base import IGNORE_RETRACT, valid_mask
 from merge_engine.input import WriteInput
+from merge_engine.mergers.row_merger import RowMerger
 from merge_engine.modes import MergeMode
 from merge_engine.state import StateBatch
 from tally.errors import RetractionError
 
 
-class AggregateRowMerger:
+class AggregateRowMerger(RowMerger):
     """AGGREGATE folds raw inputs (after each function's to_state); MERGE_STATE folds inputs
     that already are partial states. Either way the stored state comes first in each group.
     Rows marked as retractions take their contribution back (see Aggregator.fold_signed)."""
-
-    def __init__(self, aggregators: list[Aggregator], key_positions: set[int], counted: list[int]):
-        self.aggregators = aggregators
-        self.key_positions = key_positions
-        self.counted = counted
 
     def merge(self, stored: StateBatch, write: WriteInput, group_ids: np.ndarray,
               mode: MergeMode) -> StateBatch:
@@ -33,9 +29,7 @@ class AggregateRowMerger:
         written = stored.written.copy()
         counts = stored.counts().copy()
         signs = write.signs
-        for i, agg in enumerate(self.aggregators):
-            if i in self.key_positions or not write.target[i]:
-                continue
+        for i, agg in self.targets(write):
             values = agg.cast_input(write.columns[agg.column])
             states = agg.to_state(values) if mode is MergeMode.AGGREGATE \
                 else agg.from_merge_state(values)

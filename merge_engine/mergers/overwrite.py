@@ -9,19 +9,15 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from aggfuncs import Aggregator, Segments
+from aggfuncs import Segments
 from merge_engine.input import WriteInput
+from merge_engine.mergers.row_merger import RowMerger
 from merge_engine.modes import MergeMode
 from merge_engine.state import StateBatch
 from tally.errors import RetractionError
 
 
-class OverwriteRowMerger:
-    def __init__(self, aggregators: list[Aggregator], key_positions: set[int], counted: list[int]):
-        self.aggregators = aggregators
-        self.key_positions = key_positions
-        self.counted = counted
-
+class OverwriteRowMerger(RowMerger):
     def merge(self, stored: StateBatch, write: WriteInput, group_ids: np.ndarray,
               mode: MergeMode) -> StateBatch:
         m = len(stored)
@@ -35,9 +31,7 @@ class OverwriteRowMerger:
         written = stored.written.copy()
         counts = stored.counts().copy()
         unwritten = self._unwritten_names(write, last)
-        for i, agg in enumerate(self.aggregators):
-            if i in self.key_positions or not write.target[i]:
-                continue
+        for i, agg in self.targets(write):
             values = agg.overwrite(agg.cast_input(write.columns[agg.column]))
             columns[i] = values.take(take).cast(stored.columns[i].type)
             if unwritten is None:
