@@ -321,14 +321,24 @@ def test_buffer_sizes_give_identical_results(tmp_path, retractions):
 # --- 3. truncation, retention and flush() persist buffered rows ------------------------------
 
 
-def test_truncate_log_flushes_buffered_rows_before_a_crash(tmp_path):
-    path, seed = tmp_path / "tablet", 23
+def step_between_writes(path: Path, properties: dict, seed: int, step: str, before: int,
+                        after: int) -> tuple[WriterRun, ReferenceTable, int]:
+    """The writer runs `before` operations, `step`, `after` more, then dies; a reference model
+    takes the same operations and the writer must have seen the same outcomes. Returns the run,
+    the model and the model's log end offset when the step ran."""
     model = ReferenceTable(bw.spec())
-    run = run_writer(path, {}, seed, "write:0:50", "truncate", "write:50:20")
-    outcomes = feed(model, seed, range(50))
-    truncated_at = model.log_end_offset
-    outcomes.update(feed(model, seed, range(50, 70)))
+    run = run_writer(path, properties, seed, f"write:0:{before}", step,
+                     f"write:{before}:{after}")
+    outcomes = feed(model, seed, range(before))
+    at = model.log_end_offset
+    outcomes.update(feed(model, seed, range(before, before + after)))
     assert run.outcomes == outcomes
+    return run, model, at
+
+
+def test_truncate_log_flushes_buffered_rows_before_a_crash(tmp_path):
+    path = tmp_path / "tablet"
+    run, model, truncated_at = step_between_writes(path, {}, 23, "truncate", 50, 20)
     assert run.event("truncated") == truncated_at
     disk = stored(path)
     # the truncation flushed the 50 buffered writes; the next 20 are only in the changelog
@@ -341,11 +351,8 @@ def test_truncate_log_flushes_buffered_rows_before_a_crash(tmp_path):
 
 
 def test_truncate_log_to_the_end_then_crash(tmp_path):
-    path, seed = tmp_path / "tablet", 29
-    model = ReferenceTable(bw.spec())
-    run = run_writer(path, {}, seed, "write:0:40", "truncate")
-    assert run.outcomes == feed(model, seed, range(40))
-    end = model.log_end_offset
+    path = tmp_path / "tablet"
+    run, model, end = step_between_writes(path, {}, 29, "truncate", 40, 0)
     assert run.event("truncated") == end
     disk = stored(path)
     assert (disk.start, disk.applied, disk.end, disk.rows) == (end, end, end, len(model))
@@ -355,14 +362,9 @@ def test_truncate_log_to_the_end_then_crash(tmp_path):
 
 
 def test_enforce_retention_flushes_buffered_rows_before_a_crash(tmp_path):
-    path, seed, keep = tmp_path / "tablet", 31, 10
+    path, keep = tmp_path / "tablet", 10
     options = {"table.log.retention.offsets": str(keep)}
-    model = ReferenceTable(bw.spec())
-    run = run_writer(path, options, seed, "write:0:40", "retain", "write:40:15")
-    outcomes = feed(model, seed, range(40))
-    retained_at = model.log_end_offset
-    outcomes.update(feed(model, seed, range(40, 55)))
-    assert run.outcomes == outcomes
+    run, model, retained_at = step_between_writes(path, options, 31, "retain", 40, 15)
     assert run.event("retained") == retained_at - keep
     disk = stored(path)
     assert (disk.start, disk.applied, disk.end) == (retained_at - keep, retained_at, model.log_end_offset)
@@ -372,13 +374,9 @@ def test_enforce_retention_flushes_buffered_rows_before_a_crash(tmp_path):
 
 
 def test_flush_persists_buffered_rows_before_a_crash(tmp_path):
-    path, seed = tmp_path / "tablet", 37
-    model = ReferenceTable(bw.spec())
-    run = run_writer(path, {}, seed, "write:0:30", "flush", "write:30:10")
-    outcomes = feed(model, seed, range(30))
-    flushed_at = model.log_end_offset
-    outcomes.update(feed(model, seed, range(30, 40)))
-    assert run.outcomes == outcomes and run.event("flushed") == flushed_at
+    path = tmp_path / "tablet"
+    run, model, flushed_at = step_between_writes(path, {}, 37, "flush", 30, 10)
+    assert run.event("flushed") == flushed_at
     disk = stored(path)
     assert (disk.applied, disk.end) == (flushed_at, model.log_end_offset)
     assert disk.rows == live_rows_at(model.changelog, flushed_at)
