@@ -2,7 +2,8 @@
 
 Each entry of BENCHMARKS names a benchmark module's `run()` (which returns structured
 results), its text rendering (printed as it finishes), its markdown and plot renderers (for
-`--report`, tally.bench.markdown and tally.bench.charts) and its verification. Sizes follow `--rows`
+`--report`, tally.bench.markdown and tally.bench.charts) and its verification; `by_convention`
+finds the renderers by the benchmark's name. Sizes follow `--rows`
 (the default 1M reproduces the numbers in docs/benchmarks.md; smaller values give a quick run).
 
 A missed throughput target is printed, not an error: numbers vary between machines, and a wrong
@@ -102,8 +103,17 @@ def lazy(module: str, attribute: str) -> Callable:
     return call
 
 
+def by_convention(name: str, title: str, about: str, run: Callable[[Sizes], Any],
+                  ok: Callable[[Any], bool]) -> Benchmark:
+    """A benchmark wired by the suite's convention: its text is `format_text` of
+    tally.bench.<name>, its markdown and chart the functions named <name> in tally.bench.markdown
+    and tally.bench.charts."""
+    return Benchmark(name, title, about, run, lazy(f"tally.bench.{name}", "format_text"), ok,
+                     lazy("tally.bench.markdown", name), lazy("tally.bench.charts", name))
+
+
 BENCHMARKS = [
-    Benchmark(
+    by_convention(
         "ingest", "Ingest: the engine vs a naive loop",
         "`KvTablet.put` of Arrow batches against a naive per-row rocksdict read-modify-write "
         "loop (get, unpickle, merge, pickle, put) on the same data, each run in a fresh "
@@ -111,27 +121,23 @@ BENCHMARKS = [
         "to RocksDB); median of --repeat alternating runs. Case (a) repeats keys (target >= 5x), case (b) "
         "has unique keys (target >= 1.2x); both sides' tables are compared on sampled keys. "
         "The last line shows how the engine's peak memory grows with the table.",
-        _ingest, lazy("tally.bench.ingest", "format_text"), lazy("tally.bench.ingest", "verified"),
-        lazy("tally.bench.markdown", "ingest"), lazy("tally.bench.charts", "ingest")),
-    Benchmark(
+        _ingest, lazy("tally.bench.ingest", "verified")),
+    by_convention(
         "cluster", "Client vs in-process, and lookup latency",
         "The ingest workload (case a) through one client upsert writer to a LocalCluster of "
         "tablet-server processes, timed until the flush that acknowledges every row, against "
         "`KvTablet.put` in one process (target >= 0.7x). Then single-key lookups over Flight "
         "(target p99 < 2 ms), next to a no-op Flight round trip to the same server, the floor "
         "on this machine. Sampled keys are compared between the two sides.",
-        _cluster, lazy("tally.bench.cluster", "format_text"), lambda r: r["ok"],
-        lazy("tally.bench.markdown", "cluster"), lazy("tally.bench.charts", "cluster")),
-    Benchmark(
+        _cluster, lambda r: r["ok"]),
+    by_convention(
         "undo", "Undo time vs batch size and table size",
         "In one tablet of the ingest table shape: write a batch of existing keys, then "
         "`undo_bucket` it back to the offset before the batch; both timed. The undo/write ratio "
         "is the number to watch (target <= 1.5x, flat as the table grows). Every undo is "
         "verified: the touched keys are back to their state before the batch.",
-        _undo, lazy("tally.bench.undo", "format_text"),
-        lambda results: all(r["verified"] for r in results),
-        lazy("tally.bench.markdown", "undo"), lazy("tally.bench.charts", "undo")),
-    Benchmark(
+        _undo, lambda results: all(r["verified"] for r in results)),
+    by_convention(
         "spark", "Spark streaming into Tally, PostgreSQL and pypaimon",
         "The same Structured Streaming job (a Parquet file source, a few files per micro-batch, "
         "sum per key) into Tally through `TallySink` (exactly once), into PostgreSQL with "
@@ -140,8 +146,7 @@ BENCHMARKS = [
         "time (median of rotated rounds after a warm-up round), every result verified against "
         "a plain-Python fold (target >= 2x PostgreSQL). "
         "See tally.bench.spark.",
-        _spark, lazy("tally.bench.spark", "format_text"), lambda r: r["ok"],
-        lazy("tally.bench.markdown", "spark"), lazy("tally.bench.charts", "spark")),
+        _spark, lambda r: r["ok"]),
 ]
 NAMES = [b.name for b in BENCHMARKS]
 
