@@ -35,6 +35,13 @@ def _label_bars(ax, bars, texts: list[str]) -> None:
                     textcoords="offset points")
 
 
+def _rate_bars(ax, names: list[str], rates: list[float], colors: list[str], ylabel: str) -> None:
+    """One bar of rows/s per system, each labelled in thousands."""
+    bars = ax.bar(names, rates, color=colors)
+    _label_bars(ax, bars, [f"{rate / 1e3:,.0f}k" for rate in rates])
+    ax.set_ylabel(ylabel)
+
+
 def ingest(results: list[dict], directory: Path) -> list[Path]:
     """Rows/s of the engine and the naive loop, side by side per case."""
     plt = _pyplot()
@@ -60,9 +67,7 @@ def cluster(result: dict, directory: Path) -> list[Path]:
     fig, (left, right) = plt.subplots(1, 2, figsize=(8.4, 3.6))
     sides = ["in-process", f"cluster\n({result['buckets']} buckets)"]
     rates = [result["in_process"]["rows_per_s"], result["cluster"]["rows_per_s"]]
-    bars = left.bar(sides, rates, color=["tab:gray", "tab:blue"])
-    _label_bars(left, bars, [f"{r / 1e3:,.0f}k" for r in rates])
-    left.set_ylabel("rows/s")
+    _rate_bars(left, sides, rates, ["tab:gray", "tab:blue"], "rows/s")
     left.set_title(f"Client vs in-process ({result['ratio']:.2f}x)")
     lk = result["lookup"]
     x = [0, 1]
@@ -107,9 +112,7 @@ def spark(result: dict, directory: Path) -> list[Path]:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     legs = result["legs"]
-    bars = ax.bar([leg["system"] for leg in legs], [leg["rows_per_s"] for leg in legs],
-                  color=["tab:blue"] + ["tab:gray"] * (len(legs) - 1))
-    _label_bars(ax, bars, [f"{leg['rows_per_s'] / 1e3:,.0f}k" for leg in legs])
-    ax.set_ylabel("source rows/s")
+    _rate_bars(ax, [leg["system"] for leg in legs], [leg["rows_per_s"] for leg in legs],
+               ["tab:blue"] + ["tab:gray"] * (len(legs) - 1), "source rows/s")
     ax.set_title("Spark streaming aggregation into each system")
     return [_save(fig, directory / "spark.png")]
