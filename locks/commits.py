@@ -22,10 +22,8 @@ from typing import NamedTuple
 
 from locks.lease import Lease, Offsets, offsets_from_json, offsets_to_json
 from locks.service import ColumnLockService, lock_path
-from tally.errors import AlreadyExistsError, InvalidInputError, NotFoundError, VersionConflictError
+from tally.errors import InvalidInputError
 from tally.meta import MetadataStore, join_path, node_name
-
-_RACES = (VersionConflictError, AlreadyExistsError, NotFoundError)
 
 
 def commit_path(table_id: int, owner_id: str) -> str:
@@ -79,29 +77,33 @@ class CommitLog:
         one, and raises LeaseLostError for a lease that is expired or superseded.
         """
         epoch = _check_epoch(epoch)
-        for _ in range(100):
+        path = commit_path(lease.table_id, lease.owner_id)
+
+        def attempt() -> tuple[list[tuple], bool]:
             record, lock_version = self.locks.current(lease)
-            node = self.store.get(commit_path(lease.table_id, lease.owner_id))
+            node = self.store.get(path)
+            # no "epoch": the node is only the parent of baselines stored before a first commit
             if node is not None and "epoch" in node.value:
                 last = int(node.value["epoch"])
                 if epoch == last:
-                    return False
+                    return [], False
                 if epoch < last:
                     raise InvalidInputError(
                         f"Epoch {epoch} is older than the last commit {last} of owner "
                         f"'{lease.owner_id}' on {lease.table}: commits only move forward")
             value = {"epoch": epoch, "offsets": offsets_to_json(offsets),
                      "tenure": record.tenure, "token": lease.token, "committed_at": time.time()}
-            write = ("set", commit_path(lease.table_id, lease.owner_id), value, node.version) \
-                if node is not None else ("create", commit_path(lease.table_id, lease.owner_id), value)
-            try:
-                self.store.transaction([
-                    ("check", lock_path(lease.table_id, lease.owner_id), lock_version), write])
-            except _RACES:
-                continue
+            write = ("set", path, value, node.version) if node is not None else \
+                ("create", path, value)
+            return [("check", lock_path(lease.table_id, lease.owner_id), lock_version),
+                    write], True
+
+        committed = self.store.transact(
+            attempt, what=f"the lock and the last commit of owner '{lease.owner_id}'",
+            doing=f"commit epoch {epoch} on {lease.table}")
+        if committed:
             self.forget_baselines(lease.table_id, lease.owner_id, epoch)
-            return True
-        raise VersionConflictError(f"Could not commit epoch {epoch} on {lease.table}; try again")
+        return committed
 
     def epoch_baseline(self, lease: Lease, epoch: int, current_offsets) -> Offsets:
         """The end offsets before `epoch`'s first write in this tenure: stored on the first
@@ -110,20 +112,19 @@ class CommitLog:
         epoch = _check_epoch(epoch)
         record, _ = self.locks.current(lease)
         path = baseline_path(lease.table_id, lease.owner_id, epoch)
-        for _ in range(100):
+
+        def attempt() -> tuple[list[tuple], Offsets]:
             node = self.store.get(path)
             if node is not None and int(node.value["tenure"]) == record.tenure:
-                return offsets_from_json(node.value["offsets"])
+                return [], offsets_from_json(node.value["offsets"])
             value = {"offsets": offsets_to_json(current_offsets()), "tenure": record.tenure}
-            try:
-                if node is None:
-                    self.store.create(path, value)
-                else:
-                    self.store.set(path, value, version=node.version)
-            except _RACES:
-                continue
-            return offsets_from_json(value["offsets"])
-        raise VersionConflictError(f"Could not store the baseline of epoch {epoch}; try again")
+            write = ("create", path, value) if node is None else \
+                ("set", path, value, node.version)
+            return [write], offsets_from_json(value["offsets"])
+
+        return self.store.transact(
+            attempt, what=f"the baseline node of owner '{lease.owner_id}' on {lease.table}",
+            doing=f"store the baseline of epoch {epoch}")
 
     def pending_baselines(self, table_id: int, owner_id: str, tenure: int) -> dict[int, Offsets]:
         """Baselines of epochs of this tenure stored but not committed yet (retention must

@@ -6,9 +6,13 @@ Layout in the metadata store:
     /locks/<table_id>/<owner>         one lock: owner id, column ids and names, ttl, expiry,
                                       token, initial offsets, created-at
 
-Every change is one metadata transaction that checks the table's guard node version and bumps
-it, so two acquirers can never both win, even across coordinator restarts. Expiry is judged on
-the coordinator's clock (`clock`, `time.time` by default).
+Every acquisition and takeover is one metadata transaction (`MetadataStore.transact`: built
+again from fresh reads when another writer got in first) that checks the table's guard node
+version and bumps it, so two acquirers can never both win, even across coordinator restarts; a
+renewal, an attempt registration, a release or a discard compare-and-sets the lock node alone.
+A guard may hold {} (the ZooKeeper store makes it, as the parent of the lock node an
+acquisition creates, before that transaction): no token issued yet. Expiry is judged on the
+coordinator's clock (`clock`, `time.time` by default).
 
 A lock node lives from the acquisition that starts its tenure until its owner releases it (or
 an operator discards it): expiry alone does not end a tenure, because the tenure's writes since
@@ -26,7 +30,6 @@ from typing import Callable
 
 from locks.lease import Lease, LockRecord, Offsets
 from tally.errors import (
-    AlreadyExistsError,
     ColumnLockConflict,
     InvalidInputError,
     LeaseLostError,
@@ -36,8 +39,6 @@ from tally.errors import (
     VersionConflictError,
 )
 from tally.meta import MetadataStore, join_path, node_name
-
-_RACES = (VersionConflictError, AlreadyExistsError, NotFoundError)
 
 
 @dataclass(frozen=True)
@@ -106,14 +107,12 @@ class ColumnLockService:
             raise InvalidInputError(f"A lock owner id must be a non-empty string, got {owner_id!r}")
         ttl = _check_ttl(ttl)
         ids, names = self._resolve(target, columns)
-        for _ in range(100):
-            try:
-                lease = self._try_acquire(target, owner_id, ids, names, ttl, current_offsets)
-            except _RACES:
-                continue  # another acquirer changed the table's locks first: look again
-            self.on_change(target.table_id)
-            return lease
-        raise VersionConflictError(f"Locks of table {target.name} kept changing; try again")
+        # another acquirer that changed the table's locks first: look again
+        lease = self.store.transact(
+            lambda: self._acquire_ops(target, owner_id, ids, names, ttl, current_offsets),
+            what=f"Locks of table {target.name}")
+        self.on_change(target.table_id)
+        return lease
 
     def _resolve(self, target: LockTarget, columns) -> tuple[tuple[int, ...], tuple[str, ...]]:
         schema = target.schema
@@ -132,7 +131,8 @@ class ColumnLockService:
         chosen = [c for c in schema.columns if c.name in wanted]
         return tuple(c.id for c in chosen), tuple(c.name for c in chosen)
 
-    def _try_acquire(self, target, owner_id, ids, names, ttl, current_offsets) -> Lease:
+    def _acquire_ops(self, target, owner_id, ids, names, ttl,
+                     current_offsets) -> tuple[list[tuple], Lease]:
         now = self.clock()
         guard = self.store.get(guard_path(target.table_id))
         records = self.records(target.table_id)
@@ -170,8 +170,7 @@ class ColumnLockService:
         path = lock_path(target.table_id, owner_id)
         write = ("set", path, record.to_json(), mine[1]) if mine else \
             ("create", path, record.to_json())
-        self.store.transaction([guard_op, write])
-        return record.lease(target.name)
+        return [guard_op, write], record.lease(target.name)
 
     def _refuse_overlap(self, target, record: LockRecord, overlap: set, now: float) -> None:
         columns = sorted(self._names(target, overlap))
@@ -219,17 +218,13 @@ class ColumnLockService:
         """
         ttl = _check_ttl(ttl)
         ids, _ = self._resolve(target, columns)
-        for _ in range(100):
-            try:
-                leases = self._try_take_over(target, owner_id, ids, ttl)
-            except _RACES:
-                continue
-            if leases:
-                self.on_change(target.table_id)
-            return leases
-        raise VersionConflictError(f"Locks of table {target.name} kept changing; try again")
+        leases = self.store.transact(lambda: self._take_over_ops(target, owner_id, ids, ttl),
+                                     what=f"Locks of table {target.name}")
+        if leases:
+            self.on_change(target.table_id)
+        return leases
 
-    def _try_take_over(self, target, owner_id, ids, ttl) -> list[Lease]:
+    def _take_over_ops(self, target, owner_id, ids, ttl) -> tuple[list[tuple], list[Lease]]:
         now = self.clock()
         mine_key = node_name(owner_id)
         in_way = []
@@ -244,7 +239,7 @@ class ColumnLockService:
             self._refuse_unrecoverable(target, record, now)
             in_way.append((record, version))
         if not in_way:
-            return []
+            return [], []
         guard = self.store.get(guard_path(target.table_id))
         revived_ids = sorted({c for record, _ in in_way for c in record.column_ids})
         token, guard_op = self._next_token(guard, target.table_id, revived_ids)
@@ -254,30 +249,29 @@ class ColumnLockService:
             ops.append(("set", lock_path(target.table_id, record.owner_id), revived.to_json(),
                         version))
             leases.append(revived.lease(target.name))
-        self.store.transaction(ops)
-        return leases
+        return ops, leases
 
     def discard(self, target: LockTarget, owner_id: str) -> bool:
         """Drop an expired lock without undoing anything: its writes since its last commit
         stay as they are (an operator's choice when they can no longer be undone). A live
         lock is refused; False when there is no such lock."""
-        for _ in range(100):
-            node = self.store.get(lock_path(target.table_id, owner_id))
+        path = lock_path(target.table_id, owner_id)
+
+        def attempt() -> tuple[list[tuple], bool]:
+            node = self.store.get(path)
             if node is None:
-                return False
+                return [], False
             record = LockRecord.from_json(node.value)
             if record.live(self.clock()):
                 raise ColumnLockConflict(
                     f"The lock of owner '{owner_id}' on table {target.name} is live until "
                     f"{_when(record.expires_at)}; only an expired lock can be discarded")
-            try:
-                self.store.transaction([("delete", lock_path(target.table_id, owner_id),
-                                         node.version)])
-            except _RACES:
-                continue
+            return [("delete", path, node.version)], True
+
+        discarded = self.store.transact(attempt, what=f"Locks of table {target.name}")
+        if discarded:
             self.on_change(target.table_id)
-            return True
-        raise VersionConflictError(f"Locks of table {target.name} kept changing; try again")
+        return discarded
 
     def _guard_op(self, guard, table_id: int, value: dict):
         if guard is None:
@@ -310,35 +304,34 @@ class ColumnLockService:
 
     def renew(self, lease: Lease) -> Lease:
         """Extend a lease by its ttl; LeaseLostError once it expired or was superseded."""
-        for _ in range(100):
+        def attempt() -> tuple[list[tuple], Lease]:
             record, version = self.current(lease)
             renewed = dataclasses.replace(record, expires_at=self.clock() + record.ttl)
-            try:
-                self.store.transaction([("set", lock_path(lease.table_id, lease.owner_id),
-                                         renewed.to_json(), version)])
-            except _RACES:
-                continue
-            self.on_change(lease.table_id)
-            return renewed.lease(lease.table)
-        raise VersionConflictError(f"Could not renew the lease on {lease.table}; try again")
+            return [("set", lock_path(lease.table_id, lease.owner_id), renewed.to_json(),
+                     version)], renewed.lease(lease.table)
+
+        renewed = self.store.transact(attempt, what=f"the lock of owner '{lease.owner_id}'",
+                                      doing=f"renew the lease on {lease.table}")
+        self.on_change(lease.table_id)
+        return renewed
 
     def register_attempt(self, lease: Lease, bucket: int) -> int:
         """A new attempt number for the owner's writes to `bucket` (of every partition): once
         this returns, tablet servers reject the owner's writes there from older attempts."""
         if not isinstance(bucket, int) or bucket < 0:
             raise InvalidInputError(f"A bucket is a non-negative integer, got {bucket!r}")
-        for _ in range(100):
+
+        def attempt() -> tuple[list[tuple], int]:
             record, version = self.current(lease)
             number = record.attempts.get(bucket, 0) + 1
             updated = dataclasses.replace(record, attempts={**record.attempts, bucket: number})
-            try:
-                self.store.transaction([("set", lock_path(lease.table_id, lease.owner_id),
-                                         updated.to_json(), version)])
-            except _RACES:
-                continue
-            self.on_change(lease.table_id)
-            return number
-        raise VersionConflictError(f"Could not register an attempt on {lease.table}; try again")
+            return [("set", lock_path(lease.table_id, lease.owner_id), updated.to_json(),
+                     version)], number
+
+        number = self.store.transact(attempt, what=f"the lock of owner '{lease.owner_id}'",
+                                     doing=f"register an attempt on {lease.table}")
+        self.on_change(lease.table_id)
+        return number
 
     def release(self, lease: Lease) -> bool:
         """Drop the lock if `lease` is still its newest token; a superseded lease does nothing."""
@@ -348,7 +341,7 @@ class ColumnLockService:
         try:
             self.store.transaction([("delete", lock_path(lease.table_id, lease.owner_id),
                                      node.version)])
-        except _RACES:
+        except (VersionConflictError, NotFoundError):  # superseded or gone meanwhile
             return False
         self.on_change(lease.table_id)
         return True

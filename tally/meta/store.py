@@ -21,11 +21,14 @@ import dataclasses
 import os
 import signal
 import urllib.parse
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
-from tally.errors import InvalidInputError, NotFoundError, VersionConflictError
+from tally.errors import AlreadyExistsError, InvalidInputError, NotFoundError, VersionConflictError
 
 ChildrenCallback = Callable[[list[str]], None]
+T = TypeVar("T")
+# What a write raises when another writer got in between its reads and it: read again and retry.
+_RACES = (VersionConflictError, AlreadyExistsError, NotFoundError)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,8 +170,6 @@ class MetadataStore(abc.ABC):
 
     def ensure(self, path: str, value: dict | None = None) -> Node:
         """The node at `path`, created with `value` (default {}) when missing."""
-        from tally.errors import AlreadyExistsError
-
         node = self.get(path)
         if node is not None:
             return node
@@ -180,29 +181,59 @@ class MetadataStore(abc.ABC):
                 raise NotFoundError(f"metadata node {path} vanished while being ensured")
             return found
 
+    def transact(self, attempt: Callable[[], tuple[list[tuple], T]], *, what: str,
+                 doing: str | None = None, attempts: int = 100) -> T:
+        """Compare-and-set over any number of nodes: apply the ops `attempt()` builds from
+        fresh reads, all or none, and read again whenever another writer got in between.
+
+        `attempt()` returns (ops, result): ops in `transaction`'s form, carrying the versions
+        it read, and what to return once they are applied (no ops: nothing to write, returned
+        at once). A version check that failed, a node to create that appeared or a node to
+        change that vanished (VersionConflictError, AlreadyExistsError, NotFoundError, from the
+        write or from `attempt` itself) runs `attempt` again; any other error ends the loop.
+        After `attempts` lost races: VersionConflictError saying that `what` kept changing
+        (and, with `doing`, what could not be done).
+
+        A single create or set goes through `create` or `set`: each is atomic on its own, so
+        it needs no transaction (nor, in the embedded store, its journal), and `set` keeps an
+        ephemeral node ephemeral. Anything else is one `transaction`.
+        """
+        for _ in range(attempts):
+            try:
+                ops, result = attempt()
+                if len(ops) == 1 and ops[0][0] == "create":
+                    self.create(ops[0][1], ops[0][2])
+                elif len(ops) == 1 and ops[0][0] == "set":
+                    self.set(ops[0][1], ops[0][2], version=ops[0][3])
+                elif ops:
+                    self.transaction(ops)
+            except _RACES:
+                continue
+            return result
+        message = f"{what} kept changing during {attempts} attempts; try again"
+        raise VersionConflictError(f"Could not {doing}: {message}" if doing else message)
+
     def update(self, path: str, change: Callable[[dict], dict], *, create: dict | None = None,
                attempts: int = 100) -> Node:
         """Read-modify-write `path` with compare-and-set, retrying when another writer won.
 
         `change` receives a copy of the current value and returns the new one; with `create`,
-        a missing node is created from `change(create)`.
+        a missing node is created from `change(create)`, else NotFoundError.
         """
-        from tally.errors import AlreadyExistsError
-
-        for _ in range(attempts):
+        def attempt() -> tuple[list[tuple], Node | None]:
             node = self.get(path)
             if node is None:
                 if create is None:
-                    raise NotFoundError(f"metadata node {path} does not exist")
-                try:
-                    return self.create(path, change(dict(create)))
-                except AlreadyExistsError:
-                    continue
-            try:
-                return self.set(path, change(dict(node.value)), version=node.version)
-            except VersionConflictError:
-                continue
-        raise VersionConflictError(f"metadata node {path} kept changing during {attempts} attempts")
+                    return [], None
+                value = change(dict(create))
+                return [("create", path, value)], Node(dict(value), 0)
+            value = change(dict(node.value))
+            return [("set", path, value, node.version)], Node(dict(value), node.version + 1)
+
+        updated = self.transact(attempt, what=f"metadata node {path}", attempts=attempts)
+        if updated is None:
+            raise NotFoundError(f"metadata node {path} does not exist")
+        return updated
 
     def next_id(self, counter: str) -> int:
         """A fresh integer from a persistent counter at /ids/<counter> (never reused)."""

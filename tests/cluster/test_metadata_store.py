@@ -87,6 +87,60 @@ def test_update_and_ids_are_unique_under_contention(store):
     assert sorted(ids) == list(range(1, 41))
 
 
+def test_transact_retries_lost_races_over_several_nodes(store):
+    """Racing multi-node compare-and-sets: an attempt's ops apply together or not at all, and
+    one that read stale versions is retried, so no bump is lost or applied twice."""
+    store.create("/pair/a", {"n": 0})
+    store.create("/pair/b", {"n": 0})
+    seen = []
+    lock = threading.Lock()
+
+    def attempt():
+        a, b = store.get("/pair/a"), store.get("/pair/b")
+        n = a.value["n"] + 1
+        return [("set", "/pair/a", {"n": n}, a.version),
+                ("set", "/pair/b", {"n": b.value["n"] + 1}, b.version)], n
+
+    def bump():
+        for _ in range(10):
+            n = store.transact(attempt, what="/pair")
+            with lock:
+                seen.append(n)
+
+    threads = [threading.Thread(target=bump) for _ in range(4)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert sorted(seen) == list(range(1, 41))
+    assert store.get("/pair/a").value == store.get("/pair/b").value == {"n": 40}
+
+
+def test_transact_gives_up_and_stops_at_other_errors(store):
+    store.create("/t/a", {})
+    assert store.transact(lambda: ([], "nothing to write"), what="/t") == "nothing to write"
+    calls = []
+
+    def stale():
+        calls.append(1)
+        return [("check", "/t/a", 7), ("create", "/t/b", {})], None
+
+    with pytest.raises(VersionConflictError,
+                       match="Could not add b: /t/a kept changing during 3 attempts"):
+        store.transact(stale, what="/t/a", doing="add b", attempts=3)
+    assert len(calls) == 3 and store.get("/t/b") is None
+
+    def refused():
+        calls.append(1)
+        raise InvalidInputError("no")
+
+    with pytest.raises(InvalidInputError):
+        store.transact(refused, what="/t/a")
+    assert len(calls) == 4
+    with pytest.raises(NotFoundError):
+        store.update("/t/missing", lambda v: v)
+    assert store.update("/t/a", lambda v: {**v, "x": 1}).version == 1
+    assert store.update("/t/c", lambda v: {"n": v["n"] + 1}, create={"n": 0}).value == {"n": 1}
+
+
 def test_ephemeral_nodes_and_child_watches(store, metadata_store, tmp_path):
     seen = []
     event = threading.Event()
