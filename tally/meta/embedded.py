@@ -10,8 +10,7 @@ renames it into place; a delete renames the subtree into `.scratch/` under a fre
 removes it; a transaction journals its changes in `.txn.json`, applies them, removes the journal.
 Opening replays a journal from its start (each change sets or removes a whole node, so a replay
 ends where one run does) and empties `.scratch/`, so no crash leaves anything in a later change's
-way. (The old layout deleted via `<node>.deleting` in place: a leftover blocked the next delete
-of the re-created node at every start; opening such a store sweeps its leftovers once.)
+way.
 
 Only one process may own a store: an exclusive `fcntl` lock on `<root>/.lock` guarantees it, so
 in a cluster without ZooKeeper the coordinator is the single writer and tablet servers reach the
@@ -33,8 +32,6 @@ from tally.meta.store import (ChildrenCallback, CrashPoints, MetadataStore, Node
 NODE_FILE = ".node.json"
 JOURNAL_FILE = ".txn.json"
 SCRATCH_DIR = ".scratch"
-FORMAT_FILE = ".format"  # present once a store uses this layout (legacy leftovers swept)
-FORMAT = b'{"layout": 2}'
 
 # Crash points, a test hook (see `CrashPoints`): TALLY_META_CRASH_AT="<step>:<n>" kills this
 # process with SIGKILL the n-th time it reaches <step>. Every step of this store is listed here.
@@ -47,7 +44,6 @@ CRASH_STEPS = frozenset({
     "tree.removed",     # one file or directory of a doomed subtree is removed
     "journal.applied",  # every change of a transaction is applied, the journal still there
     "journal.removed",  # ... the journal removed, the root not yet fsynced
-    "legacy.swept",     # an old layout's leftovers are gone, the format file not yet written
 })
 _crash_point = CrashPoints(CRASH_STEPS)
 
@@ -121,10 +117,6 @@ class EmbeddedStore(MetadataStore):
         os.makedirs(self._scratch, exist_ok=True)
         for entry in os.listdir(self._scratch):
             _remove_tree(os.path.join(self._scratch, entry))
-        if not os.path.exists(os.path.join(self._root, FORMAT_FILE)):
-            self._sweep_legacy(self._root)
-            _crash_point("legacy.swept")
-            self._write_file(os.path.join(self._root, FORMAT_FILE), FORMAT)
         if os.path.exists(self._journal):
             try:
                 with open(self._journal, "rb") as f:
@@ -132,34 +124,6 @@ class EmbeddedStore(MetadataStore):
             except (OSError, ValueError) as e:
                 raise StorageError(f"metadata journal {self._journal} is unreadable: {e}") from e
             self._apply_journal(changes)
-
-    def _sweep_legacy(self, directory: str) -> bool:
-        """Remove the old layout's crash leftovers, so that nothing hidden blocks a change.
-
-        That is `<node>.deleting` directories, `*.tmp` files and directories without a node file
-        (a create stopped after its mkdir); one with nodes below becomes their empty parent.
-        The old `children()` hid `*.deleting` names, so no visible node is lost.
-        """
-        holds_node = False
-        for entry in list(os.scandir(directory)):
-            if entry.name.endswith(".tmp") and not entry.is_dir(follow_symlinks=False):
-                _remove_tree(entry.path)
-            elif directory == self._root and entry.name.startswith("."):
-                continue  # the lock, journal, scratch: never nodes
-            elif entry.is_dir(follow_symlinks=False):
-                if entry.name.endswith(".deleting"):
-                    _remove_tree(entry.path)
-                elif self._sweep_legacy(entry.path):
-                    holds_node = True
-        if directory == self._root:
-            return holds_node
-        if os.path.exists(os.path.join(directory, NODE_FILE)):
-            return True
-        if holds_node:
-            self._write_file(os.path.join(directory, NODE_FILE), _node_payload(Node({}, 0)))
-            return True
-        _remove_tree(directory)
-        return False
 
     # --- paths and single-rename changes ---------------------------------------------------------
 

@@ -87,7 +87,7 @@ def assert_clean(root: Path) -> None:
     for dirpath, dirnames, filenames in os.walk(root):
         if Path(dirpath) == root:
             dirnames.remove(SCRATCH_DIR)
-            assert set(filenames) == {".lock", ".format"}, filenames
+            assert set(filenames) == {".lock"}, filenames
         else:
             assert filenames == [NODE_FILE], (dirpath, filenames)
 

@@ -6,16 +6,14 @@ store's own CRASH_STEPS: a new step is covered without touching this file), then
 with a SIGKILL there. After each kill the test process reopens the store and checks that
 - it opens, with no journal, nothing in `.scratch`, and every directory a node;
 - its nodes are the model's before or after the operation, never anything in between;
-- the operation can be finished, and its nodes deleted, re-created and deleted again (the old
-  layout's `<node>.deleting` leftover made exactly that fail at every start).
-Opening is crashed into too (a store that must replay a journal, empty `.scratch` or sweep the
-old layout is killed at every point of its open). Children are `python -m` processes that only
-import the store; the test waits for each to exit and never sleeps.
+- the operation can be finished, and its nodes deleted, re-created and deleted again.
+Opening is crashed into too (a store that must replay a journal or empty `.scratch` is killed
+at every point of its open). Children are `python -m` processes that only import the store; the
+test waits for each to exit and never sleeps.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import signal
 from pathlib import Path
@@ -23,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tally.meta import embedded
-from tally.meta.embedded import CRASH_STEPS, JOURNAL_FILE, NODE_FILE, EmbeddedStore
+from tally.meta.embedded import CRASH_STEPS, EmbeddedStore
 from tests.cluster.meta_crash import (Model, assert_clean, check_all, crash_everywhere,
                                       make_store, model_apply, op_paths, recreate_and_delete,
                                       run_child, snapshot)
@@ -90,35 +88,6 @@ TXN_SETUP, TXN = OPERATIONS["transaction"]
 RECURSIVE_SETUP, RECURSIVE_DELETE = OPERATIONS["delete-recursive"]
 
 
-def _write_node(path: Path, value: dict, version: int = 0) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / NODE_FILE).write_text(json.dumps({"version": version, "value": value}))
-
-
-def legacy_wedged_store(root: Path) -> None:
-    """The old layout after the reported crash, plus its other possible leftovers.
-
-    /locks/L was being deleted (renamed to L.deleting) when kill -9 came; L was then re-created,
-    and a journaled delete of it failed with ENOTEMPTY at every start. Also: a set killed before
-    its rename (a .tmp file), a create killed after its mkdir (a directory without a node file),
-    and a transaction killed while writing its journal.
-    """
-    _write_node(root / "locks", {})
-    _write_node(root / "locks" / "L", {"owner": 2}, 3)
-    _write_node(root / "locks" / "L.deleting", {"owner": 1})
-    _write_node(root / "locks" / "L.deleting" / "sub", {})
-    (root / "locks" / "L" / (NODE_FILE + ".tmp")).write_text('{"version": 4, "val')
-    _write_node(root / "t", {"keep": True}, 1)
-    (root / "t" / "orphan").mkdir()
-    (root / "t" / "orphan" / (NODE_FILE + ".tmp")).write_text("")
-    (root / JOURNAL_FILE).write_text(json.dumps([["put", "/locks/M", {"m": 1}, 0],
-                                                 ["delete", "/locks/L"]]))
-    (root / (JOURNAL_FILE + ".tmp")).write_text("[")
-
-
-LEGACY_AFTER = {"/locks": ({}, 0), "/locks/M": ({"m": 1}, 0), "/t": ({"keep": True}, 1)}
-
-
 def _crashed(setup: list, op: list, spec: str):
     """A store whose child was killed at `spec` during `op`, and the model's state after `op`."""
     def make(root: Path) -> Model:
@@ -128,11 +97,6 @@ def _crashed(setup: list, op: list, spec: str):
     return make
 
 
-def _legacy(root: Path) -> Model:
-    legacy_wedged_store(root)
-    return LEGACY_AFTER
-
-
 RECOVERIES = {
     # every change applied, the journal still there: the open replays all of it
     "replay-all": _crashed(TXN_SETUP, TXN, "journal.applied:1"),
@@ -140,7 +104,6 @@ RECOVERIES = {
     "replay-half": _crashed(TXN_SETUP, TXN, "create.staged:1"),
     # the doomed subtree of a recursive delete is still in .scratch
     "scratch": _crashed(RECURSIVE_SETUP, RECURSIVE_DELETE, "delete.renamed:1"),
-    "legacy": _legacy,
 }
 
 
@@ -171,15 +134,6 @@ def recovery_traces(tmp_path_factory) -> dict[str, list[str]]:
         assert child.returncode == 0, child
         found[name] = child.trace
     return found
-
-
-def test_legacy_wedged_store_opens_and_deletes_again(tmp_path):
-    """The reported bug: a re-created node next to its `.deleting` leftover, and a journal."""
-    legacy_wedged_store(tmp_path)
-    with EmbeddedStore(str(tmp_path)) as store:
-        assert snapshot(store) == LEGACY_AFTER
-        recreate_and_delete(store, ["/locks/L", "/locks/M"])
-    assert_clean(tmp_path)
 
 
 # --- the list of steps is the store's, and all of it is exercised -------------------------------
