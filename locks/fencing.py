@@ -51,9 +51,9 @@ class LockView:
             table_id=int(d["table_id"]),
             locks=[HeldLock(l["owner_id"], frozenset(int(c) for c in l["columns"]),
                             tuple(l["column_names"]), int(l["token"]), float(l["expires_at"]),
-                            {int(b): int(n) for b, n in l.get("attempts", {}).items()})
-                   for l in d.get("locks", [])],
-            column_tokens={int(k): int(v) for k, v in d.get("column_tokens", {}).items()},
+                            {int(b): int(n) for b, n in l["attempts"].items()})
+                   for l in d["locks"]],
+            column_tokens={int(k): int(v) for k, v in d["column_tokens"].items()},
         )
 
     def _refuse(self, lock: HeldLock, overlap, now: float, table: str) -> None:

@@ -15,7 +15,7 @@ def offsets_to_json(offsets: Offsets) -> list[list[Any]]:
 
 
 def offsets_from_json(items) -> Offsets:
-    return {(p, int(b)): int(o) for p, b, o in items or []}
+    return {(p, int(b)): int(o) for p, b, o in items}
 
 
 def _order(item):
@@ -110,7 +110,7 @@ class LockRecord:
             expires_at=float(d["expires_at"]), token=int(d["token"]),
             initial_offsets=offsets_from_json(d["initial_offsets"]),
             created_at=float(d["created_at"]),
-            attempts={int(b): int(n) for b, n in d.get("attempts", {}).items()},
+            attempts={int(b): int(n) for b, n in d["attempts"].items()},
             tenure=int(d["tenure"]),
         )
 

@@ -172,17 +172,7 @@ class TableSpec:
 
     @classmethod
     def _from_schema(cls, schema: Any, properties: dict) -> "TableSpec":
-        columns = []
-        for col in schema.columns:
-            # The engine's Column keeps the function as `agg` and its parameters as `params`.
-            function = getattr(col, "agg", None)
-            columns.append(
-                ColumnSpec(
-                    col.name,
-                    col.type,
-                    AggFunction.parse(function) if function is not None else None,
-                    dict(getattr(col, "params", None) or {}),
-                    getattr(col, "nullable", True),
-                )
-            )
+        # The engine's Column keeps the function as `agg` and its parameters as `params`.
+        columns = [ColumnSpec(col.name, col.type, col.agg, dict(col.params), col.nullable)
+                   for col in schema.columns]
         return cls(tuple(columns), tuple(schema.primary_key), properties)

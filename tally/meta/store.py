@@ -238,7 +238,7 @@ class MetadataStore(abc.ABC):
     def next_id(self, counter: str) -> int:
         """A fresh integer from a persistent counter at /ids/<counter> (never reused)."""
         node = self.update(join_path("ids", counter),
-                           lambda v: {"next": int(v.get("next", 1)) + 1}, create={"next": 1})
+                           lambda v: {"next": int(v["next"]) + 1}, create={"next": 1})
         return int(node.value["next"]) - 1
 
     def __enter__(self) -> "MetadataStore":

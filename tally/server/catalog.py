@@ -248,7 +248,7 @@ class Catalog:
     def remember_server(self, server_id: str, address: str) -> None:
         path = join_path("servers", node_name(server_id))
         node = self.store.get(path)
-        if node is None or node.value.get("address") != address:
+        if node is None or node.value["address"] != address:
             self.store.update(path, lambda v: {**v, "address": address, "seen_at": time.time()},
                               create={})
 
@@ -257,5 +257,5 @@ class Catalog:
         for child in self.store.children("/servers"):
             node = self.store.get(join_path("servers", child))
             if node is not None:
-                out[text_of(child)] = node.value.get("address", "")
+                out[text_of(child)] = node.value["address"]
         return out

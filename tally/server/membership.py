@@ -65,7 +65,7 @@ class ZooKeeperLiveness:
         for child in children:
             node = self._store.get(join_path(LIVE, child))
             if node is not None:
-                live[text_of(child)] = node.value.get("address", "")
+                live[text_of(child)] = node.value["address"]
         with self._lock:
             joined = set(live) - set(self._live)
             left = set(self._live) - set(live)

@@ -123,7 +123,7 @@ class TabletServer:
         answer = self._coordinator("heartbeat", {"server_id": self.server_id,
                                                  "address": self.address,
                                                  "table_ids": self.host.table_ids()})
-        for table_id in answer.get("dropped_table_ids", []):
+        for table_id in answer["dropped_table_ids"]:
             self.host.drop_table(int(table_id))
 
     # --- tablets ----------------------------------------------------------------------------
