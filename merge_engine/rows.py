@@ -1,14 +1,15 @@
 """BucketRows: a bucket's current rows, the RowBuffer in front of RocksDB's row keys.
 
-KvTablet decides what a write changes; this class decides where the changed rows live. A put's
-rows join the buffer after its changelog batch commits, or, when the buffer would outgrow its
-limit, the whole buffer goes into that same write batch (with the offset the rows are then
-applied up to). Reads look in the buffer first, then in RocksDB. See merge_engine/buffer.py for
+KvTablet decides what a write changes and commits its one write batch; this class decides where
+the changed rows live. A put's rows join the buffer after its changelog batch commits, or, when
+the buffer would outgrow its limit, the whole buffer goes into that same write batch (with the
+offset the rows are then applied up to). Reads look in the buffer first, then in RocksDB. See merge_engine/buffer.py for
 why the rows wait in memory and how a crash is recovered (replay of the changelog).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Iterable
 
 import numpy as np
@@ -24,6 +25,17 @@ from merge_engine.storage import KV_APPLIED, ROW, TabletStore
 # Rows are flushed once the changelog since the last flush reaches this many buffer sizes, so a
 # hot key set that never fills the buffer still leaves a bounded changelog to replay.
 REPLAY_FACTOR = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class StagedRows:
+    """What one write changes in the rows, between staging and its commit."""
+
+    flushed: bool               # the write batch carries every buffered row
+    keys: KeyArray
+    rows: StateBatch | None
+    removed: KeyArray
+    log_bytes: int
 
 
 class BucketRows:
@@ -88,25 +100,31 @@ class BucketRows:
 
     # --- writes -----------------------------------------------------------------------------
 
-    def commit(self, batch: WriteBatch, applied: int, keys: KeyArray, rows: StateBatch | None,
-               removed: KeyArray, log_bytes: int) -> None:
-        """Commit `batch` (a write's changelog of `log_bytes` and its offsets) and record its
-        changed rows (`keys` aligned with `rows`) and removed keys. If that would outgrow the
-        buffer, or leave more changelog than REPLAY_FACTOR buffers to replay after a crash, every
-        buffered row goes into `batch` too, applied up to offset `applied` (the write's end)."""
+    def stage(self, batch: WriteBatch, applied: int, keys: KeyArray, rows: StateBatch | None,
+              removed: KeyArray, log_bytes: int) -> "StagedRows":
+        """Prepare a write's changed rows (`keys` aligned with `rows`) and removed keys; the
+        caller commits `batch` (the write's changelog of `log_bytes` and its offsets), then
+        hands the result to `committed`. If the rows would outgrow the buffer, or leave more
+        changelog than REPLAY_FACTOR buffers to replay after a crash, every buffered row goes
+        into `batch` too, applied up to offset `applied` (the write's end). Readers keep seeing
+        the current buffer until `committed`, so a write that fails to commit shows nothing."""
         growth = (rows.nbytes if rows is not None else 0) + ENTRY_BYTES * (len(keys) + len(removed))
-        self._log_bytes += log_bytes
-        if growth and (self._buffer.size_bytes + growth > self._limit
-                       or self._log_bytes > REPLAY_FACTOR * self._limit):
-            pending = self._buffer.copy()  # readers keep the current buffer until the commit
+        flush = bool(growth) and (self._buffer.size_bytes + growth > self._limit
+                                  or self._log_bytes + log_bytes > REPLAY_FACTOR * self._limit)
+        if flush:
+            pending = self._buffer.copy()
             pending.add(keys, rows, removed)
             self._write(batch, pending, applied)
-            self._store.commit(batch)
+        return StagedRows(flush, keys, rows, removed, log_bytes)
+
+    def committed(self, staged: "StagedRows") -> None:
+        """The staged write's batch is in RocksDB: its rows join the buffer (or, when they went
+        to RocksDB with every buffered row, the buffer starts empty)."""
+        if staged.flushed:
             self._buffer, self._log_bytes = RowBuffer(), 0
             return
-        if not batch.is_empty():
-            self._store.commit(batch)
-        self._buffer.add(keys, rows, removed)
+        self._log_bytes += staged.log_bytes
+        self._buffer.add(staged.keys, staged.rows, staged.removed)
         if self._buffer.wants_compaction(self._limit):
             self._buffer = self._buffer.compacted()
 

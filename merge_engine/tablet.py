@@ -237,8 +237,10 @@ class KvTablet:
         changed = np.nonzero((outcome == log.INSERTED) | (outcome == log.UPDATED))[0]
         rows = None if not len(changed) else after if len(changed) == len(after) \
             else after.take(changed)
-        self._rows.commit(batch, end, keys.take(changed), rows,
-                          keys.take(np.nonzero(outcome == log.REMOVED)[0]), len(data))
+        staged = self._rows.stage(batch, end, keys.take(changed), rows,
+                                  keys.take(np.nonzero(outcome == log.REMOVED)[0]), len(data))
+        self._store.commit(batch)
+        self._rows.committed(staged)
         self._end = end
         return end
 
