@@ -20,6 +20,7 @@ from merge_engine.keys import KeyArray
 from merge_engine.rowcodec import RowCodec
 from merge_engine.state import StateBatch
 from merge_engine.storage import KV_APPLIED, ROW, TabletStore
+from tally.errors import StorageError
 
 
 # Rows are flushed once the changelog since the last flush reaches this many buffer sizes, so a
@@ -130,17 +131,19 @@ class BucketRows:
 
     def flush(self, applied: int) -> None:
         """Write the buffered rows to RocksDB, applied up to offset `applied` (the log end)."""
-        if len(self._buffer) == 0 and self.applied_offset(applied) == applied:
+        if len(self._buffer) == 0 and self.applied_offset() == applied:
             return
         batch = self._store.new_batch()
         self._write(batch, self._buffer, applied)
         self._store.commit(batch)
         self._buffer, self._log_bytes = RowBuffer(), 0
 
-    def applied_offset(self, log_end: int) -> int:
-        """The changelog offset RocksDB's rows are applied up to (tablets made before the row
-        buffer existed wrote rows with every put: for them it is the log end)."""
-        return self._store.get_int(KV_APPLIED, log_end)
+    def applied_offset(self) -> int:
+        """The changelog offset RocksDB's rows are applied up to (set when the bucket is made)."""
+        applied = self._store.get_int(KV_APPLIED, -1)
+        if applied < 0:
+            raise StorageError("The bucket's rows record no applied offset: the tablet is corrupt")
+        return applied
 
     def replay(self, changes: Iterable[tuple[KeyArray, StateBatch, KeyArray]],
                log_end: int) -> None:

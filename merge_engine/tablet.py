@@ -263,7 +263,7 @@ class KvTablet:
 
     def _replay_unflushed(self) -> None:
         """After a crash: rebuild the row buffer from the changelog past the last flush."""
-        applied = self._rows.applied_offset(self._end)
+        applied = self._rows.applied_offset()
         if applied == self._end:
             return
         if not self._start <= applied < self._end:

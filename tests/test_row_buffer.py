@@ -112,7 +112,7 @@ def test_hot_keys_leave_a_bounded_changelog_to_replay(tmp_path):
         applied = []
         for i in range(300):
             tablet.put([{"id": k, "n": 1} for k in (1, 2, 3)])
-            applied.append(tablet._rows.applied_offset(tablet.log_end_offset))
+            applied.append(tablet._rows.applied_offset())
         end = tablet.log_end_offset
         assert len(set(applied)) > 5, "the rows were never flushed while the buffer stayed small"
         lag_bytes = sum(len(data) for first, data in tablet._store.log_entries(applied[-1])
@@ -126,10 +126,10 @@ def test_a_buffer_that_is_never_flushed_keeps_reads_exact(tmp_path):
     with _hot_key_tablet(tmp_path / "t", "1gb") as tablet:
         for i in range(50):
             tablet.put([{"id": k, "n": i} for k in range(20)])
-        assert tablet._rows.applied_offset(tablet.log_end_offset) == 0
+        assert tablet._rows.applied_offset() == 0
         assert tablet.lookup({"id": 7}) == {"id": 7, "n": sum(range(50))}
         assert tablet.to_arrow().column("n").to_pylist() == [sum(range(50))] * 20
-        assert tablet._rows.applied_offset(tablet.log_end_offset) == tablet.log_end_offset
+        assert tablet._rows.applied_offset() == tablet.log_end_offset
 
 
 KEY_SHAPES = {  # key columns of each shape: fixed <= 8 bytes, fixed > 8, variable width

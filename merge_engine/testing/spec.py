@@ -13,19 +13,12 @@ from typing import Any, Mapping
 import pyarrow as pa
 
 from aggfuncs import AggFunction, build_bitmap
+from aggfuncs.base import parse_bool
 from merge_engine.hidden_columns import UNWRITTEN
 from tally.errors import InvalidAggFunctionError
 
 MERGE_ENGINE = "table.merge-engine"
 DELETE_BEHAVIOR = "table.delete.behavior"
-
-
-def _parse_bool(name: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    raise InvalidAggFunctionError(f"Parameter '{name}' must be true or false but was {value!r}")
 
 
 @dataclass(frozen=True)
@@ -52,7 +45,7 @@ class ColumnSpec:
 
     @property
     def distinct(self) -> bool:
-        return _parse_bool("distinct", self.params.get("distinct", False))
+        return parse_bool("distinct", self.params.get("distinct", False))
 
 
 @dataclass(frozen=True)
