@@ -137,7 +137,7 @@ def test_restart_after_another_owner_wrote_the_columns_keeps_both_owners_data(
 
     publish(0, 1)
     sink_ = TallySink(cluster.url, table_name, target_columns=["v"],
-                      options={"client.column-lock.ttl": "5"})
+                      options={"client.column-lock.ttl": "60"})
     frame = stream(spark, str(source)).select("k", "v")
     query = sink_.start(frame, str(tmp_path / "ckpt"), trigger={"availableNow": True})
     query.awaitTermination()
