@@ -64,7 +64,7 @@ def _plan(options: SinkOptions, schema):
     from sink import remote
     from sink.plan import plan_write
 
-    conn = remote.connect(options.url, options.token)
+    conn = remote.connect(options.url, options.token, options.tls)
     try:
         return plan_write(conn, options, schema)
     finally:

@@ -13,6 +13,7 @@ import dataclasses
 from merge_engine import MergeMode
 from merge_engine.descriptor import parse_bool_option
 from tally.errors import InvalidOptionError
+from tally.wire.tls import TlsFiles
 
 URL = "url"
 TABLE = "table"
@@ -28,14 +29,22 @@ LOCK_TTL = "client.column-lock.ttl"
 SEQUENCE_COLUMN = "sequence-column"
 EPOCH = "epoch"
 FAIL_HOOK = "fail-hook"
+TLS_CA, TLS_CERT, TLS_KEY = "tls.ca", "tls.cert", "tls.key"  # PEM paths on every executor
 
 DEFAULT_TTL = 60.0
 
 # Keys the sink itself understands; `fields.*` and `table.*` are table options for create-table.
 SINK_KEYS = {URL, TABLE, TOKEN, COLUMNS, MERGE_MODE, CREATE_TABLE, PRIMARY_KEY, PARTITION_KEY,
-             BUCKET_NUM, OWNER_ID, LOCK_TTL, SEQUENCE_COLUMN, EPOCH, FAIL_HOOK}
+             BUCKET_NUM, OWNER_ID, LOCK_TTL, SEQUENCE_COLUMN, EPOCH, FAIL_HOOK, TLS_CA, TLS_CERT,
+             TLS_KEY}
 # Keys Spark adds to a data source's options on its own.
 SPARK_KEYS = {"path", "checkpointlocation"}
+
+
+def _tls(raw: dict) -> TlsFiles | None:
+    files = {k: str(raw[o]).strip() or None for k, o in
+             (("ca", TLS_CA), ("cert", TLS_CERT), ("key", TLS_KEY)) if raw.get(o)}
+    return TlsFiles(**files) if files else None
 
 
 def _split_list(value: str | None) -> list[str] | None:
@@ -66,6 +75,7 @@ class SinkOptions:
     table_options: tuple[tuple[str, str], ...] = ()   # fields.* and table.* for create-table
     checkpoint_location: str | None = None
     fail_hook: str | None = None   # tests only: "module:function", see sink.task.write_bucket
+    tls: TlsFiles | None = None    # a grpc+tls:// cluster: its CA, our certificate and key
 
     @property
     def database(self) -> str:
@@ -113,6 +123,7 @@ class SinkOptions:
                                        if k.startswith("fields.") or k.startswith("table."))),
             checkpoint_location=raw.get("checkpointlocation"),
             fail_hook=str(raw[FAIL_HOOK]).strip() or None if raw.get(FAIL_HOOK) else None,
+            tls=_tls(raw),
         )
 
 

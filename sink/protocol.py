@@ -86,7 +86,7 @@ class WriterRun:
                 schema=None) -> "WriterRun":
         """Connect, plan (unless given; from the DataFrame `schema`), pick the owner id
         (`owner_of(plan)`, or a string) and open the run; the connection is closed on failure."""
-        conn = remote.connect(options.url, options.token)
+        conn = remote.connect(options.url, options.token, options.tls)
         try:
             if plan is None:
                 plan = plan_write(conn, options, schema)
@@ -130,7 +130,7 @@ class WriterRun:
             return result
         baseline = dict(remote.epoch_baseline(self.conn, self.lease, epoch))
         context = EpochContext(self.options.url, self.options.token, self.lease, epoch,
-                               baseline, self.options.fail_hook)
+                               baseline, self.options.fail_hook, self.options.tls)
         self.dirty = True
         try:
             reports = deliver(self.conn, self.plan, context, label)

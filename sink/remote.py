@@ -11,25 +11,25 @@ import threading
 
 from merge_engine import MergeMode
 
-_connections: dict[tuple[str, str | None], object] = {}
+_connections: dict[tuple, object] = {}
 _connections_lock = threading.Lock()
 
 
-def connect(url: str, token: str | None):
+def connect(url: str, token: str | None, tls=None):
     """A fresh connection (the driver owns and closes its own)."""
     from tally import client
 
-    return client.connect(url, token)
+    return client.connect(url, token, tls=tls)
 
 
-def shared_connection(url: str, token: str | None):
+def shared_connection(url: str, token: str | None, tls=None):
     """One connection per Python worker process and cluster, reused by every task it runs
     (Spark reuses Python workers), so a task does not pay for a new connection."""
-    key = (url, token)
+    key = (url, token, tls)
     with _connections_lock:
         conn = _connections.get(key)
         if conn is None or getattr(conn, "_closed", False):
-            conn = connect(url, token)
+            conn = connect(url, token, tls)
             _connections[key] = conn
         return conn
 

@@ -66,7 +66,7 @@ class TallySink:
 
     def validate(self, df) -> None:
         """Check the DataFrame against the table (creating it if asked) without writing."""
-        conn = remote.connect(self.options.url, self.options.token)
+        conn = remote.connect(self.options.url, self.options.token, self.options.tls)
         try:
             plan_write(conn, self.options, df.schema)
         finally:

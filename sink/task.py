@@ -59,6 +59,7 @@ class EpochContext:
     epoch: int
     baseline: dict                 # {(partition, bucket): end offset before the epoch}
     fail_hook: str | None = None   # tests only: "module:function" called after half the rows
+    tls: object = None             # tally.wire.tls.TlsFiles of a grpc+tls:// cluster
 
 
 @dataclasses.dataclass
@@ -170,7 +171,7 @@ class BucketTask:
         check_bucket(data.column(BUCKET_COLUMN), bucket, self.plan.table)
         folded, mode = fold_rows(data, self.plan) if data.num_rows else \
             (None, MergeMode.MERGE_STATE)
-        conn = remote.shared_connection(self.epoch.url, self.epoch.token)
+        conn = remote.shared_connection(self.epoch.url, self.epoch.token, self.epoch.tls)
         report = write_bucket(conn, self.plan, self.epoch, bucket, folded, mode,
                               rows=data.num_rows, attempt_number=context.attemptNumber())
         yield report_batch(report)

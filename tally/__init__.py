@@ -7,6 +7,7 @@
     tally.TableDescriptor, tally.MergeMode, tally.KvTablet
     tally.TallySink                    the exactly-once Spark sink
     tally.LocalCluster                 a real cluster of local processes
+    tally.TlsFiles                     the PEM files of a grpc+tls:// connection or server
     tally.errors                       every error Tally raises (TallyError and its subclasses)
     tally.testing                      the reference model; tally.testing.strategies for hypothesis
 
@@ -31,6 +32,7 @@ _FACE: dict[str, tuple[str, str | None]] = {
     "KvTablet": ("merge_engine.tablet", "KvTablet"),
     "TallySink": ("sink.tally_sink", "TallySink"),
     "LocalCluster": ("tally.server.local_cluster", "LocalCluster"),
+    "TlsFiles": ("tally.wire.tls", "TlsFiles"),
     "errors": ("tally.errors", None),
     "testing": ("merge_engine.testing", None),
 }

@@ -11,7 +11,7 @@ import pytest
 import tally
 
 FACE = ["AggFunction", "KvTablet", "LocalCluster", "MergeMode", "Schema", "TableDescriptor",
-        "TallySink", "connect", "errors", "testing"]
+        "TallySink", "TlsFiles", "connect", "errors", "testing"]
 HEAVY = ("rocksdict", "pyarrow.flight", "pyspark")
 
 

@@ -11,11 +11,31 @@ import os
 from tally.errors import InvalidOptionError
 
 
+def add_tls_arguments(parser: argparse.ArgumentParser) -> None:
+    """How a command reaches a grpc+tls:// cluster (PEM paths; defaults from the environment)."""
+    parser.add_argument("--tls-ca", metavar="PEM", default=os.environ.get("TALLY_TLS_CA"),
+                        help="the CA that verifies the cluster (default $TALLY_TLS_CA, else "
+                             "the system's roots)")
+    parser.add_argument("--tls-cert", metavar="PEM", default=os.environ.get("TALLY_TLS_CERT"),
+                        help="a client certificate, for mutual TLS (default $TALLY_TLS_CERT)")
+    parser.add_argument("--tls-key", metavar="PEM", default=os.environ.get("TALLY_TLS_KEY"),
+                        help="its private key (default $TALLY_TLS_KEY)")
+
+
+def tls_files(args: argparse.Namespace):
+    """The TlsFiles the arguments name, or None (then a grpc+tls:// URL uses system roots)."""
+    if not (args.tls_ca or args.tls_cert or args.tls_key):
+        return None
+    from tally.wire.tls import TlsFiles
+
+    return TlsFiles(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key)
+
+
 def cmd_servers(args: argparse.Namespace) -> int:
     """Print the tablet servers a coordinator knows, with their liveness."""
     from tally import client
 
-    with client.connect(args.url, token=args.auth_token) as conn:
+    with client.connect(args.url, token=args.auth_token, tls=tls_files(args)) as conn:
         for s in conn.admin.list_servers():
             print(f"{s['server_id']:<16}{'live' if s['live'] else 'DOWN':<6}{s['address'] or ''}")
     return 0
@@ -25,7 +45,7 @@ def cmd_locks(args: argparse.Namespace) -> int:
     """Print the column locks of one table, or of every table; or discard an expired one."""
     from tally import client
 
-    with client.connect(args.url, token=args.auth_token) as conn:
+    with client.connect(args.url, token=args.auth_token, tls=tls_files(args)) as conn:
         if args.discard:
             if not args.table:
                 raise InvalidOptionError("--discard OWNER needs the table: tally locks TABLE "
@@ -65,6 +85,7 @@ def add_commands(commands) -> None:
     servers = commands.add_parser("servers", help="list a cluster's tablet servers")
     servers.add_argument("--url", required=True, help="the coordinator's URL")
     servers.add_argument("--auth-token", default=os.environ.get("TALLY_AUTH_TOKEN"))
+    add_tls_arguments(servers)
     servers.set_defaults(func=cmd_servers)
 
     locks = commands.add_parser("locks", help="show column locks: owner, columns, expiry, "
@@ -75,4 +96,5 @@ def add_commands(commands) -> None:
     locks.add_argument("--discard", metavar="OWNER",
                        help="drop OWNER's expired lock without undoing its uncommitted writes")
     locks.add_argument("--auth-token", default=os.environ.get("TALLY_AUTH_TOKEN"))
+    add_tls_arguments(locks)
     locks.set_defaults(func=cmd_locks)

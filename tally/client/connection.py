@@ -17,30 +17,60 @@ import pyarrow as pa
 from locks.client import Locks
 from tally.client.admin import Admin
 from tally.client.metadata import Route, TableMeta
-from tally.errors import StaleMetadataError, UnavailableError
+from tally.errors import AuthenticationError, StaleMetadataError, UnavailableError
 from tally.wire.channel import ChannelPool, FlightChannel, normalize_address
+from tally.wire.tls import TlsFiles, is_tls
 
 T = TypeVar("T")
 RETRYABLE = (UnavailableError, StaleMetadataError)
+# How long a coordinator may keep closing new connections at once before the client concludes
+# that the transport is refused (see Connection._first_contact).
+TRANSPORT_REFUSAL_SECONDS = 5.0
 
 
 class Connection:
     """A cluster connection: `admin`, `table(name)`, `close()`; usable as a context manager."""
 
     def __init__(self, url: str, token: str | None = None, *, retry_timeout: float = 60.0,
-                 request_timeout: float = 60.0) -> None:
+                 request_timeout: float = 60.0, tls: TlsFiles | None = None) -> None:
+        """`tls`: for a `grpc+tls://` cluster, the CA that verifies its servers (None: the
+        system's roots) and, for mutual TLS, this client's certificate and key. A connection
+        to a TLS coordinator talks TLS to every server, never plaintext."""
         self.url = normalize_address(url)
         self.token = token
+        self.tls = tls if tls is not None else (TlsFiles() if is_tls(self.url) else None)
         self.retry_timeout = retry_timeout
-        self._coordinator = FlightChannel(self.url, token, timeout=request_timeout)
-        self._servers = ChannelPool(token, timeout=request_timeout)
+        self._coordinator = FlightChannel(self.url, token, timeout=request_timeout, tls=self.tls)
+        self._servers = ChannelPool(token, timeout=request_timeout, tls=self.tls)
         self._meta: dict[str, TableMeta] = {}
         self._lock = threading.Lock()
         self._closed = False
         self._on_close: list[Callable[[], None]] = []
         self.admin = Admin(self)
         self.locks = Locks(self)
-        self.coordinator_action("ping")  # fail fast on a wrong URL or token
+        self._first_contact()
+
+    def _first_contact(self) -> None:
+        """Ping the coordinator: fail fast on a wrong URL or token. A server that keeps closing
+        the connection the moment it opens is refusing the transport, not restarting (a
+        restarting one refuses connections): it serves TLS to a plaintext caller, or demands a
+        client certificate this connection lacks. That is said within seconds, not retried
+        for the whole retry timeout."""
+        deadline = time.monotonic() + min(self.retry_timeout, TRANSPORT_REFUSAL_SECONDS)
+        while True:
+            try:
+                self._coordinator.action("ping", {})
+                return
+            except UnavailableError as e:
+                if "Socket closed" not in str(e):
+                    break
+                if time.monotonic() > deadline:
+                    raise AuthenticationError(
+                        f"{self.url} closes every connection at once: it serves TLS (connect "
+                        "to grpc+tls://...) or demands a client certificate (mutual TLS: "
+                        "pass tls=TlsFiles(ca=..., cert=..., key=...))") from None
+            time.sleep(0.1)
+        self.coordinator_action("ping")
 
     # --- plumbing used by admin, tables and writers -------------------------------------
 
@@ -142,5 +172,6 @@ class Connection:
 
 
 def connect(url: str, token: str | None = None, **options) -> Connection:
-    """Connect to the coordinator at `url` ('grpc://host:port' or 'host:port')."""
+    """Connect to the coordinator at `url` ('grpc://host:port', 'host:port', or
+    'grpc+tls://host:port' with `tls=TlsFiles(ca=..., cert=..., key=...)` as needed)."""
     return Connection(url, token, **options)

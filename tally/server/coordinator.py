@@ -42,13 +42,13 @@ class Coordinator:
     """Metadata service of a cluster. `actions` maps DoAction names to handlers."""
 
     def __init__(self, store: MetadataStore, address: str, token: str | None = None,
-                 session_timeout: float = SESSION_TIMEOUT, clock=time.time) -> None:
+                 session_timeout: float = SESSION_TIMEOUT, clock=time.time, tls=None) -> None:
         """`clock`: the time lock expiry is judged by (tests move it; see server.clock)."""
         self.store = store
         self.clock = clock
         self.address = address
         self.catalog = Catalog(store)
-        self.channels = ChannelPool(token)
+        self.channels = ChannelPool(token, tls=tls)
         self._zookeeper = store.kind == "zookeeper"
         self.liveness = ZooKeeperLiveness(store) if self._zookeeper \
             else HeartbeatLiveness(session_timeout)

@@ -38,9 +38,12 @@ class TallyFlightServer(flight.FlightServerBase):
     """Serves the coordinator and/or tablet server given to it."""
 
     def __init__(self, location: str, *, coordinator=None, tablet_server=None,
-                 token: str | None = None) -> None:
+                 token: str | None = None, tls=None) -> None:
+        """`tls`: a tally.wire.tls.TlsFiles with this server's certificate (and, for mutual
+        TLS, the CA that signs client certificates); None serves plaintext."""
         middleware = {"auth": BearerTokenMiddleware(token)} if token else {}
-        super().__init__(location, middleware=middleware)
+        super().__init__(location, middleware=middleware,
+                         **(tls.server_options() if tls is not None else {}))
         self.coordinator = coordinator
         self.tablet_server = tablet_server
         self.actions = {"ping": lambda body: {"ok": True}}

@@ -109,14 +109,18 @@ class LocalCluster:
     def __init__(self, data_dir: str, tablet_servers: int = 2, zookeeper: str | None = None,
                  auth_token: str | None = None, host: str = "127.0.0.1",
                  max_batch_bytes: int | None = None, startup_timeout: float = 60.0,
-                 memory_budget: str | None = None, lock_clock_file: str | None = None) -> None:
+                 memory_budget: str | None = None, lock_clock_file: str | None = None,
+                 tls=None) -> None:
         """`lock_clock_file`: every server judges lock expiry by the wall clock plus the
-        seconds in this file, so tests expire locks without sleeping (server.clock)."""
+        seconds in this file, so tests expire locks without sleeping (server.clock).
+        `tls`: a tally.wire.tls.TlsFiles every server uses (its certificate, key, CA and
+        whether it verifies clients): the cluster then serves grpc+tls:// only."""
         self.data_dir = os.path.abspath(data_dir)
         os.makedirs(self.data_dir, exist_ok=True)
         saved = self._load_settings()
         self.zookeeper = zookeeper if zookeeper is not None else saved.get("zookeeper")
         self.auth_token = auth_token
+        self.tls = tls
         self.host = host
         self.startup_timeout = startup_timeout
         existing = saved.get("tablet_servers", 0)
@@ -128,6 +132,12 @@ class LocalCluster:
             common += ["--auth-token", auth_token]
         if lock_clock_file:
             common += ["--lock-clock-file", os.path.abspath(lock_clock_file)]
+        if tls is not None:
+            common += ["--tls-cert", os.path.abspath(tls.cert), "--tls-key", os.path.abspath(tls.key)]
+            if tls.ca:
+                common += ["--tls-ca", os.path.abspath(tls.ca)]
+            if tls.verify_clients:
+                common += ["--tls-verify-clients"]
         tablet_args = common + (["--max-batch-bytes", str(max_batch_bytes)]
                                 if max_batch_bytes else [])
         if memory_budget is not None:
@@ -210,7 +220,7 @@ class LocalCluster:
         """Until the coordinator lists every running tablet server as live at its address."""
         deadline = time.monotonic() + (timeout or self.startup_timeout)
         wanted = {h.info["server_id"]: h.address for h in self.tablet_servers if h.running}
-        channel = FlightChannel(self.url, self.auth_token, timeout=5)
+        channel = FlightChannel(self.url, self.auth_token, timeout=5, tls=self.tls)
         try:
             while True:
                 try:

@@ -23,6 +23,7 @@ from tally.server.flight_service import TallyFlightServer
 from tally.server.serve_args import add_serve_arguments
 from tally.server.tablet_server import TabletServer
 from tally.wire.channel import FlightChannel
+from tally.wire.tls import TLS_SCHEME, TlsFiles
 
 log = logging.getLogger("tally.server")
 READY = "TALLY-READY"
@@ -32,8 +33,10 @@ class CoordinatorLink:
     """How a tablet server reaches its coordinator: a fixed URL, or the address the coordinator
     published in ZooKeeper (re-read whenever a call fails, since it moves on restart)."""
 
-    def __init__(self, token: str | None, url: str | None = None, store=None) -> None:
+    def __init__(self, token: str | None, url: str | None = None, store=None,
+                 tls: TlsFiles | None = None) -> None:
         self._token = token
+        self._tls = tls
         self._url = url
         self._store = store
         self._channel: FlightChannel | None = None
@@ -50,7 +53,7 @@ class CoordinatorLink:
                     if node is None:
                         raise UnavailableError("no coordinator has registered in ZooKeeper yet")
                     url = node.value["address"]
-                self._channel = FlightChannel(url, self._token)
+                self._channel = FlightChannel(url, self._token, tls=self._tls)
             return self._channel
 
     def __call__(self, action: str, body: dict):
@@ -64,6 +67,17 @@ class CoordinatorLink:
             raise
 
 
+def tls_files(args: argparse.Namespace) -> TlsFiles | None:
+    """The process's TLS files: its certificate to serve with, and to present when it calls
+    the cluster's other servers; None when it serves plaintext."""
+    if not (args.tls_cert or args.tls_key):
+        if args.tls_ca or args.tls_verify_clients:
+            raise SystemExit("--tls-ca and --tls-verify-clients need --tls-cert and --tls-key")
+        return None
+    return TlsFiles(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key,
+                    verify_clients=args.tls_verify_clients)
+
+
 class ServerProcess:
     """The roles of one process, started and stopped together."""
 
@@ -72,15 +86,18 @@ class ServerProcess:
 
         self.args = args
         os.makedirs(args.data_dir, exist_ok=True)
-        self.flight = TallyFlightServer(f"grpc://{args.host}:{args.port}", token=args.auth_token)
-        self.address = f"grpc://{args.host}:{self.flight.port}"
+        tls = tls_files(args)
+        scheme = TLS_SCHEME if tls is not None else "grpc"
+        self.flight = TallyFlightServer(f"{scheme}://{args.host}:{args.port}",
+                                        token=args.auth_token, tls=tls)
+        self.address = f"{scheme}://{args.host}:{self.flight.port}"
         self.coordinator = self.tablet_server = self.registration = None
         self._stores = []
         if args.role in ("all", "coordinator"):
             from tally.server.coordinator import Coordinator
 
             store = self._store(open_store(zookeeper=args.zookeeper, data_dir=args.data_dir))
-            self.coordinator = Coordinator(store, self.address, args.auth_token,
+            self.coordinator = Coordinator(store, self.address, args.auth_token, tls=tls,
                                            clock=lock_clock(args.lock_clock_file))
             self.flight.attach(coordinator=self.coordinator)
         if args.role in ("all", "tablet"):
@@ -88,7 +105,7 @@ class ServerProcess:
             if args.role == "all":
                 link = self.flight.call_action
             elif args.coordinator or zk is not None:
-                link = CoordinatorLink(args.auth_token, url=args.coordinator, store=zk)
+                link = CoordinatorLink(args.auth_token, url=args.coordinator, store=zk, tls=tls)
             else:
                 raise SystemExit("a tablet server needs --coordinator URL or --zookeeper")
             self.tablet_server = TabletServer(args.data_dir, self.address, link,

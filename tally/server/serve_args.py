@@ -36,6 +36,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("--auth-token", default=os.environ.get("TALLY_AUTH_TOKEN"),
                         help="reject requests without this bearer token "
                              "(default: $TALLY_AUTH_TOKEN)")
+    parser.add_argument("--tls-cert", metavar="PEM",
+                        help="serve grpc+tls:// with this certificate chain (needs --tls-key)")
+    parser.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
+    parser.add_argument("--tls-ca", metavar="PEM",
+                        help="the CA that verifies the cluster's other servers (and clients, "
+                             "with --tls-verify-clients); default: the system's roots")
+    parser.add_argument("--tls-verify-clients", action="store_true",
+                        help="mutual TLS: refuse callers without a certificate signed by "
+                             "--tls-ca")
     parser.add_argument("--max-batch-bytes", type=int, default=DEFAULT_MAX_BATCH_BYTES,
                         help="largest write request a tablet server accepts (default 64 MiB)")
     parser.add_argument("--memory-budget", default=DEFAULT_MEMORY_BUDGET, metavar="SIZE",

@@ -13,31 +13,46 @@ import threading
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from tally.errors import TallyError
+from tally.errors import AuthenticationError, TallyError
 from tally.wire.messages import (bearer, dumps, frame, ipc_to_table, loads, make_ticket,
                                  remote_error)
+from tally.wire.tls import TLS_SCHEME, TlsFiles, is_tls
 
 DEFAULT_TIMEOUT = 30.0
 
 
 def normalize_address(address: str) -> str:
-    """'grpc://host:port' from 'host:port', 'grpc://host:port' or 'grpc+tcp://host:port'."""
+    """'grpc://host:port' from 'host:port', 'grpc://host:port' or 'grpc+tcp://host:port';
+    'grpc+tls://host:port' stays as it is."""
     address = address.strip()
     if "://" not in address:
         address = "grpc://" + address
     scheme, _, rest = address.partition("://")
+    if scheme == TLS_SCHEME:
+        return f"{TLS_SCHEME}://" + rest.rstrip("/")
     if scheme not in ("grpc", "grpc+tcp", "tally"):
         raise ValueError(f"unsupported server URL scheme {scheme!r} in {address!r}")
     return "grpc://" + rest.rstrip("/")
+
+
+def open_client(address: str, tls: TlsFiles | None) -> flight.FlightClient:
+    """A Flight client for `address`; with `tls`, only over TLS (see tally.wire.tls)."""
+    if is_tls(address):
+        return flight.FlightClient(address, **(tls or TlsFiles()).client_options())
+    if tls is not None:
+        raise AuthenticationError(
+            f"refusing to call {address} without TLS: this connection uses TLS, and a "
+            "plaintext address would receive its credentials and rows unprotected")
+    return flight.FlightClient(address)
 
 
 class FlightChannel:
     """Calls to one server. Every failure surfaces as a `tally.errors` exception."""
 
     def __init__(self, address: str, token: str | None = None,
-                 timeout: float = DEFAULT_TIMEOUT) -> None:
+                 timeout: float = DEFAULT_TIMEOUT, tls: TlsFiles | None = None) -> None:
         self.address = normalize_address(address)
-        self._client = flight.FlightClient(self.address)
+        self._client = open_client(self.address, tls)
         self._options = flight.FlightCallOptions(headers=bearer(token), timeout=timeout)
 
     def action(self, name: str, body: dict | None = None) -> object:
@@ -91,9 +106,11 @@ class FlightChannel:
 class ChannelPool:
     """One `FlightChannel` per address, created on first use and shared between threads."""
 
-    def __init__(self, token: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, token: str | None = None, timeout: float = DEFAULT_TIMEOUT,
+                 tls: TlsFiles | None = None) -> None:
         self._token = token
         self._timeout = timeout
+        self._tls = tls
         self._channels: dict[str, FlightChannel] = {}
         self._lock = threading.Lock()
 
@@ -102,7 +119,8 @@ class ChannelPool:
         with self._lock:
             channel = self._channels.get(key)
             if channel is None:
-                channel = self._channels[key] = FlightChannel(key, self._token, self._timeout)
+                channel = self._channels[key] = FlightChannel(key, self._token, self._timeout,
+                                                               self._tls)
             return channel
 
     def discard(self, address: str) -> None:

@@ -95,14 +95,20 @@ def remote_error(exc: flight.FlightError | pa.ArrowException, where: str) -> Tal
             pass
     if isinstance(exc, flight.FlightUnauthenticatedError):
         return AuthenticationError(f"{where} rejected the request: missing or wrong auth token")
+    text = _first_line(exc)
+    if any(sign in text.lower() for sign in _TLS_FAILURES):
+        # A handshake that fails will fail again: not a server that is briefly away.
+        return AuthenticationError(f"TLS with {where} failed: {text}")
     if isinstance(exc, (flight.FlightUnavailableError, flight.FlightTimedOutError,
                         flight.FlightCancelledError)):
         return UnavailableError(f"{where} is unavailable: {_first_line(exc)}")
-    text = _first_line(exc)
     if "Connection refused" in text or "failed to connect" in text.lower() or \
             "Socket closed" in text or "unavailable" in text.lower():
         return UnavailableError(f"{where} is unavailable: {text}")
     return ClusterError(f"{where} failed: {text}")
+
+
+_TLS_FAILURES = ("ssl", "handshake", "certificate", "tls")
 
 
 def _first_line(exc: BaseException) -> str:
