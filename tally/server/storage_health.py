@@ -57,11 +57,11 @@ class StorageHealth:
         reopened = []
         for hosted in self.failed():
             path = self._host.path(hosted.key)
-            if shutil.disk_usage(path).free < reopen_bytes(path) + REOPEN_HEADROOM:
-                continue
             try:
+                if shutil.disk_usage(path).free < reopen_bytes(path) + REOPEN_HEADROOM:
+                    continue
                 self._host.reopen(hosted)
-            except StorageError as e:
+            except (StorageError, OSError) as e:  # OSError: dropped (and deleted) meanwhile
                 log.warning("%s could not be reopened yet: %s", hosted.label, e)
                 continue
             log.info("%s reopened after a storage failure; it takes writes again", hosted.label)

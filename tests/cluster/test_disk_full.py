@@ -34,12 +34,12 @@ DEADLINE = 60.0
 
 
 @pytest.fixture
-def full_disk_cluster(tmp_path):
-    """A cluster whose one tablet server keeps its tablets on a small tmpfs; (cluster, the
-    tmpfs directory)."""
+def full_disk_cluster(tmp_path, metadata_store):
+    """A cluster whose one tablet server keeps its tablets on a small tmpfs (the rest of its
+    data dir, its log included, stays on the ordinary disk); (cluster, the tmpfs directory)."""
     data_dir = tmp_path / "cluster"
     with small_filesystem(str(data_dir / "tablet-0" / "tablets"), SIZE) as tablets:
-        with LocalCluster(str(data_dir), tablet_servers=1) as cluster:
+        with LocalCluster(str(data_dir), tablet_servers=1, zookeeper=metadata_store) as cluster:
             yield cluster, tablets
 
 
