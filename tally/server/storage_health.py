@@ -22,7 +22,7 @@ import shutil
 from merge_engine.storage import reopen_bytes
 from tally.errors import StorageError
 from tally.server.membership import HeartbeatSender
-from tally.server.tablets import HostedTablet, TabletHost
+from tally.server.tablets import HostedTablet, TabletHost, TabletKey
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,7 @@ class StorageHealth:
     def __init__(self, host: TabletHost, interval: float) -> None:
         self._host = host
         self._loop = HeartbeatSender(self.repair, interval)
+        self._logged: set[TabletKey] = set()  # failed buckets already in the log
 
     def start(self) -> None:
         self._loop.start()
@@ -56,6 +57,10 @@ class StorageHealth:
         """Reopen every failed bucket whose disk has room now; the labels of those reopened."""
         reopened = []
         for hosted in self.failed():
+            if hosted.key not in self._logged:
+                self._logged.add(hosted.key)
+                log.warning("%s; it refuses writes until it is reopened, once its disk has room",
+                            hosted.tablet.storage_failure)
             path = self._host.path(hosted.key)
             try:
                 if shutil.disk_usage(path).free < reopen_bytes(path) + REOPEN_HEADROOM:
@@ -64,6 +69,7 @@ class StorageHealth:
             except (StorageError, OSError) as e:  # OSError: dropped (and deleted) meanwhile
                 log.warning("%s could not be reopened yet: %s", hosted.label, e)
                 continue
+            self._logged.discard(hosted.key)
             log.info("%s reopened after a storage failure; it takes writes again", hosted.label)
             reopened.append(hosted.label)
         return reopened
