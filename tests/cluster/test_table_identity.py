@@ -136,3 +136,21 @@ def test_reads_and_undo_through_a_handle_of_a_recreated_table_are_refused(
             read()
     assert other.table(table_name).to_arrow() == new_state
     assert other.table(table_name).list_offsets() == new_offsets
+
+
+def test_the_coordinator_refuses_partitions_and_offsets_for_a_recreated_table_id(
+        conn, other, table_name):
+    """A writer's first write to a new partition value asks the coordinator to create it, with
+    its table id: a re-created table gets no partition from the old table's writer."""
+    from tests.cluster import reference_workload
+
+    old_id = conn.admin.create_table(table_name, reference_workload.descriptor(buckets=2))
+    other.admin.drop_table(table_name)
+    new_id = other.admin.create_table(table_name, reference_workload.descriptor(buckets=2))
+    with pytest.raises(TableRecreatedError):
+        conn.coordinator_action("create_partition", {
+            "name": table_name, "partition": "apac", "dynamic": True, "table_id": old_id})
+    with pytest.raises(TableRecreatedError):
+        conn.admin.list_offsets(table_name, old_id)
+    assert other.admin.list_partitions(table_name) == []
+    assert conn.admin.list_offsets(table_name, new_id) == {}
