@@ -25,7 +25,8 @@ class BufferedBucket(Protocol):
     @property
     def buffered_bytes(self) -> int: ...
 
-    def flush_if_open(self) -> None: ...
+    def flush_if_open(self) -> None:
+        """Write the buffer to disk; nothing (and no error) when the bucket cannot."""
 
 
 class MemoryBudget:
@@ -65,15 +66,21 @@ class MemoryBudget:
     def after_write(self) -> None:
         """Flush the largest row buffers until their sum fits the budget. Called by a bucket
         after a write, holding none of its locks: flushing another bucket waits for that
-        bucket's write in progress, and no bucket waits for another while holding its own."""
+        bucket's write in progress, and no bucket waits for another while holding its own.
+        A bucket whose buffer does not shrink (its disk refuses writes) is passed over: its
+        rows stay safe in its changelog, and the other buckets still fit the rest."""
+        stuck: set[int] = set()
         while True:
-            sizes = [(tablet.buffered_bytes, tablet) for tablet in self._members()]
+            sizes = [(tablet.buffered_bytes, tablet) for tablet in self._members()
+                     if id(tablet) not in stuck]
             if sum(size for size, _ in sizes) <= self.row_buffer_bytes:
                 return
             largest, tablet = max(sizes, key=lambda pair: pair[0])
             if largest == 0:
                 return
             tablet.flush_if_open()
+            if tablet.buffered_bytes >= largest:
+                stuck.add(id(tablet))
 
     def __repr__(self) -> str:
         return (f"MemoryBudget({self.total_bytes} bytes: row buffers {self.buffered_bytes}, "

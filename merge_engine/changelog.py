@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from merge_engine.hidden_columns import (CHANGE_CODE, CHANGE_TYPE, CONTRIBUTIONS, OFFSET, TOKENS,
                                           UNWRITTEN)
+from merge_engine.keys import KeyArray, key_array
 from merge_engine.state import StateBatch
 
 INSERT, UPDATE_BEFORE, UPDATE_AFTER, DELETE = "+I", "-U", "+U", "-D"
@@ -22,6 +24,7 @@ INSERT, UPDATE_BEFORE, UPDATE_AFTER, DELETE = "+I", "-U", "+U", "-D"
 UNCHANGED, INSERTED, UPDATED, REMOVED = 0, 1, 2, 3
 
 CHANGE_TYPES = pa.array([INSERT, UPDATE_BEFORE, UPDATE_AFTER, DELETE], type=pa.string())
+_IMAGE_TYPES = pa.array([INSERT, UPDATE_AFTER, DELETE])  # the records that show a row's state
 
 
 class Images:
@@ -123,6 +126,16 @@ class Images:
             flat = records.column(CONTRIBUTIONS).combine_chunks().flatten().to_numpy()
             counts[:, self.counted] = flat.reshape(records.num_rows, len(self.counted))
         return StateBatch(columns, written, counts)
+
+    def row_changes(self, records: pa.Table, primary_key) -> tuple[KeyArray, StateBatch, KeyArray]:
+        """(upserted keys, their after-images as states, removed keys) of one write's records:
+        what replaying them does to the rows."""
+        images = records.filter(pc.is_in(records.column(CHANGE_TYPE), _IMAGE_TYPES))
+        keys = key_array([images.column(k).combine_chunks() for k in primary_key])
+        deleted = pc.equal(images.column(CHANGE_TYPE), DELETE).to_numpy(zero_copy_only=False)
+        kept = np.nonzero(~deleted)[0]
+        return (keys.take(kept), self.to_state(images).take(kept),
+                keys.take(np.nonzero(deleted)[0]))
 
 
 def with_tokens(rows: pa.Table, images: pa.Table) -> pa.Table:

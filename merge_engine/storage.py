@@ -3,18 +3,24 @@
 Keeping all three in one database lets a single atomic write batch hold a write's row changes,
 its changelog batch, the new log end offset and the writer's sequence number: after kill -9 the
 bucket is either before or after the write, never in between.
+
+A write RocksDB refuses (a full disk, an I/O error) applied nothing, but RocksDB stays
+read-only from then on (its background-error state) and rocksdict offers no DB::Resume: the
+store records the failure, refuses later writes with it, and the bucket must be closed and
+opened again, which replays the write-ahead log up to the last complete write.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import struct
 from typing import Iterator
 
 from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
 
 from merge_engine.memtables import MemtableCap
-from tally.errors import StorageError
+from tally.errors import DiskFullError, StorageError, StorageWriteError
 
 ROW = b"k"
 LOG = b"l"
@@ -39,12 +45,48 @@ def offset_of(key: bytes) -> int:
     return _U64.unpack(key[len(LOG):])[0]
 
 
-class TabletStore:
-    """Thin, typed access to the bucket's RocksDB."""
+_PATH = re.compile(r"(?<![\w.])/[^\s:;,'\"]+")
 
-    def __init__(self, path: str, sync: bool = False, memtables: MemtableCap | None = None):
+
+def without_paths(text: str) -> str:
+    """`text` with every absolute path cut to its last part: a server's directory layout is
+    no business of its clients (errors travel to them), and the bucket's name says which
+    bucket it is."""
+    return _PATH.sub(lambda m: os.path.basename(m.group(0).rstrip("/")), text)
+
+
+def storage_failure(name: str, exc: BaseException, doing: str) -> StorageWriteError:
+    """The typed error for RocksDB's untyped one, raised while `doing` something to bucket
+    `name`: DiskFullError for ENOSPC, else StorageWriteError with RocksDB's reason."""
+    reason = without_paths(str(exc))
+    if "no space left on device" in reason.lower():
+        return DiskFullError(f"{name}: no space left on device while {doing}")
+    return StorageWriteError(f"{name}: I/O error while {doing}: {reason}")
+
+
+def reopen_bytes(path: str) -> int:
+    """About the disk space reopening the bucket at `path` needs: RocksDB writes what its
+    write-ahead logs hold into a table file while it opens, before it deletes them."""
+    directory = os.path.join(path, "rocksdb")
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return 0
+    return sum(os.path.getsize(os.path.join(directory, n)) for n in names if n.endswith(".log"))
+
+
+class TabletStore:
+    """Thin, typed access to the bucket's RocksDB; `name` is what its errors call it."""
+
+    def __init__(self, path: str, sync: bool = False, memtables: MemtableCap | None = None,
+                 name: str | None = None):
         """`memtables`: a cap this bucket's RocksDB memtables share with other buckets'."""
-        os.makedirs(path, exist_ok=True)
+        self.name = name or path
+        self.failure: StorageWriteError | None = None  # the write RocksDB refused, if any
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as exc:
+            raise storage_failure(self.name, exc, "creating it") from None
         options = Options(raw_mode=True)
         options.create_if_missing(True)
         options.set_write_buffer_size(64 << 20)
@@ -57,12 +99,21 @@ class TabletStore:
         try:
             self.db = Rdict(os.path.join(path, "rocksdb"), options)
         except Exception as exc:  # rocksdict raises plain Exceptions for lock/corruption
-            raise StorageError(f"Cannot open the tablet at {path}: {exc}") from None
+            failure = storage_failure(self.name, exc, "opening it")
+            if isinstance(failure, DiskFullError):
+                raise failure from None
+            raise StorageError(f"Cannot open {self.name}: {without_paths(str(exc))}") from None
         self.write_options = WriteOptions()
         self.write_options.sync = sync
 
     def close(self) -> None:
-        self.db.close()
+        """Close RocksDB. Its closing flush of the memtables may fail (a full disk, or the
+        read-only state after a refused write) and rocksdict then raises after closing:
+        nothing is lost, since the write-ahead log holds what the memtables held."""
+        try:
+            self.db.close()
+        except Exception:  # noqa: BLE001 - see the docstring
+            pass
 
     # --- rows -------------------------------------------------------------------------------
 
@@ -146,4 +197,13 @@ class TabletStore:
         batch.put(WRITER + writer_id.encode(), _WRITER_STATE.pack(sequence, end_offset))
 
     def commit(self, batch: WriteBatch) -> None:
-        self.db.write(batch, self.write_options)
+        """Write `batch` atomically, or raise a StorageWriteError (DiskFullError for a full
+        disk) and apply none of it; after a refusal every later commit raises it too, since
+        RocksDB refuses writes until it is reopened."""
+        if self.failure is not None:
+            raise type(self.failure)(str(self.failure))
+        try:
+            self.db.write(batch, self.write_options)
+        except Exception as exc:  # noqa: BLE001 - rocksdict raises plain Exceptions
+            self.failure = storage_failure(self.name, exc, "writing")
+            raise self.failure from None

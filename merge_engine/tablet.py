@@ -10,13 +10,13 @@ of the row buffer (see merge_engine/rows.py and merge_engine/buffer.py).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from merge_engine import changelog as log
 from merge_engine.allocator import use_bucket_allocator
@@ -30,10 +30,8 @@ from merge_engine.rowcodec import RowCodec
 from merge_engine.rows import BucketRows
 from merge_engine.state import StateBatch
 from merge_engine.storage import DESCRIPTOR, END_OFFSET, START_OFFSET, TabletStore
-from tally.errors import DeleteDisabledError, InvalidInputError, OffsetOutOfRangeError, StorageError
-
-
-_IMAGE_TYPES = pa.array([log.INSERT, log.UPDATE_AFTER, log.DELETE])
+from tally.errors import (DeleteDisabledError, InvalidInputError, OffsetOutOfRangeError,
+                          StorageError, StorageWriteError)
 
 
 class KvTablet:
@@ -42,6 +40,7 @@ class KvTablet:
     def __init__(self, path: str, descriptor: TableDescriptor, store: TabletStore,
                  budget: MemoryBudget | None = None):
         self.path = path
+        self.name = store.name  # what errors call the bucket (its path unless named)
         self.descriptor = descriptor
         self.schema = descriptor.schema
         self.arrow_schema = self.schema.to_arrow()
@@ -73,28 +72,31 @@ class KvTablet:
             budget.join(self)
 
     @classmethod
-    def open(cls, path: str, descriptor: TableDescriptor,
-             budget: MemoryBudget | None = None) -> "KvTablet":
+    def open(cls, path: str, descriptor: TableDescriptor, budget: MemoryBudget | None = None,
+             name: str | None = None) -> "KvTablet":
         """Open (or create) the bucket at `path`; its schema must match the one it was made with.
-        Buckets opened with one `budget` share its memory cap (MemoryBudget)."""
+        Buckets opened with one `budget` share its memory cap (MemoryBudget). `name` is what
+        errors call the bucket (default: its path), e.g. "bucket 3 of db.t" on a server."""
         if not descriptor.schema.primary_key:
             raise StorageError("A KvTablet needs a primary-key table")
         use_bucket_allocator()
         store = TabletStore(str(path), sync=descriptor.bool_option(KV_SYNC),
-                            memtables=budget.memtables if budget is not None else None)
-        saved = store.get_bytes(DESCRIPTOR)
-        if saved is None:
-            batch = store.new_batch()
-            batch.put(DESCRIPTOR, descriptor.schema.to_json().encode())
-            BucketRows.initialise(batch)
-            store.commit(batch)
-        elif saved.decode() != descriptor.schema.to_json():
+                            memtables=budget.memtables if budget is not None else None,
+                            name=name)
+        try:
+            saved = store.get_bytes(DESCRIPTOR)
+            if saved is None:
+                batch = store.new_batch()
+                batch.put(DESCRIPTOR, descriptor.schema.to_json().encode())
+                BucketRows.initialise(batch)
+                store.commit(batch)
+            elif saved.decode() != descriptor.schema.to_json():
+                raise StorageError(f"{store.name} was created with another schema; refusing "
+                                   f"to open it with {descriptor.schema!r}")
+            return cls(str(path), descriptor, store, budget)
+        except BaseException:  # the replay may fail too (a full disk): let go of RocksDB
             store.close()
-            raise StorageError(
-                f"The tablet at {path} was created with another schema; refusing to open it "
-                f"with {descriptor.schema!r}"
-            )
-        return cls(str(path), descriptor, store, budget)
+            raise
 
     # --- offsets ----------------------------------------------------------------------------
 
@@ -251,9 +253,10 @@ class KvTablet:
             self._rows.flush(self._end)
 
     def flush_if_open(self) -> None:
-        """flush(), or nothing once closed (a memory budget may ask while another thread closes)."""
-        with self._lock:
-            if not self._closed:
+        """flush(), or nothing once closed (a memory budget may ask while another thread closes)
+        or once the disk refused a write (storage_failure, which a refused flush sets)."""
+        with self._lock, contextlib.suppress(StorageWriteError):
+            if not self._closed and self._store.failure is None:
                 self._rows.flush(self._end)
 
     @property
@@ -268,20 +271,11 @@ class KvTablet:
             return
         if not self._start <= applied < self._end:
             raise StorageError(
-                f"The rows of {self.path} are applied up to offset {applied}, outside its log "
+                f"The rows of {self.name} are applied up to offset {applied}, outside its log "
                 f"[{self._start}, {self._end}): the tablet is corrupt")
-        self._rows.replay(map(self._row_changes, self.iter_changelog(applied, self._end)),
-                          self._end)
-
-    def _row_changes(self, records: pa.Table) -> tuple[KeyArray, StateBatch, KeyArray]:
-        """(upserted keys, their after-images, removed keys) of one write's records."""
-        images = records.filter(pc.is_in(records.column(log.CHANGE_TYPE), _IMAGE_TYPES))
-        keys = key_array([images.column(k).combine_chunks() for k in self.schema.primary_key])
-        deleted = pc.equal(images.column(log.CHANGE_TYPE), log.DELETE).to_numpy(
-            zero_copy_only=False)
-        kept = np.nonzero(~deleted)[0]
-        return (keys.take(kept), self.records_to_state(images).take(kept),
-                keys.take(np.nonzero(deleted)[0]))
+        changes = (self._images.row_changes(records, self.schema.primary_key)
+                   for records in self.iter_changelog(applied, self._end))
+        self._rows.replay(changes, self._end)
 
     # --- reads ------------------------------------------------------------------------------
 
@@ -318,7 +312,7 @@ class KvTablet:
         if not (self._start <= start <= end <= self._end):
             raise OffsetOutOfRangeError(
                 f"Changelog range [{start}, {end}) is outside the bucket's log "
-                f"[{self._start}, {self._end}) of {self.path}"
+                f"[{self._start}, {self._end}) of {self.name}"
             )
         for first, data in self._store.log_entries(start):
             if first >= end:
@@ -354,7 +348,7 @@ class KvTablet:
             self._check_open()
             if not isinstance(before, int) or not 0 <= before <= self._end:
                 raise OffsetOutOfRangeError(
-                    f"Cannot truncate {self.path} before offset {before!r}: the log ends at "
+                    f"Cannot truncate {self.name} before offset {before!r}: the log ends at "
                     f"{self._end}")
             if before <= self._start:
                 return self._start
@@ -370,14 +364,22 @@ class KvTablet:
 
     # --- lifecycle --------------------------------------------------------------------------
 
+    @property
+    def storage_failure(self) -> StorageWriteError | None:
+        """The write the disk refused: writes fail until the bucket is reopened (storage.py)."""
+        return self._store.failure
+
     def _check_open(self) -> None:
         if self._closed:
-            raise StorageError(f"The tablet at {self.path} is closed")
+            raise StorageError(f"{self.name} is closed")
 
     def close(self) -> None:
+        """Flush the row buffer and close; a disk that refuses the flush loses nothing (the
+        next open replays the changelog), so the bucket closes all the same."""
         with self._lock:
             if not self._closed:
-                self._rows.flush(self._end)
+                with contextlib.suppress(StorageWriteError):
+                    self._rows.flush(self._end)
                 self._closed = True
                 self._store.close()
         if self._budget is not None:

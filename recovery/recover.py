@@ -75,12 +75,12 @@ def recover(conn, table: str, lease, target_columns=None, writer_deletes: bool =
     commit in the lease's tenure (or the tenure's start): never further back, so nothing
     another owner wrote before this tenure began is touched."""
     started = time.monotonic()
-    info = check_table(conn, table, lease)
+    handle = check_table(conn, table, lease)
     conn.locks.check(lease)
     baselines, source = conn.locks.undo_baselines(lease)
     report = RecoveryReport(table, lease.owner_id, source)
-    reason = skip_idempotent and undo_can_be_skipped(info.descriptor.schema, target_columns,
-                                                     writer_deletes)
+    reason = skip_idempotent and undo_can_be_skipped(handle.meta.descriptor.schema,
+                                                     target_columns, writer_deletes)
     if reason:
         report.skipped = reason
         return report
@@ -90,16 +90,17 @@ def recover(conn, table: str, lease, target_columns=None, writer_deletes: bool =
 
 
 def check_table(conn, table: str, lease):
-    """The table's description; refused when the table was dropped and re-created since the
-    lease was granted."""
-    info = conn.admin.describe_table(table)
-    table_id = info.table_id
+    """A handle on the table; refused when the table was dropped and re-created since the
+    lease was granted. Everything undo reads and writes goes through that handle, so a
+    re-creation later on raises TableRecreatedError instead of mixing the two tables."""
+    handle = conn.table(table)
+    table_id = handle.table_id
     if table_id != lease.table_id:
         raise RecoveryError(
             f"Table {table} was dropped and re-created (table id {lease.table_id} recorded with "
             f"the lock, now {table_id}): its changelog is not the one the baselines refer "
             "to. Nothing was changed; start the job afresh with a new owner id.")
-    return info
+    return handle
 
 
 def undo_since(conn, table: str, lease, baselines: dict, target_columns=None) -> list[UndoResult]:
@@ -107,9 +108,9 @@ def undo_since(conn, table: str, lease, baselines: dict, target_columns=None) ->
     (`baselines.get((partition, bucket), 0)`), fencing the owner's earlier task attempts on
     that bucket first. Every bucket is checked before anything changes: a log that no longer
     reaches back to the baseline (retention) or ends before it (a restored backup) is refused."""
-    check_table(conn, table, lease)
+    handle = check_table(conn, table, lease)
     todo = []
-    current = conn.admin.list_log_offsets(table)
+    current = conn.admin.list_log_offsets(table, handle.table_id)
     for (partition, bucket), (start, end) in sorted(current.items(),
                                                     key=lambda kv: (kv[0][0] or "", kv[0][1])):
         baseline = baselines.get((partition, bucket), 0)  # a partition made since: from 0
@@ -126,7 +127,6 @@ def undo_since(conn, table: str, lease, baselines: dict, target_columns=None) ->
                 f"Cannot undo {where} from offset {baseline}: its changelog now starts at "
                 f"{start} (retention removed the records undo needs). Nothing was changed.")
         todo.append((partition, bucket, baseline, end))
-    handle = conn.table(table)
     attempts: dict[int, int] = {}
     results = []
     for partition, bucket, baseline, end in todo:

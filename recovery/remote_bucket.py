@@ -32,8 +32,8 @@ class RemoteBucket:
         return self.table.meta.descriptor.schema
 
     def _offsets(self) -> tuple[int, int]:
-        return self.table.connection.admin.list_log_offsets(self.table.name)[
-            (self.partition, self.bucket)]
+        return self.table.connection.admin.list_log_offsets(
+            self.table.name, self.table.table_id)[(self.partition, self.bucket)]
 
     @property
     def log_start_offset(self) -> int:

@@ -113,10 +113,10 @@ def write_bucket(conn, plan: WritePlan, epoch: EpochContext, bucket: int,
     the epoch baseline, write `folded` under that attempt, report the end offsets."""
     started = time.monotonic()
     table = conn.table(plan.table)
-    if table.meta.table_id != plan.table_id:
+    if table.table_id != plan.table_id:
         raise RecoveryError(
             f"Table {plan.table} was dropped and re-created while the job ran "
-            f"(table id {plan.table_id}, now {table.meta.table_id}); nothing written")
+            f"(table id {plan.table_id}, now {table.table_id}); nothing written")
     lease = epoch.lease
     attempt = remote.register_attempt(conn, lease, bucket)
     ends: dict = {}

@@ -45,7 +45,18 @@ class DeleteDisabledError(InvalidInputError):
 
 
 class StorageError(TallyError):
-    """The tablet's files are missing, corrupt or were written by an incompatible version."""
+    """The tablet's files are missing, corrupt or were written by an incompatible version, or
+    its disk refused a write."""
+
+
+class StorageWriteError(StorageError):
+    """The bucket's disk refused a write (an I/O error): nothing of that write was applied or
+    acknowledged, and the bucket refuses writes until it is reopened (a tablet server does that
+    by itself once the disk takes writes again)."""
+
+
+class DiskFullError(StorageWriteError):
+    """The bucket's disk is full ("no space left on device"); see StorageWriteError."""
 
 
 class OffsetOutOfRangeError(TallyError):
@@ -76,6 +87,24 @@ class StaleMetadataError(ClusterError):
 
     Clients refresh their metadata and retry; users only see it when retries run out.
     """
+
+
+class TableRecreatedError(StaleMetadataError):
+    """The table a handle, writer or reader resolved was dropped and its name now belongs to a
+    new table (another table id). Never retried: following the name would write the old
+    table's rows into the new one (or read the new one's data as the old one's)."""
+
+    def __init__(self, message: str, table: str | None = None, resolved_id: int | None = None,
+                 current_id: int | None = None) -> None:
+        super().__init__(message)
+        self.table, self.resolved_id, self.current_id = table, resolved_id, current_id
+
+    @classmethod
+    def of(cls, table: str, resolved_id: int, current_id: int) -> "TableRecreatedError":
+        return cls(f"table '{table}' was dropped and re-created: this handle refers to table "
+                   f"id {resolved_id}, the name now to table id {current_id}; nothing was "
+                   f"written to or read from the new table. Open it again with "
+                   f"conn.table('{table}')", table, resolved_id, current_id)
 
 
 class VersionConflictError(TallyError):

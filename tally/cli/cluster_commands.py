@@ -32,12 +32,16 @@ def tls_files(args: argparse.Namespace):
 
 
 def cmd_servers(args: argparse.Namespace) -> int:
-    """Print the tablet servers a coordinator knows, with their liveness."""
+    """Print the tablet servers a coordinator knows: liveness, address, and for a live server
+    that reports problems (a bucket whose disk is full, ...) UNHEALTHY and each problem."""
     from tally import client
 
     with client.connect(args.url, token=args.auth_token, tls=tls_files(args)) as conn:
         for s in conn.admin.list_servers():
-            print(f"{s['server_id']:<16}{'live' if s['live'] else 'DOWN':<6}{s['address'] or ''}")
+            state = "DOWN" if not s["live"] else "live" if s["healthy"] else "UNHEALTHY"
+            print(f"{s['server_id']:<16}{state:<11}{s['address'] or ''}")
+            for problem in s["problems"]:
+                print(f"    {problem}")
     return 0
 
 

@@ -83,14 +83,23 @@ class Admin:
     def list_partitions(self, name: str) -> list[str]:
         return self._call("list_partitions", name=name)
 
-    def list_offsets(self, name: str) -> dict[tuple[str | None, int], int]:
-        """{(partition, bucket): end offset} of every bucket, read from the tablet servers."""
-        return {(p, int(b)): int(end) for p, b, _, end in self._call("list_offsets", name=name)}
+    def list_offsets(self, name: str, table_id: int | None = None
+                     ) -> dict[tuple[str | None, int], int]:
+        """{(partition, bucket): end offset} of every bucket, read from the tablet servers.
+        With `table_id`, TableRecreatedError when the name now belongs to another table."""
+        return {(p, int(b)): int(end) for p, b, _, end in self._offsets(name, table_id)}
 
-    def list_log_offsets(self, name: str) -> dict[tuple[str | None, int], tuple[int, int]]:
-        """{(partition, bucket): (log start offset, log end offset)} of every bucket."""
+    def list_log_offsets(self, name: str, table_id: int | None = None
+                         ) -> dict[tuple[str | None, int], tuple[int, int]]:
+        """{(partition, bucket): (log start offset, log end offset)} of every bucket;
+        `table_id` as for list_offsets."""
         return {(p, int(b)): (int(start), int(end))
-                for p, b, start, end in self._call("list_offsets", name=name)}
+                for p, b, start, end in self._offsets(name, table_id)}
+
+    def _offsets(self, name: str, table_id: int | None) -> list:
+        if table_id is None:
+            return self._call("list_offsets", name=name)
+        return self._call("list_offsets", name=name, table_id=table_id)
 
     def truncate_log(self, name: str, bucket: int, before: int,
                      partition: str | None = None) -> int:
@@ -100,7 +109,8 @@ class Admin:
                               partition=partition))
 
     def list_servers(self) -> list[dict]:
-        """Every tablet server the coordinator knows: id, address, live."""
+        """Every tablet server the coordinator knows: id, address, live, healthy and the
+        problems a live one reported (a bucket whose disk is full, ...)."""
         return self._call("list_servers")
 
 

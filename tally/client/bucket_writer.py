@@ -10,7 +10,8 @@ so the rows are split by partition name first.
 
 Every request carries the writer's (id, sequence) and keeps them across its retries
 (`Connection.put`, the one way a write request leaves the client), so a request retried after
-a lost acknowledgement is applied once.
+a lost acknowledgement is applied once. It carries the table id of the writer's table handle
+too: once that table is dropped and re-created, writes raise TableRecreatedError.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class BucketWriter:
 
         self._conn = table.connection
         self._table = table.name
+        self._table_id = table.table_id
         self._routing = table.routing
         self.bucket = int(bucket)
         self.mode = MergeMode.parse(mode)
@@ -91,4 +93,4 @@ class BucketWriter:
         self._sequence += 1
         header = write_header(self._table, "put", self.mode, self.target_columns,
                               (self.writer_id, self._sequence), self.lease, self.attempt)
-        return self._conn.put(self._table, partition, self.bucket, header, rows)
+        return self._conn.put(self._table, self._table_id, partition, self.bucket, header, rows)

@@ -4,6 +4,10 @@ The connection keeps one Flight channel per server, a metadata cache per table, 
 policy: a call that fails because a server is unavailable or the cached metadata is stale is
 retried, with fresh metadata and growing pauses, until `retry_timeout` runs out. Writes carry
 the writer's (id, sequence), so a retry of a write that did land is not applied twice.
+
+Writes and reads also carry the table id their handle resolved: the retry follows a bucket to
+its new server, never a name to a new table. A table dropped and re-created under the same
+name raises TableRecreatedError instead, and nothing reaches the new table.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ import pyarrow as pa
 from locks.client import Locks
 from tally.client.admin import Admin
 from tally.client.metadata import Route, TableMeta
-from tally.errors import AuthenticationError, StaleMetadataError, UnavailableError
+from tally.errors import (AuthenticationError, StaleMetadataError, TableRecreatedError,
+                          UnavailableError)
 from tally.wire.channel import ChannelPool, FlightChannel, normalize_address
 from tally.wire.tls import TlsFiles, is_tls
 
@@ -81,40 +86,53 @@ class Connection:
     def server(self, address: str) -> FlightChannel:
         return self._servers.get(address)
 
-    def table_meta(self, name: str, refresh: bool = False) -> TableMeta:
+    def table_meta(self, name: str, refresh: bool = False,
+                   table_id: int | None = None) -> TableMeta:
+        """The cached metadata of table `name` (fetched when absent or `refresh`). With
+        `table_id`, it must still be that table: TableRecreatedError when the name now belongs
+        to another (checked against fresh metadata, since the cache may lag either way)."""
         with self._lock:
             meta = None if refresh else self._meta.get(name)
+        if meta is not None and table_id is not None and meta.table_id != table_id:
+            meta = None
         if meta is None:
             meta = TableMeta.from_info(self.coordinator_action("table_info", {"name": name}))
             with self._lock:
                 self._meta[name] = meta
+        if table_id is not None and meta.table_id != table_id:
+            raise TableRecreatedError.of(name, table_id, meta.table_id)
         return meta
 
     def invalidate(self, name: str) -> None:
         with self._lock:
             self._meta.pop(name, None)
 
-    def route(self, name: str, partition: str | None, bucket: int,
+    def route(self, name: str, partition: str | None, bucket: int, table_id: int,
               create_partition: bool = False) -> Route:
-        """Where (partition, bucket) of table `name` lives, creating a missing partition on
-        the write path (the coordinator refuses when the table turned dynamic creation off)."""
-        meta = self.table_meta(name)
+        """Where (partition, bucket) of table `name` (still table `table_id`) lives, creating
+        a missing partition on the write path (the coordinator refuses when the table turned
+        dynamic creation off)."""
+        meta = self.table_meta(name, table_id=table_id)
         if partition is not None and not meta.has_partition(partition):
-            meta = self.table_meta(name, refresh=True)
+            meta = self.table_meta(name, refresh=True, table_id=table_id)
             if not meta.has_partition(partition) and create_partition:
                 self.coordinator_action("create_partition", {
-                    "name": name, "partition": partition, "dynamic": True})
-                meta = self.table_meta(name, refresh=True)
+                    "name": name, "partition": partition, "dynamic": True,
+                    "table_id": table_id})
+                meta = self.table_meta(name, refresh=True, table_id=table_id)
         return meta.route(partition, bucket)
 
-    def put(self, table: str, partition: str | None, bucket: int, header: dict,
+    def put(self, table: str, table_id: int, partition: str | None, bucket: int, header: dict,
             rows: pa.Table) -> int:
-        """Send one write request to the server of (partition, bucket) of `table`; the
-        bucket's end offset after it. Transient failures are retried with fresh routing and
-        the same header (so the same writer sequence: a retry of a request that landed is
-        not applied twice); a missing partition is created on the way."""
+        """Send one write request to the server of (partition, bucket) of `table`, which must
+        still be the table `table_id` its writer resolved; the bucket's end offset after it.
+        Transient failures are retried with fresh routing and the same header (so the same
+        writer sequence: a retry of a request that landed is not applied twice); a missing
+        partition is created on the way. The request names the table id, so a server refuses
+        it once that table is dropped; the retry then finds the name re-created and raises
+        TableRecreatedError rather than follow it."""
         def attempt() -> int:
-            route = self.route(table, partition, bucket, create_partition=True)
+            route = self.route(table, partition, bucket, table_id, create_partition=True)
             ack = self.server(route.address).put({**header, **route.header()}, rows)
             return int(ack["end_offset"])
 
@@ -128,6 +146,8 @@ class Connection:
         while True:
             try:
                 return call()
+            except TableRecreatedError:
+                raise
             except RETRYABLE:
                 if self._closed or time.monotonic() + pause > deadline:
                     raise
@@ -139,11 +159,11 @@ class Connection:
     # --- public API ---------------------------------------------------------------------
 
     def table(self, name: str):
-        """A handle on table '<database>.<table>' (checked to exist)."""
+        """A handle on table '<database>.<table>' as it is now (asked of the coordinator): the
+        handle, its writers and its reads stay with that table (see Table)."""
         from tally.client.table import Table
 
-        self.table_meta(name)
-        return Table(self, name)
+        return Table(self, name, self.table_meta(name, refresh=True).table_id)
 
     def on_close(self, callback: Callable[[], None]) -> None:
         """Run `callback` when the connection closes (writers' and lease keepers' cleanup)."""

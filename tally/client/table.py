@@ -1,4 +1,12 @@
-"""`conn.table(name)`: writers, point lookups, full scans and changelog reads of one table."""
+"""`conn.table(name)`: writers, point lookups, full scans and changelog reads of one table.
+
+A handle stays with the table it resolved (its table id), and so do its writers and reads: once
+the table is dropped and its name given to a new table, every one of them raises
+TableRecreatedError, and none reads or writes the new table. Mixing the two would be wrong in
+both directions: a writer's rows would land in a table they were never validated against, and
+a reader (undo reads changelog ranges at offsets it took from the old table) would take the
+new table's records for the old one's. A new handle (`conn.table(name)`) reaches the new table.
+"""
 
 from __future__ import annotations
 
@@ -15,13 +23,14 @@ from tally.wire.bucket_hash import bucket_ids
 class Table:
     """A handle on one table. Reads go straight to the tablet servers of its buckets."""
 
-    def __init__(self, connection, name: str) -> None:
+    def __init__(self, connection, name: str, table_id: int) -> None:
         self.connection = connection
         self.name = name
+        self.table_id = table_id
 
     @property
     def meta(self):
-        return self.connection.table_meta(self.name)
+        return self.connection.table_meta(self.name, table_id=self.table_id)
 
     @property
     def routing(self):
@@ -59,7 +68,7 @@ class Table:
         conn = self.connection
 
         def attempt() -> pa.Table:
-            route = conn.route(self.name, partition, bucket)
+            route = conn.route(self.name, partition, bucket, self.table_id)
             return conn.server(route.address).get({**header, **route.header()}, payload)
 
         return conn.retry(attempt, refresh=self.name)
@@ -72,14 +81,14 @@ class Table:
         key_table = routing.key_table(key)
         partition = routing.partition_of(key)
         if partition is not None and not self.meta.has_partition(partition):
-            self.connection.invalidate(self.name)
-            if not self.meta.has_partition(partition):
+            if not self.connection.table_meta(self.name, refresh=True,
+                                              table_id=self.table_id).has_partition(partition):
                 return None
         bucket = int(bucket_ids(key_table, list(routing.bucket_key), routing.bucket_count)[0])
         conn = self.connection
 
         def attempt() -> pa.Table:
-            route = conn.route(self.name, partition, bucket)
+            route = conn.route(self.name, partition, bucket, self.table_id)
             return conn.server(route.address).lookup(route.header(), key_table)
 
         rows = conn.retry(attempt, refresh=self.name).to_pylist()
@@ -87,7 +96,7 @@ class Table:
 
     def to_arrow(self) -> pa.Table:
         """Every row of the table, ordered by primary key."""
-        meta = self.connection.table_meta(self.name, refresh=True)
+        meta = self.connection.table_meta(self.name, refresh=True, table_id=self.table_id)
         buckets = meta.all_buckets()
         with concurrent.futures.ThreadPoolExecutor(max(1, min(8, len(buckets)))) as pool:
             parts = list(pool.map(lambda pb: self._read(pb[0], pb[1], {"op": "scan"}), buckets))
@@ -106,7 +115,7 @@ class Table:
                            "end": None if end is None else int(end)})
 
     def list_offsets(self) -> dict[tuple[str | None, int], int]:
-        return self.connection.admin.list_offsets(self.name)
+        return self.connection.admin.list_offsets(self.name, self.table_id)
 
     def __repr__(self) -> str:
-        return f"Table({self.name!r})"
+        return f"Table({self.name!r}, table id {self.table_id})"

@@ -9,7 +9,9 @@ thread pool. Consecutive queued parts of one bucket are coalesced into one reque
 Every request carries `(writer_id, sequence)`. The sequence is taken when a request is formed
 and kept for its retries, and it grows across the writer, so it grows within every bucket: a
 request retried after a lost acknowledgement (a tablet server killed after applying it) is
-recognised by the tablet and not applied again.
+recognised by the tablet and not applied again. Requests carry the writer's table id (its
+table handle's): once that table is dropped and re-created, they raise TableRecreatedError
+instead of following the name into the new table.
 
 `flush()` waits until everything queued is acknowledged and returns the end offset of every
 (partition, bucket) written since the previous flush; a request that failed for good (bad
@@ -59,6 +61,7 @@ class UpsertWriter:
 
         self._table = table
         self._conn = table.connection
+        self.table_id = table.table_id
         self.target_columns = list(target_columns) if target_columns is not None else None
         self.mode = MergeMode.parse(mode if mode is not None else MergeMode.AGGREGATE)
         self.lease = lease
@@ -82,7 +85,7 @@ class UpsertWriter:
     def upsert(self, rows) -> None:
         """Queue rows (an Arrow Table/RecordBatch or a list of dicts) for their buckets."""
         self._check_lease()
-        meta = self._conn.table_meta(self._table.name)
+        meta = self._table.meta
         table = write_table(meta, rows, self.target_columns, self.mode)
         self._enqueue("put", meta, table)
 
@@ -91,14 +94,14 @@ class UpsertWriter:
         values): sum subtracts, count decrements, array_agg/string_agg remove one occurrence,
         last_value clears a matching value. Not a delete: the keys stay."""
         self._check_lease()
-        meta = self._conn.table_meta(self._table.name)
+        meta = self._table.meta
         table = write_table(meta, rows, self.target_columns, self.mode, retract=True)
         self._enqueue("put", meta, table)
 
     def delete(self, keys) -> None:
         """Queue deletes of the given keys (dicts or an Arrow table with the key columns)."""
         self._check_lease()
-        meta = self._conn.table_meta(self._table.name)
+        meta = self._table.meta
         table = write_table(meta, keys, self.target_columns, self.mode, keys_only=True)
         self._enqueue("delete", meta, table)
 
@@ -219,4 +222,4 @@ class UpsertWriter:
         partition, bucket = key
         header = write_header(self._table.name, op, self.mode, self.target_columns,
                               (self.writer_id, sequence), self.lease, self.attempt)
-        return self._conn.put(self._table.name, partition, bucket, header, rows)
+        return self._conn.put(self._table.name, self.table_id, partition, bucket, header, rows)

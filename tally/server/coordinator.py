@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from locks.coordinator_actions import CoordinatorLocks
 from tally.errors import (AlreadyExistsError, InvalidInputError, NotFoundError, SchemaError,
-                          TallyError, UnavailableError)
+                          TableRecreatedError, TallyError, UnavailableError)
 from tally.meta import MetadataStore
 from tally.server.catalog import (DEFAULT_DATABASE, Catalog, PartitionRecord, TableRecord,
                                   split_table_name)
@@ -55,6 +55,7 @@ class Coordinator:
         self._registration = EphemeralRegistration(store, COORDINATOR, {"address": address}) \
             if self._zookeeper else None
         self._lock = threading.Lock()
+        self._problems: dict[str, list[str]] = {}  # server id -> what its last heartbeat said
         swept = self.catalog.sweep_orphans()
         if swept:
             log.info("swept orphaned table ids %s", swept)
@@ -145,6 +146,16 @@ class Coordinator:
             except TallyError as e:
                 log.info("tablet server %s will learn of the drop later: %s", server_id, e)
 
+    def named_table(self, body: dict) -> TableRecord:
+        """The table a request names; with a `table_id` (what the caller's handle resolved), it
+        must still be that table, else TableRecreatedError (never a silent switch to the new
+        table of the same name)."""
+        record = self.catalog.get_table(field(body, "name", str))
+        table_id = field(body, "table_id", int, None)
+        if table_id is not None and table_id != record.table_id:
+            raise TableRecreatedError.of(record.name, table_id, record.table_id)
+        return record
+
     def routing(self, record: TableRecord) -> TableRouting:
         return TableRouting.from_descriptor(record.name, record.table_id,
                                             self.parse_descriptor(record.descriptor))
@@ -162,8 +173,10 @@ class Coordinator:
     # --- partitions and assignment ------------------------------------------------------
 
     def assign(self, bucket_count: int, salt: int) -> tuple[str, ...]:
-        """Owners for `bucket_count` new buckets: the live servers, round robin from `salt`."""
+        """Owners for `bucket_count` new buckets: the live servers, round robin from `salt`;
+        only the healthy ones while there are any (a full disk should not get new buckets)."""
         live = sorted(self.liveness.live())
+        live = [sid for sid in live if not self._problems.get(sid)] or live
         if not live:
             raise UnavailableError("no live tablet server to host new buckets; start one")
         return tuple(live[(salt + b) % len(live)] for b in range(bucket_count))
@@ -171,7 +184,7 @@ class Coordinator:
     def create_partition(self, body: dict) -> dict:
         """Create a partition (admin, or a client's first write to it when dynamic creation is
         on); returns the partition, existing or new."""
-        record = self.catalog.get_table(field(body, "name", str))
+        record = self.named_table(body)
         routing = self.routing(record)
         if not routing.partitioned:
             raise InvalidInputError(f"table '{record.name}' is not partitioned")
@@ -216,15 +229,26 @@ class Coordinator:
         return known
 
     def list_servers(self, body: dict) -> list[dict]:
+        """Every known tablet server: address, live, and (while live) healthy and the problems
+        its last heartbeat reported (such as a bucket whose disk is full)."""
         live = self.liveness.live()
         known = self.catalog.known_servers()
-        return [{"server_id": sid, "address": live.get(sid, known.get(sid)), "live": sid in live}
-                for sid in sorted(set(known) | set(live))]
+        out = []
+        for sid in sorted(set(known) | set(live)):
+            problems = self._problems.get(sid, []) if sid in live else []
+            out.append({"server_id": sid, "address": live.get(sid, known.get(sid)),
+                        "live": sid in live, "healthy": sid in live and not problems,
+                        "problems": problems})
+        return out
 
     def heartbeat(self, body: dict) -> dict:
         # Every field is checked before the heartbeat counts: a malformed one changes nothing.
         server_id, address = field(body, "server_id", str), field(body, "address", str)
         table_ids = int_items(field(body, "table_ids", list, []), "table_ids")
+        problems = field(body, "problems", list, [])
+        if not all(isinstance(p, str) for p in problems):
+            raise InvalidInputError("malformed request: the field 'problems' must hold strings")
+        self._problems[server_id] = problems
         self.liveness.heartbeat(server_id, address)
         self.catalog.remember_server(server_id, address)
         dropped = []
@@ -249,9 +273,9 @@ class Coordinator:
 
     # --- offsets ------------------------------------------------------------------------
 
-    def log_offsets(self, name: str) -> dict[tuple[str | None, int], tuple[int, int]]:
+    def log_offsets(self, record: TableRecord) -> dict[tuple[str | None, int], tuple[int, int]]:
         """(log start, log end) of every bucket of every partition, asked of their servers."""
-        record = self.catalog.get_table(name)
+        name = record.name
         by_owner: dict[str, list[tuple[PartitionRecord, int]]] = {}
         for p in self.catalog.partitions(record.table_id):
             for bucket, owner in enumerate(p.buckets):
@@ -271,11 +295,13 @@ class Coordinator:
 
     def list_offsets(self, name: str) -> dict[tuple[str | None, int], int]:
         """The current end offset of every bucket (the shape locks and commits record)."""
-        return {key: end for key, (_start, end) in self.log_offsets(name).items()}
+        return {key: end for key, (_start, end) in
+                self.log_offsets(self.catalog.get_table(name)).items()}
 
     def list_offsets_action(self, body: dict) -> list[list]:
-        """[[partition, bucket, start, end], ...] sorted by partition and bucket."""
-        offsets = self.log_offsets(field(body, "name", str))
+        """[[partition, bucket, start, end], ...] sorted by partition and bucket (of the table
+        id the body names, when it names one)."""
+        offsets = self.log_offsets(self.named_table(body))
         return [[p, b, start, end] for (p, b), (start, end) in
                 sorted(offsets.items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))]
 

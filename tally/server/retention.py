@@ -15,7 +15,7 @@ import logging
 
 from locks.lease import offsets_from_json
 from merge_engine.log_retention import enforce_retention, has_retention
-from tally.errors import TallyError
+from tally.errors import StorageError, TallyError
 from tally.server.membership import HeartbeatSender
 from tally.wire.messages import field
 
@@ -60,9 +60,13 @@ class RetentionKeeper:
                 continue
             offsets, holding = floors[table_id]
             floor = offsets.get((hosted.partition, hosted.key.bucket), 0 if holding else None)
-            with hosted.lock:
-                before = hosted.tablet.log_start_offset
-                after = enforce_retention(hosted.tablet, floor)
+            try:
+                with hosted.lock:
+                    before = hosted.tablet.log_start_offset
+                    after = enforce_retention(hosted.tablet, floor)
+            except StorageError as e:  # a full disk: the bucket reports it, the others go on
+                log.info("retention skipped for %s: %s", hosted.label, e)
+                continue
             if after != before:
                 moved[hosted.label] = after
         return moved

@@ -4,3 +4,4 @@ DEFAULT_MAX_BATCH_BYTES = 64 << 20   # largest write request a tablet server acc
 DEFAULT_MEMORY_BUDGET = "1gb"       # write memory of all buckets of a tablet server (MemoryBudget)
 SESSION_TIMEOUT = 6.0                # seconds of silence before a tablet server counts as gone
 HEARTBEAT_INTERVAL = 1.0             # seconds between a tablet server's heartbeats
+STORAGE_PROBE_INTERVAL = 1.0         # seconds between looks for buckets to reopen (disk full)

@@ -27,7 +27,9 @@ from locks.tablet_check import TabletLocks
 from tally.errors import InvalidInputError, NotFoundError, StaleMetadataError
 from tally.server.membership import HeartbeatSender
 from tally.server.retention import RetentionKeeper
-from tally.server.settings import DEFAULT_MAX_BATCH_BYTES, HEARTBEAT_INTERVAL
+from tally.server.settings import (DEFAULT_MAX_BATCH_BYTES, HEARTBEAT_INTERVAL,
+                                   STORAGE_PROBE_INTERVAL)
+from tally.server.storage_health import StorageHealth
 from tally.server.tablets import HostedTablet, TabletHost, TabletKey
 from tally.wire.bucket_hash import bucket_ids
 from tally.wire.messages import field, int_items, table_to_ipc
@@ -93,10 +95,13 @@ class TabletServer:
                  max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
                  heartbeat_interval: float = HEARTBEAT_INTERVAL,
                  retention_interval: float = 30.0, memory_budget: int | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 storage_probe_interval: float = STORAGE_PROBE_INTERVAL) -> None:
         """`memory_budget`: bytes of write memory all hosted buckets share (None: no cap
         beyond each bucket's own; `tally serve` passes --memory-budget). `clock`: the time
-        lock expiry is judged by (tests move it; see server.clock)."""
+        lock expiry is judged by (tests move it; see server.clock). Every
+        `storage_probe_interval` seconds, buckets whose disk refused a write are reopened
+        once it has room (storage_health)."""
         self.clock = clock
         self.server_id = load_server_id(data_dir)
         self.address = address
@@ -110,6 +115,7 @@ class TabletServer:
         self._heartbeat = HeartbeatSender(self.send_heartbeat, heartbeat_interval)
         self.locks = TabletLocks(self)
         self.retention = RetentionKeeper(self, retention_interval)
+        self.storage = StorageHealth(self.host, storage_probe_interval)
 
     def coordinator(self, action: str, body: dict):
         """Ask the coordinator (used by the lock and retention helpers)."""
@@ -118,11 +124,13 @@ class TabletServer:
     def start(self) -> None:
         self._heartbeat.start()
         self.retention.start()
+        self.storage.start()
 
     def send_heartbeat(self) -> None:
         answer = self._coordinator("heartbeat", {"server_id": self.server_id,
                                                  "address": self.address,
-                                                 "table_ids": self.host.table_ids()})
+                                                 "table_ids": self.host.table_ids(),
+                                                 "problems": self.storage.problems()})
         for table_id in answer["dropped_table_ids"]:
             self.host.drop_table(int(table_id))
 
@@ -263,4 +271,5 @@ class TabletServer:
     def close(self) -> None:
         self._heartbeat.close()
         self.retention.close()
+        self.storage.close()
         self.host.close()

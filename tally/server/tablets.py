@@ -78,14 +78,26 @@ class TabletHost:
             if found is not None:
                 return found
             path = self.path(key)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            tablet = KvTablet.open(path, TableDescriptor.from_json(descriptor_json), self.budget)
+            label = key.describe(routing, partition)
+            tablet = KvTablet.open(path, TableDescriptor.from_json(descriptor_json), self.budget,
+                                   name=label)
             hosted = HostedTablet(key, tablet, routing, partition)
             with self._lock:
                 self._tablets[key] = hosted
                 self._opening.pop(key, None)
             log.info("opened %s at %s", hosted.label, path)
             return hosted
+
+    def reopen(self, hosted: HostedTablet) -> None:
+        """Close a bucket and open it again (its disk refused a write: storage_health). When
+        the open fails, the bucket stays closed and failed, and the next repair tries again."""
+        with hosted.lock:
+            if self.get(hosted.key) is not hosted:
+                return  # dropped meanwhile
+            old = hosted.tablet
+            old.close()
+            hosted.tablet = KvTablet.open(self.path(hosted.key), old.descriptor, self.budget,
+                                          name=hosted.label)
 
     def all_hosted(self) -> list[HostedTablet]:
         with self._lock:

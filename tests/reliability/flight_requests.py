@@ -125,10 +125,12 @@ DOMAIN = {
                         min_size=1, max_size=3),
     "table_ids": st.lists(st.one_of(texts, st.floats(), st.none(), dicts), min_size=1,
                           max_size=3),
+    "problems": st.lists(st.one_of(st.integers(), st.floats(), st.none(), dicts), min_size=1,
+                         max_size=3),
 }
 JSON_TYPE = {"name": "str", "table": "str", "descriptor": "str", "str": "str", "int": "int",
              "columns": "list", "buckets": "list", "table_ids": "list", "lease": "obj",
-             "view": "obj", "offsets": "list"}
+             "view": "obj", "offsets": "list", "problems": "list"}
 
 
 def action_fields(ctx: Context, role: str, name: str) -> dict[str, tuple[str, object, bool]]:
@@ -144,16 +146,19 @@ def action_fields(ctx: Context, role: str, name: str) -> dict[str, tuple[str, ob
         ("coordinator", "drop_table"): {"name": table},
         ("coordinator", "list_tables"): {"database": ("name", "default", True)},
         ("coordinator", "table_info"): {"name": table},
-        ("coordinator", "create_partition"): {"name": table, "partition": ("str", "apac", True)},
+        ("coordinator", "create_partition"): {"name": table, "partition": ("str", "apac", True),
+                                              "table_id": ("int", ctx.table_id, False)},
         ("coordinator", "drop_partition"): {"name": table, "partition": ("str", "eu", True)},
         ("coordinator", "list_partitions"): {"name": table},
-        ("coordinator", "list_offsets"): {"name": table},
+        ("coordinator", "list_offsets"): {"name": table,
+                                          "table_id": ("int", ctx.table_id, False)},
         ("coordinator", "bucket_info"): {"table_id": ("int", ctx.table_id, True),
                                          "partition_id": ("int", b.partition_id, True),
                                          "bucket": ("int", 0, True)},
         ("coordinator", "heartbeat"): {"server_id": ("str", "ts-fuzz", True),
                                        "address": ("str", "grpc://127.0.0.1:9", True),
-                                       "table_ids": ("table_ids", [], False)},
+                                       "table_ids": ("table_ids", [], False),
+                                       "problems": ("problems", [], False)},
         ("coordinator", "truncate_log"): {"name": table, "partition": ("str", "eu", False),
                                           "bucket": ("int", 0, True),
                                           "before": ("int", 1, True)},
