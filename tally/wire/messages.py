@@ -236,7 +236,7 @@ def put_pieces(rows: pa.Table) -> Iterator[pa.Buffer]:
     """The pieces of app metadata that carry `rows` in a DoPut."""
     data = _ipc_buffer(rows)
     for start in range(0, data.size, PUT_PIECE_BYTES):
-        yield data.slice(start, PUT_PIECE_BYTES)
+        yield data.slice(start, min(PUT_PIECE_BYTES, data.size - start))
 
 
 def read_put(reader, max_bytes: int) -> pa.Table:
@@ -247,7 +247,7 @@ def read_put(reader, max_bytes: int) -> pa.Table:
         raise InvalidInputError(
             "a write carries its rows as Arrow IPC bytes in app metadata under an empty Flight "
             f"schema, not as Flight record batches of {reader.schema.names[:5]}")
-    pieces, size = [], 0
+    data = bytearray()  # grown in place: each piece is copied once and dropped
     while True:
         try:
             chunk = reader.read_chunk()
@@ -257,20 +257,13 @@ def read_put(reader, max_bytes: int) -> pa.Table:
             raise InvalidInputError("a write carries its rows in app metadata, not in batches")
         if chunk.app_metadata is None:
             continue
-        size += chunk.app_metadata.size
-        if size > max_bytes:
+        if len(data) + chunk.app_metadata.size > max_bytes:
             raise InvalidInputError(
                 f"write batch exceeds the server's limit of {max_bytes} bytes; "
                 "send smaller batches")
-        pieces.append(chunk.app_metadata)
-    if not pieces:
+        data += memoryview(chunk.app_metadata)
+    if not data:
         raise InvalidInputError("a write carries no rows (an empty Arrow IPC stream)")
-    data = bytearray(size)
-    at = 0
-    while pieces:
-        piece = pieces.pop(0)
-        data[at:at + piece.size] = memoryview(piece)
-        at += piece.size
     stream = pa.py_buffer(data)
     measure_stream(stream, max_rows=max_bytes, max_bytes=max_bytes, what="write batch")
     return ipc_to_table(stream)
