@@ -14,6 +14,11 @@ from merge_engine.schema import Schema
 from tally.errors import InvalidOptionError
 
 
+# Parameters named without their function (`fields.<col>.max-cell-bytes`): those of more than
+# one function, so a connector need not repeat the column's function name.
+COLUMN_PARAMETERS = frozenset({"ignore-retract", "max-cell-bytes", "max-elements"})
+
+
 def _split_field_options(options: dict, columns: set[str]):
     """{column: function name} and {column: {(fn, param): value}} from `fields.*` options."""
     functions: dict[str, str] = {}
@@ -35,12 +40,13 @@ def _split_field_options(options: dict, columns: set[str]):
         elif "." in tail:
             fn, param = tail.split(".", 1)
             params.setdefault(column, {})[(fn, param)] = value
-        elif tail:  # a parameter of whichever function the column has (ignore-retract, ...)
+        elif tail in COLUMN_PARAMETERS:  # a parameter of whichever function the column has
             params.setdefault(column, {})[(None, tail)] = value
         else:
             raise InvalidOptionError(
                 f"Option '{key}' is not understood: use 'fields.{column}.agg', "
-                f"'fields.{column}.<parameter>' or 'fields.{column}.<function>.<parameter>'"
+                f"'fields.{column}.<function>.<parameter>' or 'fields.{column}.<parameter>' "
+                f"for {sorted(COLUMN_PARAMETERS)}"
             )
     return functions, params, rest
 

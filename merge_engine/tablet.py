@@ -30,7 +30,7 @@ from merge_engine.rows import BucketRows
 from merge_engine.state import StateBatch
 from merge_engine.pending_write import PendingWrite
 from merge_engine.storage import DESCRIPTOR, END_OFFSET, START_OFFSET, TabletStore
-from merge_engine.write_slices import key_slices
+from merge_engine.write_slices import SLICE_ROWS, key_slices
 from tally.errors import DeleteDisabledError, InvalidInputError, OffsetOutOfRangeError, StorageError
 
 
@@ -39,6 +39,8 @@ _IMAGE_TYPES = pa.array([log.INSERT, log.UPDATE_AFTER, log.DELETE])
 
 class KvTablet:
     """One bucket. Thread-safe: writes are serialised, reads run alongside them."""
+
+    slice_rows = SLICE_ROWS  # rows merged at a time in a large write (whole keys)
 
     def __init__(self, path: str, descriptor: TableDescriptor, store: TabletStore,
                  budget: MemoryBudget | None = None):
@@ -144,7 +146,8 @@ class KvTablet:
         if write.rows == 0:
             return self._commit(pending, writer)
         merger = self._overwrite if mode is MergeMode.OVERWRITE else self._engine
-        for keys, part, group_ids, firsts in key_slices(write, *self._group(write)):
+        slices = key_slices(write, *self._group(write), size=self.slice_rows)
+        for keys, part, group_ids, firsts in slices:
             before, present = self._load(keys, part, firsts)
             after = merger.merge(before, part, group_ids, mode)
             outcome = np.where(present, np.where(self.codec.differs(before, after),
