@@ -47,12 +47,17 @@ def make_table(conn, name, partitioned=False):
     return conn.table(name)
 
 
-def bomb_stream() -> bytes:
-    """An IPC stream of one string cell of BOMB_BYTES zeros, zstd-compressed (the zeros are
-    calloc'd pages that are read, never written, so making it costs this process no memory)."""
+def bomb_table() -> pa.Table:
+    """One row whose string cell is BOMB_BYTES zeros (calloc'd pages that are only ever read,
+    so making and compressing it costs this process no memory)."""
     offsets = pa.py_buffer(np.array([0, BOMB_BYTES], dtype=np.int32))
     cell = pa.StringArray.from_buffers(1, offsets, pa.py_buffer(np.zeros(BOMB_BYTES, np.uint8)))
-    table = pa.table({"k": pa.array([1], pa.int64()), "tags": cell})
+    return pa.table({"k": pa.array([1], pa.int64()), "tags": cell})
+
+
+def bomb_stream() -> bytes:
+    """bomb_table as a zstd-compressed IPC stream."""
+    table = bomb_table()
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema,
                            options=pa.ipc.IpcWriteOptions(compression="zstd")) as writer:
@@ -139,9 +144,9 @@ def put_with_command(client, command: bytes) -> None:
 
 
 def put_flight_batches(client, header: dict, data: bytes) -> None:
-    """The bomb as ordinary Flight record batches (what pyarrow decodes before a handler
-    could look at them), recompressed on the way."""
-    table = pa.ipc.open_stream(data).read_all()
+    """The bomb as ordinary zstd Flight record batches (what pyarrow decodes before a
+    handler could look at them)."""
+    table = bomb_table()
     options = flight.FlightCallOptions(
         write_options=pa.ipc.IpcWriteOptions(compression="zstd"))
     writer, reader = client.do_put(flight.FlightDescriptor.for_command(dumps(header)),
@@ -257,7 +262,7 @@ def test_owner_ids_have_one_limit_on_both_stores(name_table, owner):
 
 @settings(max_examples=25, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(partition=names.filter(lambda s: s.strip() != ""))
+@given(partition=names.filter(lambda s: "$" not in s))  # one partition-key column
 def test_partition_names_have_one_limit_on_both_stores(name_table, partition):
     conn = name_table
     fits = quoted_bytes(partition) <= MAX_NODE_NAME_BYTES
