@@ -111,6 +111,10 @@ class StringAggAggregator(Aggregator):
         if not limit:
             return
         if self.tokenized:  # the join adds a delimiter between tokens
+            offsets = states.offsets
+            tokens = offsets[len(offsets) - 1].as_py() - offsets[0].as_py() if len(states) else 0
+            if states.nbytes + tokens * len(self.params["delimiter"].encode()) <= limit:
+                return
             counts, sizes = list_cell_sizes(states)
             sizes = sizes + np.maximum(counts - 1, 0) * len(self.params["delimiter"].encode())
         elif states.nbytes <= limit:
