@@ -298,3 +298,18 @@ def test_a_lock_ttl_is_a_finite_number_within_its_range(name_table, ttl):
         with pytest.raises(InvalidInputError, match="ttl="):
             conn.locks.acquire("default.names", "ttl-owner", ["a"], ttl=ttl)
     assert conn.locks.describe("default.names", include_expired=True) == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(columns=st.lists(st.text(min_size=1, max_size=40), min_size=1, max_size=30),
+       table=st.text(alphabet="abc_.", min_size=3, max_size=60))
+def test_a_derived_owner_id_always_fits_and_is_stable(columns, table):
+    from sink.owner import streaming_owner_id
+
+    owner = streaming_owner_id(None, "0f4c2d5e-6a7b-4c8d-9e0f-1a2b3c4d5e6f", table, columns)
+    assert quoted_bytes(owner) <= MAX_NODE_NAME_BYTES
+    assert owner == streaming_owner_id(None, "0f4c2d5e-6a7b-4c8d-9e0f-1a2b3c4d5e6f", table,
+                                       list(columns))
+    if quoted_bytes(f"spark-query:0f4c2d5e-6a7b-4c8d-9e0f-1a2b3c4d5e6f/{table}/"
+                    f"{','.join(columns)}") <= MAX_NODE_NAME_BYTES:
+        assert owner.endswith("/" + ",".join(columns))
