@@ -4,7 +4,7 @@ One request of the ingest benchmark's rows (tally.bench.workload: 1.45 million r
 100,000 keys, about 58 MB as Arrow), just under the server's default 64 MiB request limit, is
 sent straight to the tablet server of its bucket. The growth of the server's peak resident
 memory (VmHWM, reset before the write) must stay within 4x the request: it was 6x before large
-writes were merged a slice of keys at a time, and 16-24x inside the tablet for one of new keys.
+writes were merged a slice of keys at a time (3x since).
 The rows must land exactly as the same rows written through the client's small requests.
 """
 
