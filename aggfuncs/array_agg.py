@@ -7,6 +7,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from aggfuncs.base import Aggregator, parse_bool
+from aggfuncs.cell_limits import (DEFAULT_MAX_CELL_BYTES, MAX_CELL_BYTES, MAX_ELEMENTS,
+                                  list_cell_sizes, parse_cell_bytes, parse_elements, refuse_over)
 from aggfuncs.functions import AggFunction
 from aggfuncs.segments import Segments
 from aggfuncs.tokens import apply_items, fold_lists, list_array
@@ -19,8 +21,9 @@ def _is_list(arrow_type: pa.DataType) -> bool:
 class ArrayAggAggregator(Aggregator):
     function = AggFunction.ARRAY_AGG
     type_names = "list<T>"
-    parameters = {"distinct": parse_bool}
-    defaults = {"distinct": False}
+    parameters = {"distinct": parse_bool, MAX_CELL_BYTES: parse_cell_bytes,
+                  MAX_ELEMENTS: parse_elements}
+    defaults = {"distinct": False, MAX_CELL_BYTES: DEFAULT_MAX_CELL_BYTES, MAX_ELEMENTS: 0}
     accepts = staticmethod(_is_list)
     retractable = True
 
@@ -50,6 +53,18 @@ class ArrayAggAggregator(Aggregator):
 
     def overwrite(self, values: pa.Array) -> pa.Array:
         return self.to_state(values)
+
+    def check_cells(self, states: pa.Array) -> None:
+        """Each cell within max-cell-bytes (its elements' bytes) and max-elements."""
+        byte_limit, count_limit = self.params[MAX_CELL_BYTES], self.params[MAX_ELEMENTS]
+        offsets = states.offsets
+        total = offsets[len(offsets) - 1].as_py() - offsets[0].as_py() if len(states) else 0
+        if (not byte_limit or states.nbytes <= byte_limit) and \
+                (not count_limit or total <= count_limit):
+            return
+        counts, sizes = list_cell_sizes(states)
+        refuse_over(self.column, self.name, counts, count_limit, "elements", MAX_ELEMENTS)
+        refuse_over(self.column, self.name, sizes, byte_limit, "bytes", MAX_CELL_BYTES)
 
     def fold(self, states: pa.Array, written: np.ndarray, segments: Segments) -> pa.Array:
         return fold_lists(states, written, segments, self.params["distinct"], self.type)

@@ -70,7 +70,7 @@ class Aggregator:
         parsed = {**self.defaults, IGNORE_RETRACT: False}
         accepted = {**self.parameters, IGNORE_RETRACT: parse_bool}
         for key, value in given.items():
-            key = IGNORE_RETRACT if key in ("ignore-retract", "ignore_retract") else key
+            key = key.replace("_", "-") if key.replace("_", "-") in accepted else key
             parser = accepted.get(key)
             if parser is None:
                 supported = sorted(accepted)
@@ -113,6 +113,10 @@ class Aggregator:
     def overwrite(self, values: pa.Array) -> pa.Array:
         """Turn OVERWRITE-mode inputs into states (they replace what is stored)."""
         return values
+
+    def check_cells(self, states: pa.Array) -> None:
+        """Refuse merged states that pass the column's cell bounds (aggfuncs.cell_limits);
+        only the functions whose cells grow without end have any."""
 
     def empty(self, n: int) -> pa.Array:
         """The state of a cell no write has touched."""

@@ -19,6 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from aggfuncs.base import Aggregator, contributions, parse_bool
+from aggfuncs.cell_limits import (DEFAULT_MAX_CELL_BYTES, MAX_CELL_BYTES, list_cell_sizes,
+                                  parse_cell_bytes, refuse_over)
 from aggfuncs.functions import AggFunction
 from aggfuncs.segments import Segments
 from aggfuncs.tokens import apply_items, fold_lists
@@ -46,8 +48,9 @@ def _is_list(arrow_type: pa.DataType) -> bool:
 class StringAggAggregator(Aggregator):
     function = AggFunction.STRING_AGG
     type_names = "string, large_string"
-    parameters = {"delimiter": parse_delimiter, "distinct": parse_bool}
-    defaults = {"delimiter": ",", "distinct": False}
+    parameters = {"delimiter": parse_delimiter, "distinct": parse_bool,
+                  MAX_CELL_BYTES: parse_cell_bytes}
+    defaults = {"delimiter": ",", "distinct": False, MAX_CELL_BYTES: DEFAULT_MAX_CELL_BYTES}
 
     retractable = True
 
@@ -101,6 +104,24 @@ class StringAggAggregator(Aggregator):
                 f"{self.params['delimiter']!r}; a token is a piece between delimiters")
         empty = pc.fill_null(pc.equal(pc.list_value_length(lists), 0), False)
         return pc.if_else(empty, pa.nulls(len(lists), lists.type), lists).cast(pa.list_(self.type))
+
+    def check_cells(self, states: pa.Array) -> None:
+        """The joined string of each cell within max-cell-bytes."""
+        limit = self.params[MAX_CELL_BYTES]
+        if not limit:
+            return
+        if self.tokenized:  # the join adds a delimiter between tokens
+            offsets = states.offsets
+            tokens = offsets[len(offsets) - 1].as_py() - offsets[0].as_py() if len(states) else 0
+            if states.nbytes + tokens * len(self.params["delimiter"].encode()) <= limit:
+                return
+            counts, sizes = list_cell_sizes(states)
+            sizes = sizes + np.maximum(counts - 1, 0) * len(self.params["delimiter"].encode())
+        elif states.nbytes <= limit:
+            return
+        else:
+            sizes = pc.fill_null(pc.binary_length(states), 0).to_numpy()
+        refuse_over(self.column, self.name, sizes, limit, "bytes", MAX_CELL_BYTES)
 
     # --- folding ----------------------------------------------------------------------------
 

@@ -26,12 +26,16 @@ from tally.errors import InvalidInputError
 from tally.meta import MetadataStore, join_path, node_name
 
 
+def _owner_node(owner_id: str) -> str:
+    return node_name(owner_id, "lock owner id")
+
+
 def commit_path(table_id: int, owner_id: str) -> str:
-    return join_path("commits", str(table_id), node_name(owner_id))
+    return join_path("commits", str(table_id), _owner_node(owner_id))
 
 
 def baseline_path(table_id: int, owner_id: str, epoch: int) -> str:
-    return join_path("commits", str(table_id), node_name(owner_id), "epochs", str(epoch))
+    return join_path("commits", str(table_id), _owner_node(owner_id), "epochs", str(epoch))
 
 
 def _check_epoch(epoch) -> int:
@@ -129,7 +133,7 @@ class CommitLog:
     def pending_baselines(self, table_id: int, owner_id: str, tenure: int) -> dict[int, Offsets]:
         """Baselines of epochs of this tenure stored but not committed yet (retention must
         keep them)."""
-        root = join_path("commits", str(table_id), node_name(owner_id), "epochs")
+        root = join_path("commits", str(table_id), _owner_node(owner_id), "epochs")
         found = {}
         for child in self.store.children(root):
             node = self.store.get(join_path(root, child))
@@ -140,7 +144,7 @@ class CommitLog:
     def forget_baselines(self, table_id: int, owner_id: str, up_to: int | None = None) -> None:
         """Drop stored baselines of epochs up to `up_to` (all when None): committed epochs,
         or an ended tenure, need them no more."""
-        root = join_path("commits", str(table_id), node_name(owner_id), "epochs")
+        root = join_path("commits", str(table_id), _owner_node(owner_id), "epochs")
         for child in self.store.children(root):
             if up_to is None or int(child) <= up_to:
                 self.store.delete(join_path(root, child))

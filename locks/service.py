@@ -52,9 +52,21 @@ class LockTarget:
     expired_hold: float = math.inf
 
 
+# A lease lives `ttl` seconds past its last renewal. Below a tenth of a second no renewal could
+# keep it; past a day a dead job's columns stay closed for too long, and an unbounded ttl once
+# gave a lock that never expired (inf) or one whose expiry no clock could print (1e300).
+MIN_LOCK_TTL = 0.1
+MAX_LOCK_TTL = 86400.0
+
+
 def _check_ttl(ttl) -> float:
-    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl < math.inf:
-        raise InvalidInputError(f"A lock ttl must be a positive number of seconds, got {ttl!r}")
+    """`ttl` as seconds, refused unless a number in [MIN_LOCK_TTL, MAX_LOCK_TTL] (NaN is in no
+    range)."""
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or \
+            not MIN_LOCK_TTL <= ttl <= MAX_LOCK_TTL:
+        raise InvalidInputError(
+            f"A lock ttl must be a number of seconds from {MIN_LOCK_TTL} to {MAX_LOCK_TTL:.0f} "
+            f"(one day), got ttl={ttl!r}")
     return float(ttl)
 
 
@@ -67,7 +79,7 @@ def guard_path(table_id: int) -> str:
 
 
 def lock_path(table_id: int, owner_id: str) -> str:
-    return join_path("locks", str(table_id), node_name(owner_id))
+    return join_path("locks", str(table_id), node_name(owner_id, "lock owner id"))
 
 
 class ColumnLockService:
@@ -105,6 +117,7 @@ class ColumnLockService:
         """Lock `columns` of a table for `owner_id` (see Lease). Primary-key columns are dropped."""
         if not isinstance(owner_id, str) or not owner_id:
             raise InvalidInputError(f"A lock owner id must be a non-empty string, got {owner_id!r}")
+        node_name(owner_id, "lock owner id")  # within the metadata stores' name limit
         ttl = _check_ttl(ttl)
         ids, names = self._resolve(target, columns)
         # another acquirer that changed the table's locks first: look again
@@ -136,7 +149,7 @@ class ColumnLockService:
         now = self.clock()
         guard = self.store.get(guard_path(target.table_id))
         records = self.records(target.table_id)
-        mine_key = node_name(owner_id)
+        mine_key = node_name(owner_id, "lock owner id")
         mine = records.get(mine_key)
         # The owner's own lock first: a tenure that can no longer be recovered is refused
         # before anyone else's expired lock is taken over on its behalf.
@@ -226,7 +239,7 @@ class ColumnLockService:
 
     def _take_over_ops(self, target, owner_id, ids, ttl) -> tuple[list[tuple], list[Lease]]:
         now = self.clock()
-        mine_key = node_name(owner_id)
+        mine_key = node_name(owner_id, "lock owner id")
         in_way = []
         for key, (record, version) in self.records(target.table_id).items():
             overlap = set(record.column_ids) & set(ids)

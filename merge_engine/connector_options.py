@@ -1,4 +1,5 @@
-"""Connector options (`fields.<col>.agg`, `fields.<col>.<fn>.<param>`) translated into a schema.
+"""Connector options (`fields.<col>.agg`, `fields.<col>.<fn>.<param>`, `fields.<col>.<param>`)
+translated into a schema.
 
 Spark and other connectors cannot declare functions in DDL, so they pass options; these become
 schema columns and are not kept as table properties: the schema stays the single truth.
@@ -11,6 +12,11 @@ import pyarrow as pa
 from aggfuncs import AggFunction
 from merge_engine.schema import Schema
 from tally.errors import InvalidOptionError
+
+
+# Parameters named without their function (`fields.<col>.max-cell-bytes`): those of more than
+# one function, so a connector need not repeat the column's function name.
+COLUMN_PARAMETERS = frozenset({"ignore-retract", "max-cell-bytes", "max-elements"})
 
 
 def _split_field_options(options: dict, columns: set[str]):
@@ -34,10 +40,13 @@ def _split_field_options(options: dict, columns: set[str]):
         elif "." in tail:
             fn, param = tail.split(".", 1)
             params.setdefault(column, {})[(fn, param)] = value
+        elif tail in COLUMN_PARAMETERS:  # a parameter of whichever function the column has
+            params.setdefault(column, {})[(None, tail)] = value
         else:
             raise InvalidOptionError(
-                f"Option '{key}' is not understood: use 'fields.{column}.agg' or "
-                f"'fields.{column}.<function>.<parameter>'"
+                f"Option '{key}' is not understood: use 'fields.{column}.agg', "
+                f"'fields.{column}.<function>.<parameter>' or 'fields.{column}.<parameter>' "
+                f"for {sorted(COLUMN_PARAMETERS)}"
             )
     return functions, params, rest
 
@@ -60,7 +69,7 @@ def descriptor_from_options(cls, arrow_schema, primary_key, partition_key, optio
         fn = AggFunction.parse(functions[f.name], f.name)
         given = {}
         for (fn_name, param), value in params.get(f.name, {}).items():
-            if AggFunction.parse(fn_name, f.name) is not fn:
+            if fn_name is not None and AggFunction.parse(fn_name, f.name) is not fn:
                 raise InvalidOptionError(
                     f"Option 'fields.{f.name}.{fn_name}.{param}' names function '{fn_name}' but "
                     f"column '{f.name}' uses '{functions[f.name]}'"

@@ -140,7 +140,9 @@ def prepare_write(rows, schema: Schema, aggregators, target_columns=None,
                 "; pass target_columns=[...] (with the primary key) for a partial write"
             raise InvalidInputError(f"The written rows lack columns {missing}{hint}")
         for name in wanted:
-            columns[name] = data.column(name).combine_chunks()
+            column = data.column(name)
+            # combine_chunks copies even a single chunk: a large write's columns twice over
+            columns[name] = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
         extra = {h: data.column(h).to_pylist() for h in hidden if h in names}
         n = data.num_rows
     for key in schema.primary_key:

@@ -114,6 +114,14 @@ class KeyArray:
         lengths = None if self.lengths is None else self.lengths[index]
         return KeyArray(self.search[index], self.width, lengths)
 
+    @staticmethod
+    def concat(parts: list["KeyArray"]) -> "KeyArray":
+        """The keys of `parts` one after the other (all of one key encoding)."""
+        if len(parts) == 1:
+            return parts[0]
+        lengths = None if parts[0].lengths is None else np.concatenate([p.lengths for p in parts])
+        return KeyArray(np.concatenate([p.search for p in parts]), parts[0].width, lengths)
+
     def to_list(self) -> list[bytes]:
         """The keys as bytes objects, exactly as encoded."""
         if self.width is None:

@@ -22,6 +22,8 @@ from merge_engine.state import StateBatch
 from merge_engine.storage import KV_APPLIED, ROW, TabletStore
 from tally.errors import StorageError
 
+ENCODE_ROWS = 65536  # rows encoded at a time when buffered rows go to RocksDB
+
 
 # Rows are flushed once the changelog since the last flush reaches this many buffer sizes, so a
 # hot key set that never fills the buffer still leaves a bounded changelog to replay.
@@ -159,8 +161,13 @@ class BucketRows:
         keys, rows, removed = buffer.drain()
         if rows is not None:
             put = batch.put
-            for key, value in zip(keys.to_list(), self._codec.encode(rows)):
-                put(ROW + key, value)
+            # Encoded a slice at a time: the rows of one large write as Python bytes objects
+            # at once took several times the write's own size on top of the write batch.
+            for start in range(0, len(rows), ENCODE_ROWS):
+                stop = min(start + ENCODE_ROWS, len(rows))
+                chunk = keys.take(np.arange(start, stop)).to_list()
+                for key, value in zip(chunk, self._codec.encode(rows.slice(start, stop))):
+                    put(ROW + key, value)
         if removed is not None:
             for key in removed.to_list():
                 batch.delete(ROW + key)

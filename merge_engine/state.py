@@ -33,6 +33,12 @@ class StateBatch:
         counts = None if self.contributions is None else self.contributions[indices]
         return StateBatch([c.take(index) for c in self.columns], self.written[indices], counts)
 
+    def slice(self, start: int, stop: int) -> "StateBatch":
+        """Rows start..stop-1, without copying the columns."""
+        counts = None if self.contributions is None else self.contributions[start:stop]
+        return StateBatch([c.slice(start, stop - start) for c in self.columns],
+                          self.written[start:stop], counts)
+
     @staticmethod
     def concat(*batches: "StateBatch") -> "StateBatch":
         first = batches[0]

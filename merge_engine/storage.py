@@ -45,6 +45,7 @@ def offset_of(key: bytes) -> int:
     return _U64.unpack(key[len(LOG):])[0]
 
 
+MULTI_GET_KEYS = 16384
 _PATH = re.compile(r"(?<![\w.])/[^\s:;,'\"]+")
 
 
@@ -121,7 +122,13 @@ class TabletStore:
         """Stored row bytes per key (None for absent keys); keys in key order read fastest."""
         if not keys:
             return []
-        return self.db.get([ROW + k for k in keys])
+        # In slices: one multi-get of a million keys holds every key and value in RocksDB's
+        # and the binding's own copies at once (about 0.5 KB per key, measured), ten times
+        # the write that asked; slices keep that transient small and cost nothing measurable.
+        found: list[bytes | None] = []
+        for start in range(0, len(keys), MULTI_GET_KEYS):
+            found.extend(self.db.get([ROW + k for k in keys[start:start + MULTI_GET_KEYS]]))
+        return found
 
     def scan_rows(self, chunk: int = 65536) -> Iterator[list[bytes]]:
         """Stored rows in key order, `chunk` at a time."""

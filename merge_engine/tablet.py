@@ -1,10 +1,10 @@
 """KvTablet: one bucket of a primary-key table, rows in RocksDB plus an Arrow changelog.
 
-A write runs in four steps, each over the whole batch: validate the input; group its rows by
-key and take those keys' current rows (BucketRows: the in-memory row buffer, then RocksDB);
-merge with the RowMerger of the mode; then commit the changelog records, the new offsets and the
-writer's sequence in one atomic RocksDB write batch, after which the changed rows join the row
-buffer. The changelog is the write-ahead log: a reopened bucket replays it past the last flush
+A write runs in four steps: validate the input and group its rows by key; then, a slice of
+keys at a time (merge_engine.write_slices), take those keys' current rows (BucketRows: the
+in-memory row buffer, then RocksDB) and merge them with the RowMerger of the mode; then commit
+the changelog records, the new offsets and the writer's sequence in one atomic RocksDB write
+batch (merge_engine.pending_write), after which the changed rows join the row buffer. The changelog is the write-ahead log: a reopened bucket replays it past the last flush
 of the row buffer (see merge_engine/rows.py and merge_engine/buffer.py).
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from typing import Iterator
 
 import numpy as np
@@ -28,14 +27,18 @@ from merge_engine.mergers import AggregateRowMerger, DeleteMerger, OverwriteRowM
 from merge_engine.modes import DeleteBehavior, MergeMode
 from merge_engine.rowcodec import RowCodec
 from merge_engine.rows import BucketRows
+from merge_engine.pending_write import PendingWrite
 from merge_engine.state import StateBatch
 from merge_engine.storage import DESCRIPTOR, END_OFFSET, START_OFFSET, TabletStore
+from merge_engine.write_slices import SLICE_ROWS, key_slices
 from tally.errors import (DeleteDisabledError, InvalidInputError, OffsetOutOfRangeError,
                           StorageError, StorageWriteError)
 
 
 class KvTablet:
     """One bucket. Thread-safe: writes are serialised, reads run alongside them."""
+
+    slice_rows = SLICE_ROWS  # rows merged at a time in a large write (whole keys)
 
     def __init__(self, path: str, descriptor: TableDescriptor, store: TabletStore,
                  budget: MemoryBudget | None = None):
@@ -136,21 +139,26 @@ class KvTablet:
         return end
 
     def _put(self, rows, mode, target_columns, writer) -> int:
-        """Under the lock, not a replay: merge the rows and commit."""
+        """Under the lock, not a replay: merge the rows (a slice of keys at a time, see
+        merge_engine.write_slices) and commit them all at once."""
         write = prepare_write(rows, self.schema, self.aggregators, target_columns,
                               allow_unwritten=mode is MergeMode.OVERWRITE,
                               allow_retractions=mode is not MergeMode.OVERWRITE)
+        pending = PendingWrite(self._store, self._images, self._end)
         if write.rows == 0:
-            return self._commit(None, None, None, None, writer)
-        keys, group_ids, firsts = self._group(write)
-        before, present = self._load(keys, write, firsts)
+            return self._commit(pending, writer)
         merger = self._overwrite if mode is MergeMode.OVERWRITE else self._engine
-        after = merger.merge(before, write, group_ids, mode)
-        outcome = np.where(present, np.where(self.codec.differs(before, after), log.UPDATED,
-                                             log.UNCHANGED), log.INSERTED).astype(np.int8)
-        if self.remove_on_empty and mode is not MergeMode.OVERWRITE:
-            outcome = self._remove_empty(after, outcome, present)
-        return self._commit(keys, before, after, outcome, writer)
+        slices = key_slices(write, *self._group(write), size=self.slice_rows)
+        for keys, part, group_ids, firsts in slices:
+            before, present = self._load(keys, part, firsts)
+            after = merger.merge(before, part, group_ids, mode)
+            outcome = np.where(present, np.where(self.codec.differs(before, after),
+                                                 log.UPDATED, log.UNCHANGED),
+                               log.INSERTED).astype(np.int8)
+            if self.remove_on_empty and mode is not MergeMode.OVERWRITE:
+                outcome = self._remove_empty(after, outcome, present)
+            pending.add(keys, before, after, outcome)
+        return self._commit(pending, writer)
 
     def _delete(self, keys, mode, target_columns, writer) -> int:
         """Under the lock, not a replay: apply the table's delete behavior, then commit."""
@@ -163,15 +171,17 @@ class KvTablet:
             )
         write = prepare_write(keys, self.schema, self.aggregators, target_columns,
                               keys_only=True)
+        pending = PendingWrite(self._store, self._images, self._end)
         if behavior is DeleteBehavior.IGNORE or write.rows == 0:
-            return self._commit(None, None, None, None, writer)
+            return self._commit(pending, writer)
         unique, _, firsts = self._group(write)
         before, present = self._load(unique, write, firsts)
         after, removed = self._deletes.delete(before, write.target)
         changed = self.codec.differs(before, after)
         outcome = np.select([present & removed, present & changed], [log.REMOVED, log.UPDATED],
                             log.UNCHANGED).astype(np.int8)
-        return self._commit(unique, before, after, outcome, writer)
+        pending.add(unique, before, after, outcome)
+        return self._commit(pending, writer)
 
     def _remove_empty(self, after: StateBatch, outcome: np.ndarray, present: np.ndarray) -> np.ndarray:
         """`table.agg.remove-record-on-empty`: a row whose every aggregate is back to its empty
@@ -218,33 +228,17 @@ class KvTablet:
         written[:, sorted(self.key_positions)] = True
         return StateBatch(columns, written, np.zeros(written.shape, dtype=np.int64))
 
-    def _commit(self, keys: KeyArray | None, before, after, outcome, writer) -> int:
-        """One atomic RocksDB write: the changelog records, offsets and writer sequence (and
-        every buffered row when the buffer is full); then the changed rows join the buffer.
-        `keys` None: the write changes no row (only the writer's sequence is recorded)."""
-        batch = self._store.new_batch()
-        end, data = self._end, b""
-        records = None if keys is None else self._images.build_records(before, after, outcome)
-        if records is not None:
-            data = log.serialize(records)
-            TabletStore.put_log_entry(batch, end, data, int(time.time() * 1000))
-            end += records.num_rows
-            TabletStore.put_int(batch, END_OFFSET, end)
-        if writer is not None:
-            TabletStore.put_writer(batch, writer[0], writer[1], end)
-        if records is None:
-            if not batch.is_empty():
-                self._store.commit(batch)
-            return end
-        changed = np.nonzero((outcome == log.INSERTED) | (outcome == log.UPDATED))[0]
-        rows = None if not len(changed) else after if len(changed) == len(after) \
-            else after.take(changed)
-        staged = self._rows.stage(batch, end, keys.take(changed), rows,
-                                  keys.take(np.nonzero(outcome == log.REMOVED)[0]), len(data))
-        self._store.commit(batch)
-        self._rows.committed(staged)
-        self._end = end
-        return end
+    def _commit(self, pending: PendingWrite, writer) -> int:
+        """The write's one atomic RocksDB write batch: its changelog, offsets and writer
+        sequence (and the buffered rows when the buffer flushes with it); then its changed
+        rows join the buffer. The end offset after it."""
+        staged = pending.seal(self._rows, writer)
+        if not pending.batch.is_empty():
+            self._store.commit(pending.batch)
+        if staged is not None:
+            self._rows.committed(staged)
+        self._end = pending.end
+        return self._end
 
     def flush(self) -> None:
         """Write the buffered rows to RocksDB now (close and log truncation do this too)."""

@@ -9,14 +9,18 @@ two tables, or two column sets of one table, never collides with itself. Exact f
     batch:      spark-app:<Spark application id>/<database>.<table>/<col>,<col>,...
 
 where the columns are the locked ones: the non-key target columns in the table's schema order
-(all non-key columns for a full-row writer). The streaming query id lives in the checkpoint
+(all non-key columns for a full-row writer); when that is too long for a metadata node name
+(253 bytes once quoted), `sha256-<32 hex digits>` of the column names stands for them. The streaming query id lives in the checkpoint
 (`<checkpoint>/metadata`), so it survives restarts from that checkpoint; a new checkpoint is a
 new owner. `client.column-lock.owner-id`, when given, is used verbatim instead.
 """
 
 from __future__ import annotations
 
-from tally.errors import InvalidOptionError
+import hashlib
+
+from tally.errors import InvalidInputError, InvalidOptionError
+from tally.meta import node_name
 
 QUERY_PREFIX = "spark-query"
 APP_PREFIX = "spark-app"
@@ -35,7 +39,21 @@ def derive_owner_id(prefix: str, job_id: str, table: str, columns: list[str]) ->
         raise InvalidOptionError(
             "Cannot derive a column-lock owner id: the Spark job id is unknown; set the "
             "option 'client.column-lock.owner-id'")
-    return f"{prefix}:{job_id}/{table}/{','.join(columns)}"
+    owner = f"{prefix}:{job_id}/{table}/{','.join(columns)}"
+    if _fits(owner):
+        return owner
+    # Too long to be a metadata node name on either store (many or long column names): the
+    # columns' digest names the same column set as stably, across restarts and processes.
+    digest = hashlib.sha256("\0".join(columns).encode()).hexdigest()[:32]
+    return f"{prefix}:{job_id}/{table}/sha256-{digest}"
+
+
+def _fits(owner: str) -> bool:
+    try:
+        node_name(owner)
+    except InvalidInputError:
+        return False
+    return True
 
 
 def streaming_owner_id(explicit: str | None, query_id: str, table: str, columns) -> str:

@@ -44,6 +44,7 @@ class AggregateRowMerger(RowMerger):
             if i in self.counted:
                 columns[i] = self._count(agg, i, counts, columns[i], states, takes, write,
                                          input_groups)
+            agg.check_cells(columns[i])
             written[:, i] |= input_groups.any(takes)
         return StateBatch(columns, written, counts)
 

@@ -34,6 +34,7 @@ class OverwriteRowMerger(RowMerger):
         for i, agg in self.targets(write):
             values = agg.overwrite(agg.cast_input(write.columns[agg.column]))
             columns[i] = values.take(take).cast(stored.columns[i].type)
+            agg.check_cells(columns[i])
             if unwritten is None:
                 written[:, i] = True
             else:

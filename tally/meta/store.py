@@ -39,6 +39,12 @@ class Node:
     version: int
 
 
+# Both stores refuse the same names: the embedded store keeps a node as a directory named after
+# it, and file systems refuse names over 255 bytes (NAME_MAX), where ZooKeeper would take far
+# longer ones, so every node name is held to that on both.
+MAX_NODE_NAME_BYTES = 255
+
+
 def split_path(path: str) -> list[str]:
     """The components of an absolute node path; rejects names a store could not hold."""
     if not isinstance(path, str) or not path.startswith("/"):
@@ -47,6 +53,9 @@ def split_path(path: str) -> list[str]:
     for part in parts:
         if part in (".", "..") or part.startswith(".") or "\x00" in part:
             raise InvalidInputError(f"metadata path component {part!r} is not allowed in {path!r}")
+        if len(part.encode()) > MAX_NODE_NAME_BYTES:
+            raise InvalidInputError(f"metadata path component {part[:60]!r}... is longer than "
+                                    f"{MAX_NODE_NAME_BYTES} bytes")
     return parts
 
 
@@ -55,9 +64,21 @@ def join_path(*parts: str) -> str:
     return "/" + "/".join(p.strip("/") for p in parts if p.strip("/"))
 
 
-def node_name(text: str) -> str:
-    """A node name for arbitrary user text (database, table, partition names), reversibly quoted."""
-    return "n-" + urllib.parse.quote(text, safe="")
+def node_name(text: str, kind: str = "name") -> str:
+    """A node name for arbitrary user text (database, table, partition names, owner ids),
+    reversibly quoted; InvalidInputError naming `kind` and the text when the quoted name passes
+    MAX_NODE_NAME_BYTES (letters, digits and '-_.~' take one byte, every other UTF-8 byte
+    three, plus two for the prefix)."""
+    if not isinstance(text, str):
+        raise InvalidInputError(f"a {kind} must be text, not {type(text).__name__}")
+    name = "n-" + urllib.parse.quote(text, safe="")
+    if len(name) > MAX_NODE_NAME_BYTES:
+        raise InvalidInputError(
+            f"the {kind} {text[:80]!r}{'...' if len(text) > 80 else ''} is too long: "
+            f"{len(name) - 2} bytes once quoted for the metadata store, over the limit of "
+            f"{MAX_NODE_NAME_BYTES - 2} (letters, digits and '-_.~' count one byte, every other "
+            "UTF-8 byte three)")
+    return name
 
 
 def text_of(name: str) -> str:

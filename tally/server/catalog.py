@@ -27,16 +27,14 @@ import time
 from tally.errors import AlreadyExistsError, InvalidInputError, NotFoundError
 from tally.meta import MetadataStore, join_path, node_name, text_of
 
-NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]{0,127}$")
-# Partition names become metadata node names: ZooKeeper drops the connection on a request over
-# its packet limit (1 MB) and the client retries forever, so a huge name must never reach it.
-MAX_PARTITION_NAME_BYTES = 1024
+# matched whole (fullmatch): with `match`, `$` also matches before a trailing newline
+NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_\-]{0,127}")
 UNPARTITIONED = "none"
 DEFAULT_DATABASE = "default"
 
 
 def check_name(kind: str, name: str) -> str:
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise InvalidInputError(
             f"invalid {kind} name {name!r}: use letters, digits, '_' and '-' (at most 128)")
     return name
@@ -194,11 +192,10 @@ class Catalog:
     # --- partitions -----------------------------------------------------------------------
 
     def _partition_path(self, table_id: int, partition: str | None) -> str:
-        if partition is not None and (not isinstance(partition, str) or
-                                      len(partition.encode()) > MAX_PARTITION_NAME_BYTES):
-            raise InvalidInputError(f"a partition name is text of at most "
-                                    f"{MAX_PARTITION_NAME_BYTES} bytes: {partition!r:.80}")
-        name = UNPARTITIONED if partition is None else node_name(partition)
+        # Partition names become metadata node names, held to the metadata stores' name limit
+        # (ZooKeeper would also drop a connection over its 1 MB packet limit, and the client
+        # retry forever).
+        name = UNPARTITIONED if partition is None else node_name(partition, "partition name")
         return self._id_path(table_id, "partitions", name)
 
     def partitions(self, table_id: int) -> list[PartitionRecord]:

@@ -30,7 +30,7 @@ from tally.server.membership import (COORDINATOR, EphemeralRegistration, Heartbe
                                      ZooKeeperLiveness)
 from tally.server.settings import SESSION_TIMEOUT
 from tally.wire.channel import ChannelPool
-from tally.wire.messages import field, int_items
+from tally.wire.messages import check_json_depth, field, int_items
 from tally.wire.routing import TableRouting
 
 log = logging.getLogger(__name__)
@@ -99,6 +99,7 @@ class Coordinator:
 
         if not isinstance(text, str):
             raise SchemaError(f"a table descriptor must be JSON text, not {type(text).__name__}")
+        check_json_depth(text, "a table descriptor")
         descriptor = TableDescriptor.from_json(text)
         if not descriptor.schema.primary_key:
             raise SchemaError("Tally tables need a primary key: the tablets are key-value stores")

@@ -91,7 +91,7 @@ class TallyFlightServer(flight.FlightServerBase):
 
     def _binary_action(self, action):
         try:
-            header, payload = unframe(action.body.to_pybytes())
+            header, payload = unframe(action.body, f"a {action.type} request")
             if not isinstance(header, dict):
                 raise InvalidInputError(f"{action.type} must start with a JSON object")
             result = self.binary_actions[action.type](header, payload)

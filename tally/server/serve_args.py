@@ -46,7 +46,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                         help="mutual TLS: refuse callers without a certificate signed by "
                              "--tls-ca")
     parser.add_argument("--max-batch-bytes", type=int, default=DEFAULT_MAX_BATCH_BYTES,
-                        help="largest write request a tablet server accepts (default 64 MiB)")
+                        help="largest write request a tablet server accepts, as received and "
+                             "as declared once decoded, both checked before decoding "
+                             "(default 64 MiB)")
     parser.add_argument("--memory-budget", default=DEFAULT_MEMORY_BUDGET, metavar="SIZE",
                         type=_memory_budget,
                         help="write memory shared by all buckets of a tablet server: half caps "

@@ -32,7 +32,7 @@ from tally.server.settings import (DEFAULT_MAX_BATCH_BYTES, HEARTBEAT_INTERVAL,
 from tally.server.storage_health import StorageHealth
 from tally.server.tablets import HostedTablet, TabletHost, TabletKey
 from tally.wire.bucket_hash import bucket_ids
-from tally.wire.messages import field, int_items, table_to_ipc
+from tally.wire.messages import field, int_items, read_put, table_to_ipc
 from tally.wire.routing import TableRouting, partition_names
 
 log = logging.getLogger(__name__)
@@ -164,18 +164,8 @@ class TabletServer:
     # --- writes -----------------------------------------------------------------------------
 
     def read_batches(self, reader) -> pa.Table:
-        """The whole DoPut stream, refused as soon as it passes the size limit."""
-        batches, size = [], 0
-        for chunk in reader:
-            if chunk.data is None:
-                continue
-            size += chunk.data.nbytes
-            if size > self.max_batch_bytes:
-                raise InvalidInputError(
-                    f"write batch exceeds the server's limit of {self.max_batch_bytes} bytes; "
-                    "send smaller batches")
-            batches.append(chunk.data)
-        return pa.Table.from_batches(batches, schema=reader.schema)
+        """The rows of a DoPut stream, bounded by the size limit before they are decoded."""
+        return read_put(reader, self.max_batch_bytes)
 
     def write(self, header: dict, rows: pa.Table) -> dict:
         """Apply one put or delete to one bucket; the tablet's end offset after it."""

@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from tally.errors import AuthenticationError, TallyError
-from tally.wire.messages import (bearer, dumps, frame, ipc_to_table, loads, make_ticket,
-                                 remote_error)
+from tally.wire.messages import (PUT_SCHEMA, bearer, dumps, frame, ipc_to_table, loads,
+                                 make_ticket, put_pieces, remote_error)
 from tally.wire.tls import TLS_SCHEME, TlsFiles, is_tls
 
 DEFAULT_TIMEOUT = 30.0
@@ -78,9 +78,10 @@ class FlightChannel:
         """DoPut `rows` under `header`; the server's JSON acknowledgement."""
         descriptor = flight.FlightDescriptor.for_command(dumps(header))
         try:
-            writer, reader = self._client.do_put(descriptor, rows.schema, self._options)
+            writer, reader = self._client.do_put(descriptor, PUT_SCHEMA, self._options)
             with writer:
-                writer.write_table(rows)
+                for piece in put_pieces(rows):
+                    writer.write_metadata(piece)
                 writer.done_writing()
                 ack = reader.read()
         except (flight.FlightError, pa.ArrowException) as e:

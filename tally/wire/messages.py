@@ -22,14 +22,17 @@ Authentication is a bearer token in the `authorization` header of every call.
 
 from __future__ import annotations
 
+import itertools
 import json
-from typing import Any
+import re
+from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.flight as flight
 
 from tally.errors import (AuthenticationError, ClusterError, InvalidInputError, TallyError,
                           UnavailableError, error_class)
+from tally.wire.ipc_guard import measure_stream
 
 AUTH_HEADER = "authorization"
 
@@ -43,8 +46,32 @@ def dumps(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), default=_json_default).encode()
 
 
+# Python's JSON parser recurses once per nesting level, so a request nested 100,000 deep would
+# end in a RecursionError (an internal error) after a deep descent; no request of the protocol
+# nests beyond a handful of levels.
+MAX_JSON_DEPTH = 64
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_BRACKET = re.compile(rb"[\[\]{}]")
+
+
+def check_json_depth(data: bytes | str, what: str = "a request") -> None:
+    """InvalidInputError when the JSON text `data` nests deeper than MAX_JSON_DEPTH. Brackets
+    inside strings do not count; a malformed text is left for the parser to refuse."""
+    raw = data.encode() if isinstance(data, str) else data
+    brackets = _BRACKET.findall(_STRING.sub(b"", raw))
+    deepest = max(itertools.accumulate(1 if b in (b"[", b"{") else -1 for b in brackets),
+                  default=0)
+    if deepest > MAX_JSON_DEPTH:
+        raise InvalidInputError(f"{what} nests JSON {deepest} levels deep; the limit is "
+                                f"{MAX_JSON_DEPTH}")
+
+
 def loads(data: bytes) -> Any:
-    return json.loads(data.decode()) if data else None
+    """The JSON document in `data` (None for no bytes), its depth checked before parsing."""
+    if not data:
+        return None
+    check_json_depth(data)
+    return json.loads(data.decode())
 
 
 def _json_default(value: Any) -> Any:
@@ -159,9 +186,25 @@ def frame(header: dict, payload: pa.Table | None = None) -> bytes:
     return data
 
 
-def unframe(data: bytes) -> tuple[dict, pa.Table | None]:
-    head, sep, rest = data.partition(b"\n")
-    return loads(head), (ipc_to_table(rest) if sep else None)
+# A framed request (a lookup, a read ticket) carries at most one key: far below this.
+MAX_FRAMED_BYTES = 1 << 20
+
+
+def unframe(data: bytes | pa.Buffer, what: str = "a request") -> tuple[dict, pa.Table | None]:
+    """The header and the one-row payload of a framed request, each bounded before it is
+    parsed or decoded: the whole request to MAX_FRAMED_BYTES, the payload to one row and
+    MAX_FRAMED_BYTES once decoded."""
+    if len(data) > MAX_FRAMED_BYTES:
+        raise InvalidInputError(f"{what} of {len(data):,} bytes exceeds the limit of "
+                                f"{MAX_FRAMED_BYTES:,} bytes")
+    head, sep, rest = (data.to_pybytes() if isinstance(data, pa.Buffer) else data).partition(b"\n")
+    header = loads(head)
+    if not sep:
+        return header, None
+    payload = pa.py_buffer(rest)
+    measure_stream(payload, max_rows=1, max_bytes=MAX_FRAMED_BYTES,
+                   what=f"the key of {what}")
+    return header, ipc_to_table(payload)
 
 
 def make_ticket(header: dict, payload: pa.Table | None = None) -> flight.Ticket:
@@ -170,21 +213,74 @@ def make_ticket(header: dict, payload: pa.Table | None = None) -> flight.Ticket:
 
 
 def parse_ticket(ticket: flight.Ticket) -> tuple[dict, pa.Table | None]:
-    return unframe(ticket.ticket)
+    return unframe(ticket.ticket, "a read ticket")
 
 
 def table_to_ipc(table: pa.Table) -> bytes:
+    return _ipc_buffer(table).to_pybytes()
+
+
+def _ipc_buffer(table: pa.Table) -> pa.Buffer:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
-    return sink.getvalue().to_pybytes()
+    return sink.getvalue()
 
 
-def ipc_to_table(data: bytes) -> pa.Table:
+# --- the rows of a write ------------------------------------------------------------------------
+
+# A write's rows travel as the bytes of one Arrow IPC stream, cut into the app metadata of DoPut
+# messages under an empty Flight schema, and not as Flight record batches: pyarrow decodes (and
+# decompresses) a Flight batch whole before the server sees it, so a 49 KB compressed batch
+# would cost gigabytes before any limit could look at it, while raw bytes are counted as they
+# arrive and measured (tally.wire.ipc_guard) before anything is decoded.
+PUT_SCHEMA = pa.schema([])
+PUT_PIECE_BYTES = 1 << 20
+
+
+def put_pieces(rows: pa.Table) -> Iterator[pa.Buffer]:
+    """The pieces of app metadata that carry `rows` in a DoPut."""
+    data = _ipc_buffer(rows)
+    for start in range(0, data.size, PUT_PIECE_BYTES):
+        yield data.slice(start, min(PUT_PIECE_BYTES, data.size - start))
+
+
+def read_put(reader, max_bytes: int) -> pa.Table:
+    """The rows of a DoPut stream. Refused as soon as the bytes received pass `max_bytes`, and
+    before decoding when the stream declares more than `max_bytes` decoded (or more rows than
+    that: every row of a table takes at least a byte)."""
+    if len(reader.schema):
+        raise InvalidInputError(
+            "a write carries its rows as Arrow IPC bytes in app metadata under an empty Flight "
+            f"schema, not as Flight record batches of {reader.schema.names[:5]}")
+    data = bytearray()  # grown in place: each piece is copied once and dropped
+    while True:
+        try:
+            chunk = reader.read_chunk()
+        except StopIteration:
+            break
+        if chunk.data is not None and chunk.data.num_rows:
+            raise InvalidInputError("a write carries its rows in app metadata, not in batches")
+        if chunk.app_metadata is None:
+            continue
+        if len(data) + chunk.app_metadata.size > max_bytes:
+            raise InvalidInputError(
+                f"write batch exceeds the server's limit of {max_bytes} bytes; "
+                "send smaller batches")
+        data += memoryview(chunk.app_metadata)
+    if not data:
+        raise InvalidInputError("a write carries no rows (an empty Arrow IPC stream)")
+    stream = pa.py_buffer(data)
+    measure_stream(stream, max_rows=max_bytes, max_bytes=max_bytes, what="write batch")
+    return ipc_to_table(stream)
+
+
+def ipc_to_table(data: bytes | pa.Buffer) -> pa.Table:
     """The table in an Arrow IPC stream; InvalidInputError when the bytes are not one (Arrow
     reports some malformed streams as a plain OSError, which would read as a server bug)."""
     try:
-        return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+        source = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+        return pa.ipc.open_stream(source).read_all()
     except (pa.ArrowException, OSError) as e:
         raise InvalidInputError(f"malformed Arrow IPC payload: {e}") from None
 

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from tally.wire.bucket_hash import bucket_ids
 
-NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]{0,127}$")
+NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_\-]{0,127}")
 MERGE_MODES = {"AGGREGATE", "MERGE_STATE", "OVERWRITE"}
 OVERSIZE = 7 << 20          # above the cluster's 6 MiB --max-batch-bytes
 NO_BODY_ACTIONS = ["ping", "list_databases", "list_servers", "server_id", "enforce_retention"]
@@ -108,7 +108,7 @@ WRONG_TYPE = {
     "list": st.one_of(texts, st.integers(), st.floats(), st.booleans(), dicts, st.none()),
     "obj": st.one_of(texts, st.integers(), st.floats(), st.booleans(), lists, st.none()),
 }
-bad_names = texts.filter(lambda s: not NAME_RE.match(s))
+bad_names = texts.filter(lambda s: not NAME_RE.fullmatch(s))
 bad_table_names = st.one_of(bad_names, st.builds(lambda a, b: f"{a}.{b}", bad_names, texts),
                             texts.filter(lambda s: s.count(".") != 1))
 BAD_DESCRIPTORS = ["{not json", "[]", '{"schema": 3}', '{"schema": {"columns": []}}', "",

@@ -31,6 +31,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from tally.errors import TallyError, error_class
+from tally.wire.messages import PUT_SCHEMA, put_pieces
 from tests.cluster import reference_workload
 from tests.reliability.data_requests import get_requests, lookup_requests, put_requests
 from tests.reliability.flight_requests import (Bucket, Context, Request, action_requests,
@@ -102,9 +103,10 @@ def send(client: flight.FlightClient, request: Request) -> Exception | None:
             client.do_get(flight.Ticket(request.body), options).read_all()
         else:
             descriptor = flight.FlightDescriptor.for_command(request.body)
-            writer, reader = client.do_put(descriptor, request.rows.schema, options)
+            writer, reader = client.do_put(descriptor, PUT_SCHEMA, options)
             try:
-                writer.write_table(request.rows)
+                for piece in put_pieces(request.rows):
+                    writer.write_metadata(piece)
                 writer.done_writing()
                 reader.read()
             except (flight.FlightError, pa.ArrowException) as e:
