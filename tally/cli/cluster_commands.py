@@ -6,8 +6,8 @@ Each command connects with the client when it runs, so `tally --help` loads none
 from __future__ import annotations
 
 import argparse
-import os
 
+from tally.cli.token_source import add_token_arguments, client_token
 from tally.errors import InvalidOptionError
 
 
@@ -15,7 +15,7 @@ def cmd_servers(args: argparse.Namespace) -> int:
     """Print the tablet servers a coordinator knows, with their liveness."""
     from tally import client
 
-    with client.connect(args.url, token=args.auth_token) as conn:
+    with client.connect(args.url, token=client_token(args)) as conn:
         for s in conn.admin.list_servers():
             print(f"{s['server_id']:<16}{'live' if s['live'] else 'DOWN':<6}{s['address'] or ''}")
     return 0
@@ -25,7 +25,7 @@ def cmd_locks(args: argparse.Namespace) -> int:
     """Print the column locks of one table, or of every table; or discard an expired one."""
     from tally import client
 
-    with client.connect(args.url, token=args.auth_token) as conn:
+    with client.connect(args.url, token=client_token(args)) as conn:
         if args.discard:
             if not args.table:
                 raise InvalidOptionError("--discard OWNER needs the table: tally locks TABLE "
@@ -64,7 +64,7 @@ def add_commands(commands) -> None:
     """Add the cluster commands to `tally`'s subparsers."""
     servers = commands.add_parser("servers", help="list a cluster's tablet servers")
     servers.add_argument("--url", required=True, help="the coordinator's URL")
-    servers.add_argument("--auth-token", default=os.environ.get("TALLY_AUTH_TOKEN"))
+    add_token_arguments(servers)
     servers.set_defaults(func=cmd_servers)
 
     locks = commands.add_parser("locks", help="show column locks: owner, columns, expiry, "
@@ -74,5 +74,5 @@ def add_commands(commands) -> None:
     locks.add_argument("--url", required=True, help="the coordinator's URL")
     locks.add_argument("--discard", metavar="OWNER",
                        help="drop OWNER's expired lock without undoing its uncommitted writes")
-    locks.add_argument("--auth-token", default=os.environ.get("TALLY_AUTH_TOKEN"))
+    add_token_arguments(locks)
     locks.set_defaults(func=cmd_locks)

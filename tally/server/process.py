@@ -10,6 +10,7 @@ close, the metadata store is released.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import logging
 import os
@@ -33,6 +34,7 @@ class CoordinatorLink:
     published in ZooKeeper (re-read whenever a call fails, since it moves on restart)."""
 
     def __init__(self, token: str | None, url: str | None = None, store=None) -> None:
+        """`token`: the cluster credential (None when the cluster has no credentials)."""
         self._token = token
         self._url = url
         self._store = store
@@ -64,6 +66,34 @@ class CoordinatorLink:
             raise
 
 
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
+def load_credentials(args: argparse.Namespace):
+    """The server's Credentials, or None; a server without credentials that would be reachable
+    beyond this machine is refused unless the operator said so explicitly."""
+    from tally.errors import InvalidOptionError
+    from tally.server.credentials import Credentials
+
+    if args.auth_file:
+        try:
+            return Credentials.load(args.auth_file)
+        except InvalidOptionError as e:
+            raise SystemExit(str(e)) from None
+    if not is_loopback(args.host) and not args.allow_unauthenticated:
+        raise SystemExit(
+            f"refusing to serve {args.host} without credentials: anyone who reaches the port "
+            "could read, write and drop every table. Give --auth-file PATH (or "
+            "$TALLY_AUTH_FILE), bind 127.0.0.1, or pass --allow-unauthenticated")
+    return None
+
+
 class ServerProcess:
     """The roles of one process, started and stopped together."""
 
@@ -71,8 +101,11 @@ class ServerProcess:
         from tally.meta import open_store
 
         self.args = args
+        credentials = load_credentials(args)
+        cluster_token = credentials.cluster if credentials else None
         os.makedirs(args.data_dir, exist_ok=True)
-        self.flight = TallyFlightServer(f"grpc://{args.host}:{args.port}", token=args.auth_token)
+        self.flight = TallyFlightServer(f"grpc://{args.host}:{args.port}",
+                                        credentials=credentials)
         self.address = f"grpc://{args.host}:{self.flight.port}"
         self.coordinator = self.tablet_server = self.registration = None
         self._stores = []
@@ -80,7 +113,7 @@ class ServerProcess:
             from tally.server.coordinator import Coordinator
 
             store = self._store(open_store(zookeeper=args.zookeeper, data_dir=args.data_dir))
-            self.coordinator = Coordinator(store, self.address, args.auth_token,
+            self.coordinator = Coordinator(store, self.address, cluster_token,
                                            clock=lock_clock(args.lock_clock_file))
             self.flight.attach(coordinator=self.coordinator)
         if args.role in ("all", "tablet"):
@@ -88,7 +121,7 @@ class ServerProcess:
             if args.role == "all":
                 link = self.flight.call_action
             elif args.coordinator or zk is not None:
-                link = CoordinatorLink(args.auth_token, url=args.coordinator, store=zk)
+                link = CoordinatorLink(cluster_token, url=args.coordinator, store=zk)
             else:
                 raise SystemExit("a tablet server needs --coordinator URL or --zookeeper")
             self.tablet_server = TabletServer(args.data_dir, self.address, link,
