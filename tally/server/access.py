@@ -112,3 +112,14 @@ def authorize(principal: Principal, call: str) -> None:
 def unlisted(calls) -> list[str]:
     """The calls among `calls` that have no required role (a server refuses to serve them)."""
     return sorted(c for c in calls if c not in REQUIRED_ROLE)
+
+
+def role_table_markdown() -> str:
+    """The role table as the security page prints it (a test keeps the two equal)."""
+    principals = list(CLIENT_ROLES) + [CLUSTER]
+    lines = ["| call | requires | " + " | ".join(principals) + " |",
+             "| --- | --- | " + " | ".join("---" for _ in principals) + " |"]
+    for call, required in REQUIRED_ROLE.items():
+        marks = " | ".join("yes" if allows(p, required) else "no" for p in principals)
+        lines.append(f"| `{call}` | {required} | {marks} |")
+    return "\n".join(lines)
