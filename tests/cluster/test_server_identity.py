@@ -41,12 +41,15 @@ def test_a_heartbeat_cannot_hijack_a_live_server(secured_cluster):
         with pytest.raises(PermissionDeniedError, match=f"tablet server {real} is live at"):
             heartbeat(cluster.url, cluster.cluster_token, {"server_id": real, "address": ROGUE})
         assert servers(conn) == before
-        # Fresh clients are routed to the real server, and writes and reads reach it.
-        table = conn.table(_table(conn))
-        with table.upsert_writer() as w:
-            w.upsert([{"k": k, "v": 1} for k in range(20)])
-        assert table.lookup({"k": 3})["v"] == 1
-        assert ROGUE not in {r.address for r in _routes(conn, table.name)}
+        # Fresh clients are routed to the real servers, and their writes and reads reach them.
+        name = _table(conn)
+        real_addresses = {h.address for h in cluster.tablet_servers}
+        for i in range(5):
+            with client.connect(cluster.url, token=cluster.tokens["write"]) as fresh:
+                assert {r.address for r in _routes(fresh, name)} <= real_addresses
+                with fresh.table(name).upsert_writer() as w:
+                    w.upsert([{"k": k, "v": 1} for k in range(20)])
+        assert conn.table(name).lookup({"k": 3})["v"] == 5
 
 
 def test_a_failed_heartbeat_changes_nothing(secured_cluster):
@@ -65,12 +68,10 @@ def test_a_failed_heartbeat_changes_nothing(secured_cluster):
 def test_a_restarted_server_moves_to_its_new_address(secured_cluster):
     cluster = secured_cluster
     sid = cluster.tablet_servers[1].info["server_id"]
-    old = cluster.tablet_servers[1].address
     cluster.restart_tablet_server(1)  # waits until the coordinator lists it at its new address
     new = cluster.tablet_servers[1].address
     with client.connect(cluster.url, token=cluster.tokens["read"]) as conn:
         assert servers(conn)[sid] == (new, True)
-    assert new != old or cluster.store_kind  # same port is possible, never required
 
 
 _tables = iter(range(10**6))
