@@ -23,7 +23,7 @@ import pytest
 from tally.errors import AuthenticationError, PermissionDeniedError, TallyError
 from tally.server.access import CLIENT_ROLES, CLUSTER, REQUIRED_ROLE, allows, role_table_markdown
 from tally.server.serve_args import add_serve_arguments
-from tally.wire.channel import FlightChannel
+from tally.wire.channel import FlightChannel, normalize_address
 from tally.wire.messages import bearer, dumps, remote_error
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -40,7 +40,7 @@ def secret_of(cluster, principal: str) -> str | None:
 
 def call(address: str, secret: str | None, name: str) -> Exception | None:
     """Make `name` with an empty (malformed) request; the error it raised, or None."""
-    client = flight.FlightClient(FlightChannel(address).address)
+    client = flight.FlightClient(normalize_address(address))
     options = flight.FlightCallOptions(headers=bearer(secret), timeout=30)
     try:
         if name.startswith("do_put:"):
