@@ -134,6 +134,10 @@ class ServerProcess:
 
                 self.registration = EphemeralRegistration(
                     zk, live_path(self.tablet_server.server_id), {"address": self.address})
+            if args.role == "all":
+                # in-process, so it cannot fail for want of a coordinator: the server is live
+                # before the ready line, and a client that connects at once finds it
+                self.tablet_server.send_heartbeat()
             self.tablet_server.start()
 
     def _store(self, store):
