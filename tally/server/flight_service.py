@@ -15,7 +15,8 @@ import logging
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from tally.errors import AuthenticationError, InvalidInputError, TallyError
+from tally.errors import (AuthenticationError, InvalidInputError, PermissionDeniedError,
+                          TallyError)
 from tally.server.access import REQUIRED_ROLE, TRUSTED, Principal, authorize, unlisted
 from tally.wire.messages import (AUTH_HEADER, dumps, loads, parse_ticket, to_flight_error,
                                  unframe)
@@ -171,6 +172,8 @@ class TallyFlightServer(flight.FlightServerBase):
             return exc
         if isinstance(exc, pa.ArrowException) and not isinstance(exc, TallyError):
             exc = InvalidInputError(f"{what}: {exc}")
-        if not isinstance(exc, (TallyError, AuthenticationError)):
+        if isinstance(exc, PermissionDeniedError):
+            log.warning("refused %s: %s", what, exc)  # an operator wants to see probing
+        elif not isinstance(exc, (TallyError, AuthenticationError)):
             log.exception("%s failed", what)
         return to_flight_error(exc)
