@@ -33,7 +33,7 @@ def lease_field(body: dict) -> Lease:
     """The lease a request carries, every field of the right JSON type (Lease.from_json would
     coerce "1" or 1.5 into a token or table id)."""
     doc = field(body, "lease", dict)
-    for name in ("table", "owner_id"):
+    for name in ("table", "owner_id", "secret"):
         field(doc, name, str)
     for name in ("table_id", "token", "tenure"):
         field(doc, name, int)

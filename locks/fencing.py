@@ -4,7 +4,9 @@ A tablet server keeps one `LockView` per table, pushed by the coordinator on eve
 (before the coordinator answers the acquirer) and re-fetched on start. A write touching a column
 under another owner's lock is rejected (live, or expired but unrecovered: a lock's record stays
 until it is released), and so is a write without a lease; a write under a lease must carry the
-owner's newest token, and its lock must be live, so a zombie (a paused owner whose lock expired
+owner's newest token and the secret that token was granted with (of which the view holds
+only a hash: the token is public, the secret is the acquirer's), and its lock must be live,
+so a zombie (a paused owner whose lock expired
 and was taken, or an earlier incarnation of a re-acquired owner) cannot write.
 """
 
@@ -13,7 +15,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from tally.errors import ColumnLockConflict, LeaseLostError, UnrecoveredLockError
+from locks.lease import secret_matches
+from tally.errors import (ColumnLockConflict, LeaseLostError, PermissionDeniedError,
+                          UnrecoveredLockError)
 
 
 @dataclass(frozen=True)
@@ -24,6 +28,7 @@ class HeldLock:
     token: int
     expires_at: float
     attempts: dict = field(default_factory=dict)  # bucket -> newest registered attempt
+    secret_hash: str = ""
 
 
 @dataclass
@@ -40,7 +45,8 @@ class LockView:
             "locks": [{"owner_id": l.owner_id, "columns": sorted(l.column_ids),
                        "column_names": list(l.column_names), "token": l.token,
                        "expires_at": l.expires_at,
-                       "attempts": {str(b): n for b, n in l.attempts.items()}}
+                       "attempts": {str(b): n for b, n in l.attempts.items()},
+                       "secret_hash": l.secret_hash}
                       for l in self.locks],
             "column_tokens": {str(k): v for k, v in self.column_tokens.items()},
         }
@@ -51,7 +57,8 @@ class LockView:
             table_id=int(d["table_id"]),
             locks=[HeldLock(l["owner_id"], frozenset(int(c) for c in l["columns"]),
                             tuple(l["column_names"]), int(l["token"]), float(l["expires_at"]),
-                            {int(b): int(n) for b, n in l["attempts"].items()})
+                            {int(b): int(n) for b, n in l["attempts"].items()},
+                            str(l["secret_hash"]))
                    for l in d["locks"]],
             column_tokens={int(k): int(v) for k, v in d["column_tokens"].items()},
         )
@@ -74,8 +81,9 @@ class LockView:
     def check_write(self, column_ids: set[int], owner_id: str | None = None,
                     token: int | None = None, now: float | None = None,
                     table: str = "", bucket: int | None = None,
-                    attempt: int | None = None) -> None:
-        """Raise unless a write of `column_ids` by (owner_id, token) may be applied now."""
+                    attempt: int | None = None, secret: str | None = None) -> None:
+        """Raise unless a write of `column_ids` by (owner_id, token, secret) may be applied
+        now."""
         now = time.time() if now is None else now
         if token is None:
             owner_id = None  # a write without a lease is nobody's
@@ -95,6 +103,10 @@ class LockView:
             raise LeaseLostError(
                 f"Write under token {token} by owner '{owner_id}' rejected: that lease is no "
                 f"longer held on table {table or self.table_id} (released or superseded)")
+        if not secret_matches(secret, own.secret_hash):
+            raise PermissionDeniedError(
+                f"Write under token {token} by owner '{owner_id}' rejected: it does not carry "
+                f"the secret of that lease on table {table or self.table_id}")
         if own.expires_at <= now:
             raise LeaseLostError(
                 f"Write under token {token} by owner '{owner_id}' rejected: the lease expired "
@@ -118,6 +130,6 @@ def view_from_records(table_id: int, records, column_tokens: dict[int, int]) -> 
     return LockView(
         table_id,
         [HeldLock(r.owner_id, frozenset(r.column_ids), r.column_names, r.token, r.expires_at,
-                  dict(r.attempts)) for r in records],
+                  dict(r.attempts), r.secret_hash) for r in records],
         dict(column_tokens),
     )

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import hmac
 import json
+import secrets
 from typing import Any
 
 Offsets = dict[tuple[str | None, int], int]
@@ -23,6 +26,24 @@ def _order(item):
     return ("" if partition is None else str(partition), bucket)
 
 
+def new_lease_secret() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def secret_hash(secret: str) -> str:
+    """What the metadata store and the tablet servers keep of a lease's secret. The secret is
+    256 random bits, so its SHA-256 lets them check a secret without being able to forge one
+    (no salt or slow hash is needed: there is no small space of guesses to search)."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def secret_matches(secret, expected_hash: str) -> bool:
+    """Whether `secret` (anything a request sent) hashes to `expected_hash`, in constant time."""
+    if not isinstance(secret, str) or not secret:
+        return False
+    return hmac.compare_digest(secret_hash(secret), expected_hash)
+
+
 @dataclasses.dataclass(frozen=True)
 class Lease:
     """A granted column lock as its owner holds it.
@@ -35,6 +56,9 @@ class Lease:
     tenure began; they stay the same across re-acquisitions, so a restarted job knows where its
     own changes begin even if it crashed before its first commit, and undo never reaches back
     before them into another tenure.
+    `secret` is known only to the acquirer: the token is public (`lock_describe` shows it), so
+    every call that acts as the owner (renew, write, commit, baseline, attempt, release) must
+    also carry the secret, of which the coordinator and the tablet servers keep only a hash.
     """
 
     table: str
@@ -46,6 +70,7 @@ class Lease:
     ttl: float
     initial_offsets: Offsets
     tenure: int = 0
+    secret: str = dataclasses.field(default="", repr=False)  # never in logs or tracebacks
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
@@ -60,7 +85,7 @@ class Lease:
             columns=tuple(d["columns"]), token=int(d["token"]),
             expires_at=float(d["expires_at"]), ttl=float(d["ttl"]),
             initial_offsets=offsets_from_json(d["initial_offsets"]),
-            tenure=int(d["tenure"]),
+            tenure=int(d["tenure"]), secret=d["secret"],
         )
 
 
@@ -81,6 +106,7 @@ class LockRecord:
     # before undoing its bucket, and earlier attempts of the owner may no longer write there)
     attempts: dict = dataclasses.field(default_factory=dict)
     tenure: int = 0  # the token of the acquisition that began this tenure
+    secret_hash: str = ""  # of the secret of the lease this record was last granted as
 
     def live(self, now: float) -> bool:
         return self.expires_at > now
@@ -98,7 +124,7 @@ class LockRecord:
             "initial_offsets": offsets_to_json(self.initial_offsets),
             "created_at": self.created_at,
             "attempts": {str(b): n for b, n in self.attempts.items()},
-            "tenure": self.tenure,
+            "tenure": self.tenure, "secret_hash": self.secret_hash,
         }
 
     @classmethod
@@ -111,12 +137,13 @@ class LockRecord:
             initial_offsets=offsets_from_json(d["initial_offsets"]),
             created_at=float(d["created_at"]),
             attempts={int(b): int(n) for b, n in d["attempts"].items()},
-            tenure=int(d["tenure"]),
+            tenure=int(d["tenure"]), secret_hash=d["secret_hash"],
         )
 
-    def lease(self, table: str) -> Lease:
+    def lease(self, table: str, secret: str) -> Lease:
+        """The lease this record grants, for the holder of `secret` (whose hash it keeps)."""
         return Lease(table, self.table_id, self.owner_id, self.column_names, self.token,
-                     self.expires_at, self.ttl, dict(self.initial_offsets), self.tenure)
+                     self.expires_at, self.ttl, dict(self.initial_offsets), self.tenure, secret)
 
     def describe(self, now: float) -> dict:
         return {

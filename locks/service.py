@@ -28,12 +28,14 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from locks.lease import Lease, LockRecord, Offsets
+from locks.lease import (Lease, LockRecord, Offsets, new_lease_secret, secret_hash,
+                         secret_matches)
 from tally.errors import (
     ColumnLockConflict,
     InvalidInputError,
     LeaseLostError,
     NotFoundError,
+    PermissionDeniedError,
     RecoveryError,
     UnrecoveredLockError,
     VersionConflictError,
@@ -171,19 +173,23 @@ class ColumnLockService:
                 f"{mine[0].tenure}); recover it with the same columns, or take it over "
                 "(recovery.acquire rolls its uncommitted writes back first)")
         token, guard_op = self._next_token(guard, target.table_id, ids)
+        secret = new_lease_secret()
         if continues:
             # The owner's unreleased lock (a restarted job): its tenure goes on, with the
-            # offsets it began at; only the token is new, which fences the earlier incarnation.
-            record = dataclasses.replace(mine[0], ttl=ttl, expires_at=now + ttl, token=token)
+            # offsets it began at; the token and the secret are new, which fences the earlier
+            # incarnation.
+            record = dataclasses.replace(mine[0], ttl=ttl, expires_at=now + ttl, token=token,
+                                         secret_hash=secret_hash(secret))
         else:
             record = LockRecord(
                 owner_id=owner_id, table_id=target.table_id, column_ids=ids, column_names=names,
                 ttl=ttl, expires_at=now + ttl, token=token,
-                initial_offsets=dict(current_offsets()), created_at=now, tenure=token)
+                initial_offsets=dict(current_offsets()), created_at=now, tenure=token,
+                secret_hash=secret_hash(secret))
         path = lock_path(target.table_id, owner_id)
         write = ("set", path, record.to_json(), mine[1]) if mine else \
             ("create", path, record.to_json())
-        return [guard_op, write], record.lease(target.name)
+        return [guard_op, write], record.lease(target.name, secret)
 
     def _refuse_overlap(self, target, record: LockRecord, overlap: set, now: float) -> None:
         columns = sorted(self._names(target, overlap))
@@ -258,10 +264,12 @@ class ColumnLockService:
         token, guard_op = self._next_token(guard, target.table_id, revived_ids)
         ops, leases = [guard_op], []
         for record, version in in_way:
-            revived = dataclasses.replace(record, token=token, ttl=ttl, expires_at=now + ttl)
+            secret = new_lease_secret()  # the taker's now; the zombie's no longer works
+            revived = dataclasses.replace(record, token=token, ttl=ttl, expires_at=now + ttl,
+                                          secret_hash=secret_hash(secret))
             ops.append(("set", lock_path(target.table_id, record.owner_id), revived.to_json(),
                         version))
-            leases.append(revived.lease(target.name))
+            leases.append(revived.lease(target.name, secret))
         return ops, leases
 
     def discard(self, target: LockTarget, owner_id: str) -> bool:
@@ -309,11 +317,21 @@ class ColumnLockService:
             raise LeaseLostError(
                 f"Lease token {lease.token} of owner '{lease.owner_id}' on table {lease.table} "
                 f"was superseded by token {record.token}: this writer is fenced")
+        self._check_secret(lease, record)
         if not record.live(self.clock()):
             raise LeaseLostError(
                 f"The lease of owner '{lease.owner_id}' on table {lease.table} expired at "
                 f"{record.expires_at:.3f}; re-acquire it (its initial offsets are kept)")
         return record, node.version
+
+    @staticmethod
+    def _check_secret(lease: Lease, record: LockRecord) -> None:
+        """The token is public; only the acquirer knows the secret it was granted with."""
+        if not secret_matches(lease.secret, record.secret_hash):
+            raise PermissionDeniedError(
+                f"The lease of owner '{lease.owner_id}' on table {lease.table} (token "
+                f"{lease.token}) does not carry the secret its lock was granted with: only "
+                "the acquirer may act as the owner; nothing was changed")
 
     def renew(self, lease: Lease) -> Lease:
         """Extend a lease by its ttl; LeaseLostError once it expired or was superseded."""
@@ -321,7 +339,7 @@ class ColumnLockService:
             record, version = self.current(lease)
             renewed = dataclasses.replace(record, expires_at=self.clock() + record.ttl)
             return [("set", lock_path(lease.table_id, lease.owner_id), renewed.to_json(),
-                     version)], renewed.lease(lease.table)
+                     version)], renewed.lease(lease.table, lease.secret)
 
         renewed = self.store.transact(attempt, what=f"the lock of owner '{lease.owner_id}'",
                                       doing=f"renew the lease on {lease.table}")
@@ -347,10 +365,12 @@ class ColumnLockService:
         return number
 
     def release(self, lease: Lease) -> bool:
-        """Drop the lock if `lease` is still its newest token; a superseded lease does nothing."""
+        """Drop the lock if `lease` is still its newest token; a superseded lease does nothing,
+        and one without the lock's secret is refused."""
         node = self.store.get(lock_path(lease.table_id, lease.owner_id))
         if node is None or LockRecord.from_json(node.value).token != lease.token:
             return False
+        self._check_secret(lease, LockRecord.from_json(node.value))
         try:
             self.store.transaction([("delete", lock_path(lease.table_id, lease.owner_id),
                                      node.version)])

@@ -1,7 +1,7 @@
 """Column-lock enforcement on a tablet server.
 
-Each table's `LockView` arrives from the coordinator on every lock change (`install_lock_view` action)
-and is fetched from it when a table is first written here. Writes are checked under the bucket's
+Each table's `LockView` arrives from the coordinator on every lock change (`install_lock_view` action, which only
+the cluster credential may call) and is fetched from it when a table is first written here. Writes are checked under the bucket's
 lock, the same lock the write then holds while applying, and installing a new view passes through
 every bucket lock of that table: once the coordinator's push returns, no write checked against
 the old view is still in flight, so none can slip in after the new lease was granted.
@@ -55,4 +55,5 @@ class TabletLocks:
         lease = header.get("lease") or {}
         self.view(hosted.key.table_id).check_write(
             columns, lease.get("owner_id"), lease.get("token"), now=self.server.clock(),
-            table=hosted.routing.name, bucket=hosted.key.bucket, attempt=lease.get("attempt"))
+            table=hosted.routing.name, bucket=hosted.key.bucket, attempt=lease.get("attempt"),
+            secret=lease.get("secret"))

@@ -9,6 +9,7 @@ inside keys are resolved against the DataFrame's columns case-insensitively too.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from merge_engine import MergeMode
 from merge_engine.descriptor import parse_bool_option
@@ -18,6 +19,7 @@ from tally.wire.tls import TlsFiles
 URL = "url"
 TABLE = "table"
 TOKEN = "token"
+TOKEN_FILE = "token-file"
 COLUMNS = "columns"
 MERGE_MODE = "merge-mode"
 CREATE_TABLE = "create-table"
@@ -34,9 +36,9 @@ TLS_CA, TLS_CERT, TLS_KEY = "tls.ca", "tls.cert", "tls.key"  # PEM paths on ever
 DEFAULT_TTL = 60.0
 
 # Keys the sink itself understands; `fields.*` and `table.*` are table options for create-table.
-SINK_KEYS = {URL, TABLE, TOKEN, COLUMNS, MERGE_MODE, CREATE_TABLE, PRIMARY_KEY, PARTITION_KEY,
-             BUCKET_NUM, OWNER_ID, LOCK_TTL, SEQUENCE_COLUMN, EPOCH, FAIL_HOOK, TLS_CA, TLS_CERT,
-             TLS_KEY}
+SINK_KEYS = {URL, TABLE, TOKEN, TOKEN_FILE, COLUMNS, MERGE_MODE, CREATE_TABLE, PRIMARY_KEY,
+             PARTITION_KEY, BUCKET_NUM, OWNER_ID, LOCK_TTL, SEQUENCE_COLUMN, EPOCH, FAIL_HOOK,
+             TLS_CA, TLS_CERT, TLS_KEY}
 # Keys Spark adds to a data source's options on its own.
 SPARK_KEYS = {"path", "checkpointlocation"}
 
@@ -45,6 +47,24 @@ def _tls(raw: dict) -> TlsFiles | None:
     files = {k: str(raw[o]).strip() or None for k, o in
              (("ca", TLS_CA), ("cert", TLS_CERT), ("key", TLS_KEY)) if raw.get(o)}
     return TlsFiles(**files) if files else None
+def _token(raw: dict) -> str | None:
+    """The client token: the `token` option, else the first line of the `token-file` option's
+    file (read on the driver, so executors need no copy of the file), else $TALLY_TOKEN. A
+    Spark option may show in the query plan and the UI; a file or the environment does not."""
+    if raw.get(TOKEN) and raw.get(TOKEN_FILE):
+        raise InvalidOptionError(f"Give the sink option '{TOKEN}' or '{TOKEN_FILE}', not both")
+    if raw.get(TOKEN_FILE):
+        path = str(raw[TOKEN_FILE])
+        try:
+            with open(path) as f:
+                token = f.readline().strip()
+        except OSError as e:
+            raise InvalidOptionError(f"Option '{TOKEN_FILE}' {path}: {e.strerror}") from None
+        if not token:
+            raise InvalidOptionError(f"Option '{TOKEN_FILE}' {path} holds no token on its first "
+                                     "line")
+        return token
+    return raw.get(TOKEN) or os.environ.get("TALLY_TOKEN") or None
 
 
 def _split_list(value: str | None) -> list[str] | None:
@@ -107,7 +127,7 @@ class SinkOptions:
         return cls(
             url=str(raw[URL]).strip(),
             table=name,
-            token=raw.get(TOKEN) or None,
+            token=_token(raw),
             columns=tuple(_split_list(raw.get(COLUMNS)) or ()) or None,
             merge_mode=_merge_mode(raw.get(MERGE_MODE)),
             create_table=parse_bool_option(CREATE_TABLE, raw.get(CREATE_TABLE, "false")),

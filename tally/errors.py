@@ -115,6 +115,11 @@ class AuthenticationError(TallyError):
     """A request carried no token or the wrong one."""
 
 
+class PermissionDeniedError(TallyError):
+    """The caller is authenticated but its role does not allow the call, or it acts on a lock
+    whose secret it does not hold; nothing was changed."""
+
+
 class ColumnLockConflict(TallyError):
     """Another owner holds a live lock on some of the requested columns."""
 

@@ -6,8 +6,8 @@ Each command connects with the client when it runs, so `tally --help` loads none
 from __future__ import annotations
 
 import argparse
-import os
 
+from tally.cli.token_source import add_token_arguments, client_token
 from tally.errors import InvalidOptionError
 
 
@@ -36,7 +36,7 @@ def cmd_servers(args: argparse.Namespace) -> int:
     that reports problems (a bucket whose disk is full, ...) UNHEALTHY and each problem."""
     from tally import client
 
-    with client.connect(args.url, token=args.auth_token, tls=tls_files(args)) as conn:
+    with client.connect(args.url, token=client_token(args), tls=tls_files(args)) as conn:
         for s in conn.admin.list_servers():
             state = "DOWN" if not s["live"] else "live" if s["healthy"] else "UNHEALTHY"
             print(f"{s['server_id']:<16}{state:<11}{s['address'] or ''}")
@@ -49,7 +49,7 @@ def cmd_locks(args: argparse.Namespace) -> int:
     """Print the column locks of one table, or of every table; or discard an expired one."""
     from tally import client
 
-    with client.connect(args.url, token=args.auth_token, tls=tls_files(args)) as conn:
+    with client.connect(args.url, token=client_token(args), tls=tls_files(args)) as conn:
         if args.discard:
             if not args.table:
                 raise InvalidOptionError("--discard OWNER needs the table: tally locks TABLE "
@@ -88,7 +88,7 @@ def add_commands(commands) -> None:
     """Add the cluster commands to `tally`'s subparsers."""
     servers = commands.add_parser("servers", help="list a cluster's tablet servers")
     servers.add_argument("--url", required=True, help="the coordinator's URL")
-    servers.add_argument("--auth-token", default=os.environ.get("TALLY_AUTH_TOKEN"))
+    add_token_arguments(servers)
     add_tls_arguments(servers)
     servers.set_defaults(func=cmd_servers)
 
@@ -99,6 +99,6 @@ def add_commands(commands) -> None:
     locks.add_argument("--url", required=True, help="the coordinator's URL")
     locks.add_argument("--discard", metavar="OWNER",
                        help="drop OWNER's expired lock without undoing its uncommitted writes")
-    locks.add_argument("--auth-token", default=os.environ.get("TALLY_AUTH_TOKEN"))
+    add_token_arguments(locks)
     add_tls_arguments(locks)
     locks.set_defaults(func=cmd_locks)

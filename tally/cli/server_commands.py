@@ -7,7 +7,6 @@ imports what it runs.
 from __future__ import annotations
 
 import argparse
-import os
 
 from tally.server.serve_args import add_serve_arguments
 
@@ -29,8 +28,11 @@ def cmd_local_cluster(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     with LocalCluster(args.data_dir, tablet_servers=args.tablet_servers,
-                      zookeeper=args.zookeeper, auth_token=args.auth_token) as cluster:
+                      zookeeper=args.zookeeper, authenticate=args.authenticate) as cluster:
         print(f"coordinator: {cluster.url}", flush=True)
+        if cluster.tokens:
+            print(f"auth file (client tokens per role): {cluster.data_dir}/auth.toml",
+                  flush=True)
         for handle in cluster.tablet_servers:
             print(f"tablet server {handle.info['server_id']}: {handle.address}", flush=True)
         print("Ctrl-C stops the cluster", flush=True)
@@ -48,5 +50,7 @@ def add_commands(commands) -> None:
     local.add_argument("--data-dir", required=True)
     local.add_argument("--tablet-servers", type=int, default=2)
     local.add_argument("--zookeeper", metavar="HOST:PORT[/CHROOT]")
-    local.add_argument("--auth-token", default=os.environ.get("TALLY_AUTH_TOKEN"))
+    local.add_argument("--authenticate", action="store_true",
+                       help="make an auth file in the data dir (a cluster credential and a "
+                            "client token per role) and require it")
     local.set_defaults(func=cmd_local_cluster)

@@ -33,7 +33,7 @@ def write_header(table: str, op: str, mode, target_columns, writer: tuple[str, i
               "writer": list(writer)}
     if lease is not None:
         header["lease"] = {"owner_id": lease.owner_id, "token": lease.token,
-                           "attempt": attempt}
+                           "secret": lease.secret, "attempt": attempt}
     return header
 
 

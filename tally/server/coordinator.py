@@ -21,21 +21,25 @@ import time
 from typing import Any, Callable
 
 from locks.coordinator_actions import CoordinatorLocks
-from tally.errors import (AlreadyExistsError, InvalidInputError, NotFoundError, SchemaError,
-                          TableRecreatedError, TallyError, UnavailableError)
+from tally.errors import (AlreadyExistsError, InvalidInputError, NotFoundError,
+                          PermissionDeniedError, SchemaError, TableRecreatedError, TallyError,
+                          UnavailableError)
 from tally.meta import MetadataStore
 from tally.server.catalog import (DEFAULT_DATABASE, Catalog, PartitionRecord, TableRecord,
                                   split_table_name)
 from tally.server.membership import (COORDINATOR, EphemeralRegistration, HeartbeatLiveness,
                                      ZooKeeperLiveness)
 from tally.server.settings import SESSION_TIMEOUT
-from tally.wire.channel import ChannelPool
+from tally.wire.channel import ChannelPool, FlightChannel
 from tally.wire.messages import check_json_depth, field, int_items
 from tally.wire.routing import TableRouting
 
 log = logging.getLogger(__name__)
 
 Action = Callable[[dict], Any]
+
+# how long a heartbeat that moves a live server waits for that server's old address to answer
+HIJACK_PROBE_TIMEOUT = 2.0
 
 
 class Coordinator:
@@ -49,6 +53,8 @@ class Coordinator:
         self.address = address
         self.catalog = Catalog(store)
         self.channels = ChannelPool(token, tls=tls)
+        self._cluster_token = token
+        self._tls = tls
         self._zookeeper = store.kind == "zookeeper"
         self.liveness = ZooKeeperLiveness(store) if self._zookeeper \
             else HeartbeatLiveness(session_timeout)
@@ -243,22 +249,45 @@ class Coordinator:
         return out
 
     def heartbeat(self, body: dict) -> dict:
-        # Every field is checked before the heartbeat counts: a malformed one changes nothing.
+        """A tablet server says it is live at its address (only the cluster credential may call
+        this). Every field is checked, and the answer worked out, before the heartbeat counts:
+        one that fails anywhere changes nothing, liveness included."""
         server_id, address = field(body, "server_id", str), field(body, "address", str)
         table_ids = int_items(field(body, "table_ids", list, []), "table_ids")
         problems = field(body, "problems", list, [])
         if not all(isinstance(p, str) for p in problems):
             raise InvalidInputError("malformed request: the field 'problems' must hold strings")
-        self._problems[server_id] = problems
-        self.liveness.heartbeat(server_id, address)
-        self.catalog.remember_server(server_id, address)
         dropped = []
         for table_id in table_ids:
             try:
                 self.catalog.table_by_id(table_id)
             except NotFoundError:
                 dropped.append(table_id)
+        self._refuse_address_hijack(server_id, address)
+        self.catalog.remember_server(server_id, address)
+        self._problems[server_id] = problems
+        self.liveness.heartbeat(server_id, address)
         return {"dropped_table_ids": dropped}
+
+    def _refuse_address_hijack(self, server_id: str, address: str) -> None:
+        """A live server's address moves only when the server itself has moved: if its current
+        address still answers as that server, a heartbeat naming another address comes from
+        someone else and is refused. A restarted server's old address no longer answers."""
+        current = self.liveness.live().get(server_id)
+        if current is None or current == address:
+            return
+        probe = FlightChannel(current, self._cluster_token, timeout=HIJACK_PROBE_TIMEOUT,
+                              tls=self._tls)
+        try:
+            answer = probe.action("server_id")
+        except TallyError:
+            return  # gone from there: the server moved (restarted on another port)
+        finally:
+            probe.close()
+        if answer == server_id:
+            raise PermissionDeniedError(
+                f"tablet server {server_id} is live at {current}; a heartbeat moving it to "
+                f"{address} was refused (it does not come from that server); nothing changed")
 
     def bucket_info(self, body: dict) -> dict:
         """What a tablet server needs to open a bucket, checked against the assignment."""
@@ -320,7 +349,7 @@ class Coordinator:
         address = self.liveness.live().get(owner)
         if address is None:
             raise UnavailableError(f"tablet server {owner} hosting that bucket is not live")
-        return self.channels.get(address).action("truncate_log", {
+        return self.channels.get(address).action("truncate_bucket_log", {
             "table_id": record.table_id, "partition_id": partition.partition_id,
             "bucket": bucket, "before": before})
 

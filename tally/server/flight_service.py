@@ -1,6 +1,8 @@
-"""The Flight server: authentication, and dispatch of DoAction / DoPut / DoGet to the roles.
+"""The Flight server: authentication, authorization, and dispatch of DoAction / DoPut / DoGet.
 
-One process may run a coordinator, a tablet server, or both (`--role all`); their action tables
+Authentication maps a call's `authorization` header to a principal (or refuses the call) before
+any handler runs; authorization checks that principal's role against the call's row in the role
+table before the handler runs, so a refused call changes nothing. One process may run a coordinator, a tablet server, or both (`--role all`); their action tables
 are merged, DoPut and DoGet go to the tablet server. Every handler's exception leaves through
 `protocol.to_flight_error`, so the caller gets the same `tally.errors` class with the server's
 message, and the server goes on serving.
@@ -8,40 +10,49 @@ message, and the server goes on serving.
 
 from __future__ import annotations
 
-import hmac
 import logging
 
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from tally.errors import AuthenticationError, InvalidInputError, TallyError
+from tally.errors import (AuthenticationError, InvalidInputError, PermissionDeniedError,
+                          TallyError)
+from tally.server.access import REQUIRED_ROLE, TRUSTED, Principal, authorize, unlisted
 from tally.wire.messages import (AUTH_HEADER, dumps, loads, parse_ticket, to_flight_error,
                                  unframe)
 
 log = logging.getLogger(__name__)
 
 
-class BearerTokenMiddleware(flight.ServerMiddlewareFactory):
-    """Rejects every call whose `authorization` header is not `Bearer <token>`."""
+class _Authenticated(flight.ServerMiddleware):
+    def __init__(self, principal: Principal) -> None:
+        self.principal = principal
 
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
+
+class CredentialMiddleware(flight.ServerMiddlewareFactory):
+    """Refuses every call whose `authorization` header names no known principal."""
+
+    def __init__(self, credentials) -> None:
+        self._credentials = credentials
 
     def start_call(self, info, headers):
-        given = (headers.get(AUTH_HEADER) or [""])[0]
-        if not hmac.compare_digest(given.encode(), self._expected):
-            raise flight.FlightUnauthenticatedError("missing or wrong auth token")
-        return None
+        given = (headers.get(AUTH_HEADER) or [None])[0]
+        principal = self._credentials.principal(given)
+        if principal is None:
+            raise flight.FlightUnauthenticatedError(
+                "no credential given" if given is None else "unknown credential")
+        return _Authenticated(principal)
 
 
 class TallyFlightServer(flight.FlightServerBase):
     """Serves the coordinator and/or tablet server given to it."""
 
     def __init__(self, location: str, *, coordinator=None, tablet_server=None,
-                 token: str | None = None, tls=None) -> None:
-        """`tls`: a tally.wire.tls.TlsFiles with this server's certificate (and, for mutual
-        TLS, the CA that signs client certificates); None serves plaintext."""
-        middleware = {"auth": BearerTokenMiddleware(token)} if token else {}
+                 credentials=None, tls=None) -> None:
+        """`credentials`: a `credentials.Credentials`, or None to trust every caller. `tls`: a
+        tally.wire.tls.TlsFiles with this server's certificate (and, for mutual TLS, the CA
+        that signs client certificates); None serves plaintext."""
+        middleware = {"auth": CredentialMiddleware(credentials)} if credentials else {}
         super().__init__(location, middleware=middleware,
                          **(tls.server_options() if tls is not None else {}))
         self.coordinator = coordinator
@@ -58,6 +69,14 @@ class TallyFlightServer(flight.FlightServerBase):
             self.tablet_server = tablet_server
             self.actions.update(tablet_server.actions)
             self.binary_actions.update(tablet_server.binary_actions)
+        missing = unlisted(list(self.actions) + list(self.binary_actions))
+        if missing:
+            raise TypeError(f"actions {missing} have no required role in the role table")
+
+    @staticmethod
+    def _principal(context) -> Principal:
+        found = context.get_middleware("auth")
+        return TRUSTED if found is None else found.principal
 
     def call_action(self, name: str, body: dict):
         """Run an action in-process (used by `--role all` instead of a loopback call)."""
@@ -74,6 +93,12 @@ class TallyFlightServer(flight.FlightServerBase):
     # --- Flight calls -----------------------------------------------------------------------
 
     def do_action(self, context, action):
+        try:
+            # an unknown name is refused below, as a malformed request, having changed nothing
+            if action.type in REQUIRED_ROLE:
+                authorize(self._principal(context), action.type)
+        except BaseException as e:  # noqa: BLE001
+            raise self._failure(e, action.type)
         if action.type in self.binary_actions:
             return self._binary_action(action)
         try:
@@ -105,6 +130,7 @@ class TallyFlightServer(flight.FlightServerBase):
     def do_put(self, context, descriptor, reader, writer):
         try:
             header = self._header(descriptor.command)
+            self._authorize_op(context, "do_put", header, "put")
             tablets = self._tablets()
             rows = tablets.read_batches(reader)
             ack = tablets.write(header, rows)
@@ -120,6 +146,7 @@ class TallyFlightServer(flight.FlightServerBase):
             header, payload = parse_ticket(ticket)
             if not isinstance(header, dict):
                 raise InvalidInputError("a read ticket must start with a JSON object")
+            self._authorize_op(context, "do_get", header, "scan")
             table = self._tablets().read(header, payload)
         except (KeyError, TypeError, ValueError) as e:
             raise to_flight_error(InvalidInputError(
@@ -127,6 +154,13 @@ class TallyFlightServer(flight.FlightServerBase):
         except BaseException as e:  # noqa: BLE001
             raise self._failure(e, "read")
         return flight.RecordBatchStream(table)
+
+    def _authorize_op(self, context, call: str, header: dict, weakest: str) -> None:
+        """An unknown op is refused by the handler as malformed, but only to a principal the
+        call's weakest op admits, so that a refused caller learns nothing from the answer."""
+        op = header.get("op")
+        name = f"{call}:{op}" if isinstance(op, str) else ""
+        authorize(self._principal(context), name if name in REQUIRED_ROLE else f"{call}:{weakest}")
 
     @staticmethod
     def _header(command: bytes) -> dict:
@@ -141,6 +175,8 @@ class TallyFlightServer(flight.FlightServerBase):
             return exc
         if isinstance(exc, pa.ArrowException) and not isinstance(exc, TallyError):
             exc = InvalidInputError(f"{what}: {exc}")
-        if not isinstance(exc, (TallyError, AuthenticationError)):
+        if isinstance(exc, PermissionDeniedError):
+            log.warning("refused %s: %s", what, exc)  # an operator wants to see probing
+        elif not isinstance(exc, (TallyError, AuthenticationError)):
             log.exception("%s failed", what)
         return to_flight_error(exc)

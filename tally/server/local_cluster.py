@@ -9,6 +9,10 @@ starts one coordinator process and `tablet_servers` tablet-server processes
 restarts that cluster: the same server identities (kept in each tablet directory) and data, on
 new ports. `kill_tablet_server(i)` (SIGKILL), `start_tablet_server(i)`, `restart_coordinator()`
 and friends drive failure tests.
+
+`LocalCluster(..., authenticate=True)` writes an auth file into `data_dir` (kept for restarts):
+a cluster credential for its servers and one client token per role, in `cluster.tokens`
+(`tally.connect(cluster.url, token=cluster.tokens["write"])`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import sys
 import time
 
 from tally.errors import ClusterError, TallyError
+from tally.server.access import CLIENT_ROLES
+from tally.server.credentials import Credentials, new_secret, write_auth_file
 from tally.server.process import READY
 from tally.wire.channel import FlightChannel
 
@@ -107,7 +113,7 @@ class LocalCluster:
     """A coordinator and N tablet servers as local processes (see the module docstring)."""
 
     def __init__(self, data_dir: str, tablet_servers: int = 2, zookeeper: str | None = None,
-                 auth_token: str | None = None, host: str = "127.0.0.1",
+                 authenticate: bool = False, host: str = "127.0.0.1",
                  max_batch_bytes: int | None = None, startup_timeout: float = 60.0,
                  memory_budget: str | None = None, lock_clock_file: str | None = None,
                  tls=None) -> None:
@@ -119,8 +125,9 @@ class LocalCluster:
         os.makedirs(self.data_dir, exist_ok=True)
         saved = self._load_settings()
         self.zookeeper = zookeeper if zookeeper is not None else saved.get("zookeeper")
-        self.auth_token = auth_token
         self.tls = tls
+        self.tokens: dict[str, str] = {}
+        self.cluster_token: str | None = None
         self.host = host
         self.startup_timeout = startup_timeout
         existing = saved.get("tablet_servers", 0)
@@ -128,8 +135,10 @@ class LocalCluster:
         common = ["--host", host, "--log-level", "INFO"]
         if self.zookeeper:
             common += ["--zookeeper", self.zookeeper]
-        if auth_token:
-            common += ["--auth-token", auth_token]
+        auth_file = os.path.join(self.data_dir, "auth.toml")
+        if authenticate or os.path.exists(auth_file):
+            self._credentials(auth_file)
+            common += ["--auth-file", auth_file]
         if lock_clock_file:
             common += ["--lock-clock-file", os.path.abspath(lock_clock_file)]
         if tls is not None:
@@ -148,6 +157,15 @@ class LocalCluster:
             ServerHandle(f"tablet server {i}", os.path.join(self.data_dir, f"tablet-{i}"),
                          tablet_args + ["--role", "tablet"]) for i in range(count)]
         self._save_settings(count)
+
+    def _credentials(self, path: str) -> None:
+        """The cluster's auth file: made on the first authenticated start, then kept."""
+        if not os.path.exists(path):
+            write_auth_file(path, new_secret(),
+                            {f"local-{role}": (new_secret(), role) for role in CLIENT_ROLES})
+        loaded = Credentials.load(path)
+        self.cluster_token = loaded.cluster
+        self.tokens = {role: token for token, role in loaded.clients.values()}
 
     # --- settings kept in the data dir, so a restart finds the same cluster -----------------
 
@@ -220,7 +238,7 @@ class LocalCluster:
         """Until the coordinator lists every running tablet server as live at its address."""
         deadline = time.monotonic() + (timeout or self.startup_timeout)
         wanted = {h.info["server_id"]: h.address for h in self.tablet_servers if h.running}
-        channel = FlightChannel(self.url, self.auth_token, timeout=5, tls=self.tls)
+        channel = FlightChannel(self.url, self.cluster_token, timeout=5, tls=self.tls)
         try:
             while True:
                 try:

@@ -10,6 +10,7 @@ close, the metadata store is released.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import logging
 import os
@@ -35,6 +36,7 @@ class CoordinatorLink:
 
     def __init__(self, token: str | None, url: str | None = None, store=None,
                  tls: TlsFiles | None = None) -> None:
+        """`token`: the cluster credential (None when the cluster has no credentials)."""
         self._token = token
         self._tls = tls
         self._url = url
@@ -76,6 +78,32 @@ def tls_files(args: argparse.Namespace) -> TlsFiles | None:
         return None
     return TlsFiles(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key,
                     verify_clients=args.tls_verify_clients)
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
+def load_credentials(args: argparse.Namespace):
+    """The server's Credentials, or None; a server without credentials that would be reachable
+    beyond this machine is refused unless the operator said so explicitly."""
+    from tally.errors import InvalidOptionError
+    from tally.server.credentials import Credentials
+
+    if args.auth_file:
+        try:
+            return Credentials.load(args.auth_file)
+        except InvalidOptionError as e:
+            raise SystemExit(str(e)) from None
+    if not is_loopback(args.host) and not args.allow_unauthenticated:
+        raise SystemExit(
+            f"refusing to serve {args.host} without credentials: anyone who reaches the port "
+            "could read, write and drop every table. Give --auth-file PATH (or "
+            "$TALLY_AUTH_FILE), bind 127.0.0.1, or pass --allow-unauthenticated")
+    return None
 
 
 class ServerProcess:
@@ -85,11 +113,13 @@ class ServerProcess:
         from tally.meta import open_store
 
         self.args = args
+        credentials = load_credentials(args)
+        cluster_token = credentials.cluster if credentials else None
         os.makedirs(args.data_dir, exist_ok=True)
         tls = tls_files(args)
         scheme = TLS_SCHEME if tls is not None else "grpc"
         self.flight = TallyFlightServer(f"{scheme}://{args.host}:{args.port}",
-                                        token=args.auth_token, tls=tls)
+                                        credentials=credentials, tls=tls)
         self.address = f"{scheme}://{args.host}:{self.flight.port}"
         self.coordinator = self.tablet_server = self.registration = None
         self._stores = []
@@ -97,7 +127,7 @@ class ServerProcess:
             from tally.server.coordinator import Coordinator
 
             store = self._store(open_store(zookeeper=args.zookeeper, data_dir=args.data_dir))
-            self.coordinator = Coordinator(store, self.address, args.auth_token, tls=tls,
+            self.coordinator = Coordinator(store, self.address, cluster_token, tls=tls,
                                            clock=lock_clock(args.lock_clock_file))
             self.flight.attach(coordinator=self.coordinator)
         if args.role in ("all", "tablet"):
@@ -105,7 +135,7 @@ class ServerProcess:
             if args.role == "all":
                 link = self.flight.call_action
             elif args.coordinator or zk is not None:
-                link = CoordinatorLink(args.auth_token, url=args.coordinator, store=zk, tls=tls)
+                link = CoordinatorLink(cluster_token, url=args.coordinator, store=zk, tls=tls)
             else:
                 raise SystemExit("a tablet server needs --coordinator URL or --zookeeper")
             self.tablet_server = TabletServer(args.data_dir, self.address, link,
@@ -118,6 +148,10 @@ class ServerProcess:
 
                 self.registration = EphemeralRegistration(
                     zk, live_path(self.tablet_server.server_id), {"address": self.address})
+            if args.role == "all":
+                # in-process, so it cannot fail for want of a coordinator: the server is live
+                # before the ready line, and a client that connects at once finds it
+                self.tablet_server.send_heartbeat()
             self.tablet_server.start()
 
     def _store(self, store):

@@ -27,7 +27,7 @@ RETENTION_INTERVAL = 30.0
 class RetentionKeeper:
     def __init__(self, server, interval: float = RETENTION_INTERVAL) -> None:
         self.server = server
-        server.actions["truncate_log"] = self.truncate
+        server.actions["truncate_bucket_log"] = self.truncate
         server.actions["enforce_retention"] = lambda body: self.enforce()
         self._loop = HeartbeatSender(self.enforce, interval)
 

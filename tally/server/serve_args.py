@@ -33,9 +33,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                         help="all (default: coordinator + one tablet server), coordinator, tablet")
     parser.add_argument("--coordinator", metavar="URL",
                         help="the coordinator of a tablet server (not needed with --zookeeper)")
-    parser.add_argument("--auth-token", default=os.environ.get("TALLY_AUTH_TOKEN"),
-                        help="reject requests without this bearer token "
-                             "(default: $TALLY_AUTH_TOKEN)")
+    parser.add_argument("--auth-file", metavar="PATH", default=os.environ.get("TALLY_AUTH_FILE"),
+                        help="the cluster credential and the client tokens with their roles "
+                             "(TOML, mode 0600; default: $TALLY_AUTH_FILE). Without it the "
+                             "server trusts every caller and binds loopback only")
+    parser.add_argument("--allow-unauthenticated", action="store_true",
+                        help="serve a non-loopback address without an auth file: anyone who "
+                             "reaches the port may do anything")
     parser.add_argument("--tls-cert", metavar="PEM",
                         help="serve grpc+tls:// with this certificate chain (needs --tls-key)")
     parser.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")

@@ -70,6 +70,7 @@ def write_options(header: dict) -> tuple[list[str] | None, tuple[str, int] | Non
             raise InvalidInputError(f"a write's lease must be an object, not {lease!r}")
         field(lease, "owner_id", str)
         field(lease, "token", int)
+        field(lease, "secret", str)
         if lease.get("attempt") is not None:
             field(lease, "attempt", int)
     targets = header.get("target_columns")

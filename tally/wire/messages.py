@@ -17,7 +17,8 @@ Three Flight calls carry everything:
 
 Errors travel as `FlightServerError` whose `extra_info` is `{"error": class, "message": text}`;
 `raise_remote` turns them back into the same `tally.errors` class on the caller's side.
-Authentication is a bearer token in the `authorization` header of every call.
+Authentication is a bearer token in the `authorization` header of every call: a client's token
+(with its role), or the cluster credential the servers use among themselves.
 """
 
 from __future__ import annotations
@@ -121,7 +122,8 @@ def remote_error(exc: flight.FlightError | pa.ArrowException, where: str) -> Tal
         except (ValueError, KeyError, TypeError):
             pass
     if isinstance(exc, flight.FlightUnauthenticatedError):
-        return AuthenticationError(f"{where} rejected the request: missing or wrong auth token")
+        return AuthenticationError(f"{where} rejected the request: {_first_line(exc)} (give a "
+                                   "token the server's auth file names)")
     text = _first_line(exc)
     if any(sign in text.lower() for sign in _TLS_FAILURES):
         # A handshake that fails will fail again: not a server that is briefly away.

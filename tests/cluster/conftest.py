@@ -2,7 +2,8 @@
 
 `cluster` is module-scoped and parametrized over the two metadata stores, so every module's
 tests run against both, starting just two clusters per module (a cluster starts in about a
-second; tests use fresh table names instead of fresh clusters).
+second; tests use fresh table names instead of fresh clusters). `secured_cluster` is the same
+with credentials: it writes its own auth file, with a cluster credential and a token per role.
 """
 
 from __future__ import annotations
@@ -30,6 +31,17 @@ def cluster(request, tmp_path_factory):
                       max_batch_bytes=6 << 20, memory_budget="1mb") as c:
         c.store_kind = request.param
         c.zookeeper_server = zk_server
+        yield c
+
+
+@pytest.fixture(scope="module", params=METADATA_STORES)
+def secured_cluster(request, tmp_path_factory):
+    zk = None
+    if request.param == "zookeeper":
+        zk = zookeeper_chroot(request.getfixturevalue("zookeeper"))
+    data_dir = tmp_path_factory.mktemp(f"secured-{request.param}")
+    with LocalCluster(str(data_dir), tablet_servers=2, zookeeper=zk, authenticate=True) as c:
+        c.store_kind = request.param
         yield c
 
 

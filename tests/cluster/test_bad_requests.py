@@ -162,20 +162,20 @@ def test_oversized_and_malformed_requests(conn, table):
     assert table.lookup({"k": big.column("k")[0].as_py(), "region": "eu"})["hits"] >= n
 
 
-def test_auth_token_is_enforced(tmp_path):
-    with LocalCluster(str(tmp_path), tablet_servers=1, auth_token="s3cret") as cluster:
+def test_credentials_are_enforced(tmp_path):
+    with LocalCluster(str(tmp_path), tablet_servers=1, authenticate=True) as cluster:
         with pytest.raises(AuthenticationError):
             client.connect(cluster.url)
         with pytest.raises(AuthenticationError):
             client.connect(cluster.url, token="wrong")
-        with client.connect(cluster.url, token="s3cret") as conn:
+        with client.connect(cluster.url, token=cluster.tokens["admin"]) as conn:
             conn.admin.create_table("default.a", reference_workload.descriptor(buckets=2))
             w = conn.table("default.a").upsert_writer()
             w.upsert([{"k": 1, "region": "eu", "total": 2}])
             w.flush()
             route = conn.table_meta("default.a").route("eu", 0)
             assert conn.table("default.a").lookup({"k": 1, "region": "eu"})["total"] == 2
-        tablet = FlightChannel(route.address)  # tablet servers check the token too
+        tablet = FlightChannel(route.address)  # tablet servers check the credential too
         with pytest.raises(AuthenticationError):
             tablet.action("offsets", {"table_id": 1, "buckets": []})
         tablet.close()

@@ -61,3 +61,41 @@ def test_tally_serve_runs_everything_in_one_process(tmp_path, metadata_store):
             assert [s["live"] for s in conn.admin.list_servers()] == [True]
     finally:
         stop(proc)
+
+
+def test_tally_serve_with_an_auth_file_and_the_cli_with_a_token_file(tmp_path, monkeypatch,
+                                                                     capsys):
+    """Secrets come from files and the environment, never argv: the server's auth file through
+    $TALLY_AUTH_FILE, the CLI's token through --token-file or $TALLY_TOKEN."""
+    from tally.cli.main import main
+    from tally.errors import AuthenticationError, PermissionDeniedError
+    from tally.server.credentials import new_secret, write_auth_file
+
+    auth, reader = str(tmp_path / "auth.toml"), new_secret()
+    write_auth_file(auth, new_secret(), {"dash": (reader, "read")})
+    monkeypatch.setenv("TALLY_AUTH_FILE", auth)
+    proc, url = start_serve(str(tmp_path / "data"))
+    monkeypatch.delenv("TALLY_AUTH_FILE")
+    try:
+        token_file = tmp_path / "token"
+        token_file.write_text(reader + "\n")
+        assert main(["servers", "--url", url, "--token-file", str(token_file)]) == 0
+        assert "live" in capsys.readouterr().out
+        monkeypatch.setenv("TALLY_TOKEN", reader)
+        assert main(["locks", "--url", url]) == 0
+        assert "no column locks" in capsys.readouterr().out
+        with client.connect(url, token=reader) as conn:  # a read token cannot create a table
+            try:
+                conn.admin.create_table("default.nope", reference_workload.descriptor(buckets=1))
+                raise AssertionError("a read token created a table")
+            except PermissionDeniedError as e:
+                assert "requires role admin" in str(e)
+        monkeypatch.delenv("TALLY_TOKEN")
+        try:
+            main(["servers", "--url", url])
+            raise AssertionError("no token was accepted")
+        except AuthenticationError:
+            pass
+    finally:
+        stop(proc)
+    assert reader not in " ".join(proc.args)

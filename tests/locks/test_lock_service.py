@@ -7,7 +7,8 @@ import pytest
 
 from locks import ColumnLockService, CommitLog, LockTarget, view_from_records
 from merge_engine import Schema
-from tally.errors import (ColumnLockConflict, InvalidInputError, LeaseLostError, RecoveryError,
+from tally.errors import (ColumnLockConflict, InvalidInputError, LeaseLostError,
+                          PermissionDeniedError, RecoveryError,
                           UnrecoveredLockError)
 from tally.meta import open_store
 
@@ -144,26 +145,31 @@ def test_lock_view_fences_zombies(store, clock):
     a = locks.acquire(TABLE, "A", ["a"], 10, offsets())
     view = lambda: view_from_records(7, [r for r, _ in locks.records(7).values()], locks.column_tokens(7))
     a_col, b_col = {SCHEMA.column("a").id}, {SCHEMA.column("b").id}
-    view().check_write(a_col, "A", a.token, now=clock.now)
+    view().check_write(a_col, "A", a.token, now=clock.now, secret=a.secret)
     view().check_write(b_col, None, None, now=clock.now)  # unlocked columns are free
+    with pytest.raises(PermissionDeniedError, match="secret"):  # the token alone is public
+        view().check_write(a_col, "A", a.token, now=clock.now, secret="guessed")
+    with pytest.raises(PermissionDeniedError, match="secret"):
+        view().check_write(a_col, "A", a.token, now=clock.now)
     with pytest.raises(ColumnLockConflict, match="locked by owner 'A'"):
         view().check_write(a_col | b_col, None, None, now=clock.now)
     with pytest.raises(ColumnLockConflict, match="locked by owner 'A'"):
         view().check_write(a_col, "A", None, now=clock.now)  # an owner id without a lease
     clock.now += 11
     with pytest.raises(LeaseLostError, match="expired"):
-        view().check_write(a_col, "A", a.token, now=clock.now)
+        view().check_write(a_col, "A", a.token, now=clock.now, secret=a.secret)
     with pytest.raises(UnrecoveredLockError, match="expired lock of owner 'A'"):
         view().check_write(a_col, None, None, now=clock.now)  # no lease-less write slips in
     [revived] = locks.take_over(TABLE, "B", ["a"], 10)
     with pytest.raises(LeaseLostError):
-        view().check_write(a_col, "A", a.token, now=clock.now)
-    view().check_write(a_col, "A", revived.token, now=clock.now)  # the takeover's undo
+        view().check_write(a_col, "A", a.token, now=clock.now, secret=a.secret)
+    # the takeover's undo
+    view().check_write(a_col, "A", revived.token, now=clock.now, secret=revived.secret)
     locks.release(revived)
     b = locks.acquire(TABLE, "B", ["a"], 10, offsets())
     with pytest.raises((LeaseLostError, ColumnLockConflict)):
-        view().check_write(a_col, "A", a.token, now=clock.now)
-    view().check_write(a_col, "B", b.token, now=clock.now)
+        view().check_write(a_col, "A", a.token, now=clock.now, secret=a.secret)
+    view().check_write(a_col, "B", b.token, now=clock.now, secret=b.secret)
 
 
 def test_locks_survive_reopening_the_store(metadata_store, tmp_path, clock):

@@ -2,4 +2,4 @@
 tests/cluster/conftest.py): a module-scoped LocalCluster per metadata store, `conn`, `table_name`.
 """
 
-from tests.cluster.conftest import cluster, conn, table_name  # noqa: F401
+from tests.cluster.conftest import cluster, conn, secured_cluster, table_name  # noqa: F401

@@ -182,7 +182,7 @@ def action_fields(ctx: Context, role: str, name: str) -> dict[str, tuple[str, ob
                                 "buckets": ("buckets", [[b.partition_id, b.bucket]], True)},
         ("tablet", "drop_tablets"): {"table_id": ("int", ctx.table_id, True)},
         ("tablet", "install_lock_view"): {"view": ("view", ctx.view, True)},
-        ("tablet", "truncate_log"): {"table_id": ("int", ctx.table_id, True),
+        ("tablet", "truncate_bucket_log"): {"table_id": ("int", ctx.table_id, True),
                                      "partition_id": ("int", b.partition_id, True),
                                      "bucket": ("int", b.bucket, True),
                                      "before": ("int", 1, True)},
@@ -197,7 +197,7 @@ COORDINATOR_ACTIONS = ["create_database", "drop_database", "create_table", "drop
                        "register_attempt",
                        "lock_describe", "lock_view", "commit", "last_commit", "epoch_baseline",
                        "retention_floor", "lock_take_over", "lock_discard", "undo_baselines"]
-TABLET_ACTIONS = ["offsets", "drop_tablets", "install_lock_view", "truncate_log"]
+TABLET_ACTIONS = ["offsets", "drop_tablets", "install_lock_view", "truncate_bucket_log"]
 KNOWN = set(COORDINATOR_ACTIONS) | set(TABLET_ACTIONS) | set(NO_BODY_ACTIONS) | {"lookup"}
 
 

@@ -64,6 +64,21 @@ def test_bad_options_are_refused(bad, message):
         options(**bad)
 
 
+def test_the_token_comes_from_a_file_the_environment_or_the_option(tmp_path, monkeypatch):
+    monkeypatch.delenv("TALLY_TOKEN", raising=False)
+    assert options().token is None
+    monkeypatch.setenv("TALLY_TOKEN", "from-env")
+    assert options().token == "from-env"
+    path = tmp_path / "token"
+    path.write_text("from-file\nignored\n")
+    assert options(**{"token-file": str(path)}).token == "from-file"
+    assert options(token="given").token == "given"
+    with pytest.raises(InvalidOptionError, match="not both"):
+        options(token="given", **{"token-file": str(path)})
+    with pytest.raises(InvalidOptionError, match="token-file"):
+        options(**{"token-file": str(tmp_path / "missing")})
+
+
 def test_owner_id_formats():
     assert streaming_owner_id(None, "q-1", "db.t", ["v", "s"]) == "spark-query:q-1/db.t/v,s"
     assert batch_owner_id(None, "local-17", "db.t", ["v"]) == "spark-app:local-17/db.t/v"

@@ -1,0 +1,125 @@
+"""Who may make which call: the one table of required roles, and the check against it.
+
+Every call a Tally server answers is named here: each DoAction by its name, each DoPut and DoGet
+by its op (`do_put:put`, `do_get:scan`, ...). A server refuses to start with an action that has
+no row (so a new action cannot be served before someone decided who may call it), and the
+access test walks this table over every principal.
+
+Roles are ordered for clients, `read` < `write` < `admin`: each includes the ones before it.
+`cluster` is the servers' own credential: it may make every call, and it is the only one
+that may make the internal ones (lock views, heartbeats, bucket facts, a tablet server's drop
+and truncate), which a client never needs and which would let a client bypass the checks the
+public actions make.
+"""
+
+from __future__ import annotations
+
+from tally.errors import PermissionDeniedError
+
+READ, WRITE, ADMIN, CLUSTER = "read", "write", "admin", "cluster"
+CLIENT_ROLES = (READ, WRITE, ADMIN)
+_RANK = {READ: 1, WRITE: 2, ADMIN: 3}
+
+# call -> the role it requires (see the module docstring for how roles include each other)
+REQUIRED_ROLE: dict[str, str] = {
+    # every server
+    "ping": READ,
+    # the coordinator: catalog
+    "list_databases": READ,
+    "list_tables": READ,
+    "table_info": READ,
+    "list_partitions": READ,
+    "list_offsets": READ,
+    "list_servers": READ,
+    "create_partition": WRITE,  # a write to a new partition value creates it (dynamic)
+    "create_database": ADMIN,
+    "drop_database": ADMIN,
+    "create_table": ADMIN,
+    "drop_table": ADMIN,
+    "drop_partition": ADMIN,
+    "truncate_log": ADMIN,
+    # the coordinator: locks, commits, baselines
+    "lock_describe": READ,
+    "last_commit": READ,
+    "lock_acquire": WRITE,
+    "lock_renew": WRITE,
+    "lock_release": WRITE,
+    "lock_take_over": WRITE,
+    "undo_baselines": WRITE,
+    "register_attempt": WRITE,
+    "commit": WRITE,
+    "epoch_baseline": WRITE,
+    "lock_discard": ADMIN,  # keeps another owner's uncommitted writes for good
+    # the coordinator: asked by tablet servers only
+    "heartbeat": CLUSTER,
+    "bucket_info": CLUSTER,
+    "lock_view": CLUSTER,
+    "retention_floor": CLUSTER,
+    # tablet servers: rows
+    "lookup": READ,
+    "do_get:scan": READ,
+    "do_get:changelog": READ,
+    "do_put:put": WRITE,
+    "do_put:delete": WRITE,
+    # tablet servers: asked by the coordinator only
+    "offsets": CLUSTER,
+    "drop_tablets": CLUSTER,
+    "install_lock_view": CLUSTER,
+    "truncate_bucket_log": CLUSTER,
+    "enforce_retention": CLUSTER,
+    "server_id": CLUSTER,
+}
+
+
+class Principal:
+    """Who a call comes from: a name for messages and logs, and a role."""
+
+    __slots__ = ("name", "role")
+
+    def __init__(self, name: str, role: str) -> None:
+        self.name = name
+        self.role = role
+
+    def __repr__(self) -> str:
+        return f"Principal({self.name!r}, {self.role!r})"
+
+
+# Without credentials a server trusts every caller that can reach it: the loopback default.
+TRUSTED = Principal("anyone (no credentials configured)", CLUSTER)
+
+
+def allows(role: str, required: str) -> bool:
+    """Whether a principal of `role` may make a call that requires `required`."""
+    if role == CLUSTER:
+        return True
+    if required == CLUSTER:
+        return False
+    return _RANK.get(role, 0) >= _RANK[required]
+
+
+def authorize(principal: Principal, call: str) -> None:
+    """Raise PermissionDeniedError unless `principal` may make `call` (unknown calls are
+    refused too: what has no row in the table is served to nobody)."""
+    required = REQUIRED_ROLE.get(call)
+    if required is None:
+        raise PermissionDeniedError(f"call {call!r} has no required role: refused to everyone")
+    if not allows(principal.role, required):
+        raise PermissionDeniedError(
+            f"{principal.name} (role {principal.role}) may not call {call!r}: it requires "
+            f"role {required}; nothing was changed")
+
+
+def unlisted(calls) -> list[str]:
+    """The calls among `calls` that have no required role (a server refuses to serve them)."""
+    return sorted(c for c in calls if c not in REQUIRED_ROLE)
+
+
+def role_table_markdown() -> str:
+    """The role table as the security page prints it (a test keeps the two equal)."""
+    principals = list(CLIENT_ROLES) + [CLUSTER]
+    lines = ["| call | requires | " + " | ".join(principals) + " |",
+             "| --- | --- | " + " | ".join("---" for _ in principals) + " |"]
+    for call, required in REQUIRED_ROLE.items():
+        marks = " | ".join("yes" if allows(p, required) else "no" for p in principals)
+        lines.append(f"| `{call}` | {required} | {marks} |")
+    return "\n".join(lines)
