@@ -18,7 +18,7 @@ whole, never changed in place, and a run is appended before the index points at 
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Iterator, NamedTuple
 
 import numpy as np
 
@@ -181,12 +181,20 @@ class RowBuffer:
     def drain(self) -> tuple[KeyArray | None, StateBatch | None, KeyArray | None]:
         """(live keys in key order, their rows, removed keys): what a flush writes (None
         for a buffer that never held a key)."""
+        return next(self.chunks(max(len(self), 1)), (None, None, None))
+
+    def chunks(self, size: int) -> Iterator[tuple[KeyArray, StateBatch | None, KeyArray]]:
+        """drain() a slice of `size` keys at a time, in key order (nothing for a buffer that
+        never held a key): a flush then holds one slice's rows and encoded bytes at once."""
         index = self._index
         if index.keys is None:
-            return None, None, None
-        live = index.ids >= 0
-        rows = self.states(index.ids[live]) if live.any() else None
-        return index.keys.take(live), rows, index.keys.take(~live)
+            return
+        for start in range(0, len(index.ids), size):
+            ids = index.ids[start:start + size]
+            keys = index.keys.take(slice(start, start + len(ids)))
+            live = ids >= 0
+            rows = self.states(ids[live]) if live.any() else None
+            yield keys.take(live), rows, keys.take(~live)
 
     def __repr__(self) -> str:
         return f"RowBuffer({len(self)} keys, {len(self._runs)} runs, ~{self.size_bytes} bytes)"

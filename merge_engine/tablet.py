@@ -4,8 +4,9 @@ A write runs in four steps: validate the input and group its rows by key; then, 
 keys at a time (merge_engine.write_slices), take those keys' current rows (BucketRows: the
 in-memory row buffer, then RocksDB) and merge them with the RowMerger of the mode; then commit
 the changelog records, the new offsets and the writer's sequence in one atomic RocksDB write
-batch (merge_engine.pending_write), after which the changed rows join the row buffer. The changelog is the write-ahead log: a reopened bucket replays it past the last flush
-of the row buffer (see merge_engine/rows.py and merge_engine/buffer.py).
+batch (merge_engine.pending_write), after which the changed rows join the row buffer, which is
+flushed to RocksDB in batches of its own when full. The changelog is the write-ahead log: a
+reopened bucket replays it past the last flush of the row buffer (see merge_engine/rows.py and merge_engine/buffer.py).
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ class KvTablet:
         write = prepare_write(rows, self.schema, self.aggregators, target_columns,
                               allow_unwritten=mode is MergeMode.OVERWRITE,
                               allow_retractions=mode is not MergeMode.OVERWRITE)
-        pending = PendingWrite(self._store, self._images, self._end)
+        pending = self._pending()
         if write.rows == 0:
             return self._commit(pending, writer)
         merger = self._overwrite if mode is MergeMode.OVERWRITE else self._engine
@@ -171,7 +172,7 @@ class KvTablet:
             )
         write = prepare_write(keys, self.schema, self.aggregators, target_columns,
                               keys_only=True)
-        pending = PendingWrite(self._store, self._images, self._end)
+        pending = self._pending()
         if behavior is DeleteBehavior.IGNORE or write.rows == 0:
             return self._commit(pending, writer)
         unique, _, firsts = self._group(write)
@@ -228,16 +229,27 @@ class KvTablet:
         written[:, sorted(self.key_positions)] = True
         return StateBatch(columns, written, np.zeros(written.shape, dtype=np.int64))
 
+    def _pending(self) -> PendingWrite:
+        return PendingWrite(self._store, self._images, self._end, self.descriptor.kv_buffer_size)
+
     def _commit(self, pending: PendingWrite, writer) -> int:
         """The write's one atomic RocksDB write batch: its changelog, offsets and writer
-        sequence (and the buffered rows when the buffer flushes with it); then its changed
-        rows join the buffer. The end offset after it."""
+        sequence; then its changed rows join the buffer, which may flush. The end offset
+        after it."""
+        start = self._end
         staged = pending.seal(self._rows, writer)
         if not pending.batch.is_empty():
             self._store.commit(pending.batch)
-        if staged is not None:
-            self._rows.committed(staged)
         self._end = pending.end
+        if staged is not None:
+            def logged():  # the write's rows read back from its changelog, an entry at a time
+                return (self._images.row_changes(records, self.schema.primary_key)
+                        for records in self.iter_changelog(start, self._end))
+            # The write is committed and acknowledged even if the disk refuses the flush: the
+            # buffer keeps its rows, and the refusal stays on the store, which refuses the
+            # next write with it (a reopen replays the changelog).
+            with contextlib.suppress(StorageWriteError):
+                self._rows.committed(staged, start, self._end, logged)
         return self._end
 
     def flush(self) -> None:
