@@ -3,10 +3,11 @@
 Why it exists: reading and writing RocksDB one key at a time costs about as much as all the
 merging put together, and a hot key set is read back by the very next put. So a put commits only
 its changelog batch (which holds every changed row's full after-image) and keeps the merged rows
-here; they reach RocksDB in one sorted write batch when the buffer outgrows
-`table.kv.buffer-size`, before the changelog is truncated, and at close. The changelog is the
-write-ahead log: RocksDB records up to which offset its rows are applied, and a bucket reopened
-after a crash replays the changelog from there into a fresh buffer. KV state and changelog
+here; they reach RocksDB in key order, in write batches of a bounded size, when the buffer
+outgrows `table.kv.buffer-size`, before the changelog is truncated, and at close. The changelog
+is the write-ahead log: RocksDB records up to which offset its rows are applied (in a flush's
+last batch), and a bucket reopened after a crash replays the changelog from there into a fresh
+buffer. KV state and changelog
 therefore never disagree; on disk the rows may just lag the log.
 
 Rows stay in Arrow form (StateBatch runs, one per put) so the next put takes them without

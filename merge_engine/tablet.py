@@ -6,12 +6,13 @@ in-memory row buffer, then RocksDB) and merge them with the RowMerger of the mod
 the changelog records, the new offsets and the writer's sequence in one atomic RocksDB write
 batch (merge_engine.pending_write), after which the changed rows join the row buffer, which is
 flushed to RocksDB in batches of its own when full. The changelog is the write-ahead log: a
-reopened bucket replays it past the last flush of the row buffer (see merge_engine/rows.py and merge_engine/buffer.py).
+reopened bucket replays it past the last flush of the row buffer (BucketRows, RowBuffer).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from typing import Iterator
 
@@ -242,14 +243,11 @@ class KvTablet:
             self._store.commit(pending.batch)
         self._end = pending.end
         if staged is not None:
-            def logged():  # the write's rows read back from its changelog, an entry at a time
-                return (self._images.row_changes(records, self.schema.primary_key)
-                        for records in self.iter_changelog(start, self._end))
-            # The write is committed and acknowledged even if the disk refuses the flush: the
-            # buffer keeps its rows, and the refusal stays on the store, which refuses the
-            # next write with it (a reopen replays the changelog).
+            # The write is committed even if the disk refuses the flush: the buffer keeps its
+            # rows, and the store refuses the next write (a reopen replays the changelog).
             with contextlib.suppress(StorageWriteError):
-                self._rows.committed(staged, start, self._end, logged)
+                self._rows.committed(staged, start, self._end,
+                                     functools.partial(self._row_changes, start, self._end))
         return self._end
 
     def flush(self) -> None:
@@ -279,9 +277,12 @@ class KvTablet:
             raise StorageError(
                 f"The rows of {self.name} are applied up to offset {applied}, outside its log "
                 f"[{self._start}, {self._end}): the tablet is corrupt")
-        changes = (self._images.row_changes(records, self.schema.primary_key)
-                   for records in self.iter_changelog(applied, self._end))
-        self._rows.replay(changes, self._end)
+        self._rows.replay(self._row_changes(applied, self._end), self._end)
+
+    def _row_changes(self, start: int, end: int):
+        """What the changelog records of [start, end) do to the rows, a stored entry at a time."""
+        return (self._images.row_changes(records, self.schema.primary_key)
+                for records in self.iter_changelog(start, end))
 
     # --- reads ------------------------------------------------------------------------------
 

@@ -193,7 +193,8 @@ def test_crash_without_close_loses_nothing(tmp_path, case):
         assert disk.applied == disk.end, f"{CRASH_CASES[case][1]}: {disk}"
     else:
         assert 0 < disk.applied < disk.end, f"{CRASH_CASES[case][1]}: {disk}"
-    # whatever was flushed is exactly the table as of KV_APPLIED (a flush is atomic)
+    # whatever was flushed is exactly the table as of KV_APPLIED (the writes had returned, so
+    # each flush had written its last batch)
     assert disk.rows == live_rows_at(model.changelog, disk.applied), disk
 
     # A second writer crashes right after opening: the replay on open must have flushed, so

@@ -2,9 +2,9 @@
 
 Rows reach RocksDB after their write's changelog has committed, in write batches of their own,
 with the offset they are applied up to in the last one; a write whose rows alone outgrow the
-buffer has them read back from its changelog and written the same way. A writer process
-(tests/buffer_writer.py, a 1 KB buffer and two rows per write batch, so flushes take many
-batches) is ended right after its N-th RocksDB commit, for N spread over its first writes: the
+buffer has them read back from its changelog and written the same way. The buffer tests'
+writer process (a 1 KB buffer and two rows per write batch, so flushes take many batches) is
+ended right after its N-th RocksDB commit, for N spread over its first writes: the
 crash lands right after a changelog commit and between the batches of both kinds of flush. The
 reopened tablet must equal the reference model fed the acknowledged writes, plus the write in
 flight when its changelog had committed, and the replay of its own changelog.
