@@ -1,8 +1,10 @@
 """Plain-Python recomputation for the kill -9 tests: the crash writer's table, and changelog replay.
 
 The model follows docs/core-contract.md for the four functions the crash table uses (sum, max,
-string_agg with ',', last_value_ignore_nulls) and for partial writes and `allow` deletes. None
-of these functions tells a written null from an unwritten cell, so a row here is just its values.
+string_agg with ',', last_value_ignore_nulls) and for partial writes and `allow` deletes. A row
+compares by its values, but also knows which columns a write has targeted (a written null is
+data): a partial delete removes the row only when every other value column is unwritten and
+empty (docs/tables.md), so the model must tell a written null from a cell never written.
 """
 
 from __future__ import annotations
@@ -14,6 +16,15 @@ import pyarrow as pa
 from tests.crash_writer import COLUMNS, VALUE_COLUMNS, Write
 
 State = dict[int, dict]
+
+
+class Row(dict):
+    """A row's values; `written` holds the value columns some write has targeted. Equality is
+    the values' (the engine's table shows values only)."""
+
+    def __init__(self, values: dict, written=()) -> None:
+        super().__init__(values)
+        self.written = set(written)
 
 
 def fold(column: str, stored, value):
@@ -45,10 +56,13 @@ def apply(state: State, write: Write) -> State:
             stored = state[key]
             for column in targets:
                 stored[column] = None
-            if all(stored[c] is None for c in VALUE_COLUMNS if c not in targets):
+            stored.written -= set(targets)
+            if all(stored[c] is None and c not in stored.written
+                   for c in VALUE_COLUMNS if c not in targets):
                 del state[key]
             continue
-        stored = state.setdefault(key, {"id": key, **{c: None for c in VALUE_COLUMNS}})
+        stored = state.setdefault(key, Row({"id": key, **{c: None for c in VALUE_COLUMNS}}))
+        stored.written |= set(targets)
         for column in targets:
             stored[column] = fold(column, stored[column], row[column])
     return state

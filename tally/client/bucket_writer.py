@@ -37,11 +37,16 @@ def write_header(table: str, op: str, mode, target_columns, writer: tuple[str, i
     return header
 
 
+def rows_per_request(rows: pa.Table, max_bytes: int) -> int:
+    """How many of `rows` make about `max_bytes` (at least one)."""
+    return max(1, int(rows.num_rows * max_bytes / max(rows.nbytes, 1)))
+
+
 def request_slices(rows: pa.Table, max_bytes: int) -> list[pa.Table]:
     """`rows` cut into zero-copy slices of about `max_bytes` each (at least one row each)."""
     if rows.num_rows == 0:
         return []
-    per_request = max(1, int(rows.num_rows * max_bytes / max(rows.nbytes, 1)))
+    per_request = rows_per_request(rows, max_bytes)
     return [rows.slice(start, per_request) for start in range(0, rows.num_rows, per_request)]
 
 

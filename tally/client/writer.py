@@ -28,7 +28,7 @@ import uuid
 
 import pyarrow as pa
 
-from tally.client.bucket_writer import DEFAULT_MAX_REQUEST_BYTES, write_header
+from tally.client.bucket_writer import DEFAULT_MAX_REQUEST_BYTES, rows_per_request, write_header
 from tally.client.write_tables import write_table
 from tally.errors import TallyError
 from tally.wire.routing import group_rows
@@ -175,10 +175,9 @@ class UpsertWriter:
             if tables and size + part.rows.nbytes > self._max_request_bytes:
                 break
             if not tables and part.rows.nbytes > self._max_request_bytes:
-                rows_per_request = max(1, int(part.rows.num_rows * self._max_request_bytes
-                                              / max(part.rows.nbytes, 1)))
-                head = part.rows.slice(0, rows_per_request)
-                part.rows = part.rows.slice(rows_per_request)
+                count = rows_per_request(part.rows, self._max_request_bytes)
+                head = part.rows.slice(0, count)
+                part.rows = part.rows.slice(count)
                 if part.rows.num_rows == 0:
                     queue.parts.popleft()
                 tables.append(head)
