@@ -18,8 +18,8 @@ import pyarrow.flight as flight
 from tally.errors import (AuthenticationError, InvalidInputError, PermissionDeniedError,
                           TallyError)
 from tally.server.access import REQUIRED_ROLE, TRUSTED, Principal, authorize, unlisted
-from tally.wire.messages import (AUTH_HEADER, dumps, loads, parse_ticket, to_flight_error,
-                                 unframe)
+from tally.wire.messages import (AUTH_HEADER, MAX_REQUEST_JSON_BYTES, dumps, loads,
+                                 loads_request, parse_ticket, to_flight_error, unframe)
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,10 @@ class TallyFlightServer(flight.FlightServerBase):
         if action.type in self.binary_actions:
             return self._binary_action(action)
         try:
+            if action.body.size > MAX_REQUEST_JSON_BYTES:  # refused before it is copied
+                raise InvalidInputError(
+                    f"the body of {action.type} carries {action.body.size:,} bytes; the limit "
+                    f"is {MAX_REQUEST_JSON_BYTES:,} bytes")
             raw = action.body.to_pybytes()
             body = loads(raw) if raw else {}  # `null`, `[]`, `0` are not empty bodies
             if not isinstance(body, dict):
@@ -164,7 +168,7 @@ class TallyFlightServer(flight.FlightServerBase):
 
     @staticmethod
     def _header(command: bytes) -> dict:
-        header = loads(command)
+        header = loads_request(command, "a write or read header")
         if not isinstance(header, dict):
             raise InvalidInputError("a write descriptor must be a JSON object")
         return header

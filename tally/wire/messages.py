@@ -67,12 +67,27 @@ def check_json_depth(data: bytes | str, what: str = "a request") -> None:
                                 f"{MAX_JSON_DEPTH}")
 
 
-def loads(data: bytes) -> Any:
-    """The JSON document in `data` (None for no bytes), its depth checked before parsing."""
+# Parsed JSON takes several times its text in Python objects, so a server bounds the text of a
+# request's JSON (action bodies, read and write headers) before parsing it. The largest request
+# of the protocol (a commit naming every bucket of a table) stays far below it.
+MAX_REQUEST_JSON_BYTES = 4 << 20
+
+
+def loads(data: bytes, max_bytes: int | None = None, what: str = "a request") -> Any:
+    """The JSON document in `data` (None for no bytes), its size (against `max_bytes`, when
+    given) and depth checked before parsing."""
     if not data:
         return None
+    if max_bytes is not None and len(data) > max_bytes:
+        raise InvalidInputError(f"{what} carries {len(data):,} bytes of JSON; the limit is "
+                                f"{max_bytes:,} bytes")
     check_json_depth(data)
     return json.loads(data.decode())
+
+
+def loads_request(data: bytes, what: str = "a request") -> Any:
+    """loads() for what a server receives: bounded by MAX_REQUEST_JSON_BYTES."""
+    return loads(data, MAX_REQUEST_JSON_BYTES, what)
 
 
 def _json_default(value: Any) -> Any:
@@ -200,7 +215,7 @@ def unframe(data: bytes | pa.Buffer, what: str = "a request") -> tuple[dict, pa.
         raise InvalidInputError(f"{what} of {len(data):,} bytes exceeds the limit of "
                                 f"{MAX_FRAMED_BYTES:,} bytes")
     head, sep, rest = (data.to_pybytes() if isinstance(data, pa.Buffer) else data).partition(b"\n")
-    header = loads(head)
+    header = loads(head, MAX_REQUEST_JSON_BYTES, what)
     if not sep:
         return header, None
     payload = pa.py_buffer(rest)
