@@ -12,7 +12,7 @@ import datetime
 import json
 
 from tally.cli.connect_args import add_connection_arguments, open_connection
-from tally.cli.output import FORMATS, emit
+from tally.cli.output import FORMATS, emit, header_for
 from tally.errors import InvalidOptionError
 
 # The sink's option names that declare a table (the sink's own keys, repeated here because the
@@ -28,7 +28,7 @@ def cmd_tables(args: argparse.Namespace) -> int:
     if not names and args.format == "table":
         print("no tables" + (f" in database '{args.database}'" if args.database else ""))
         return 0
-    emit(("TABLE",), ([n] for n in names), args.format)
+    emit(header_for(("TABLE",), args.format), ([n] for n in names), args.format)
     return 0
 
 

@@ -7,6 +7,7 @@ command only loads what it uses (pyarrow and the engine are slow to import).
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 
@@ -114,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return exit_codes.INTERRUPTED
     except BrokenPipeError:  # `tally scan ... | head`: the reader has what it wanted
-        sys.stderr.close()
+        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
         return exit_codes.OK
     except Exception as e:  # noqa: BLE001 - every failure becomes one line and a status
         return exit_codes.report(e, args.verbose)
