@@ -53,5 +53,4 @@ def _log_to_stderr(level: int) -> None:
         handler = _CurrentStderr()
         handler.setFormatter(logging.Formatter("tally: %(message)s"))
         logger.addHandler(handler)
-        logger.propagate = False
     logger.setLevel(level)

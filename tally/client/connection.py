@@ -181,8 +181,9 @@ class Connection:
                     raise
                 # Stale metadata is routine (a bucket moved): refreshed silently.
                 level = logging.WARNING if isinstance(e, UnavailableError) else logging.DEBUG
-                log.log(level, "%s: %s; retrying (%.1f s so far, gives up after %.0f s)",
-                        what or "call", e, time.monotonic() - started, self.retry_timeout)
+                log.log(level, "%s: %s; retrying (%.1f s so far, gives up after %g s)",
+                        what or "call", _reason(e), time.monotonic() - started,
+                        self.retry_timeout)
             if refresh is not None:
                 self.invalidate(refresh)
             time.sleep(pause)
@@ -226,6 +227,16 @@ class Connection:
 def _timed_out(error: UnavailableError) -> bool:
     text = str(error).lower()
     return "deadline" in text or "timed out" in text or "timeout" in text
+
+
+def _reason(error: Exception) -> str:
+    """A retry's error in a few words: gRPC's text for a refused connection is three lines'
+    worth; the address it starts with is what matters."""
+    text = str(error)
+    address, sep, _ = text.partition(" is unavailable: ")
+    if sep and "connection refused" in text.lower():
+        return f"{address} refuses connections"
+    return text
 
 
 def _cause(error: UnavailableError, url: str) -> str:
