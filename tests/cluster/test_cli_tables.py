@@ -370,3 +370,22 @@ def test_scan_stops_quietly_when_the_reader_closes_the_pipe(cluster, shop):
     proc.stdout.close()  # before the command writes anything
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == OK and b"Traceback" not in err
+
+
+def test_the_session_in_the_cli_doc_runs_as_written(tmp_path):
+    """docs/cli.md's first shell block: a cluster, create, describe, a write, lookup, scan,
+    changelog, offsets, drop, as a shell runs them."""
+    text = (ROOT / "docs" / "cli.md").read_text()
+    block = text.split("```sh\n", 1)[1].split("```", 1)[0]
+    env = {k: v for k, v in os.environ.items() if k != "TALLY_URL"}
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env["TMPDIR"] = str(tmp_path)  # the block's mktemp -d
+    done = subprocess.run(["bash", "-c", block], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "created shop.totals" in out and "sum" in out and "count" in out
+    assert "kayak,150.00,2\ntent,80.50,1\n" in out
+    for change in ("+I", "-U", "+U"):
+        assert change in out
+    assert "dropped shop.totals" in out
