@@ -161,7 +161,8 @@ class Connection:
             ack = self.server(route.address).put({**header, **route.header()}, rows)
             return int(ack["end_offset"])
 
-        return self.retry(attempt, refresh=table, what=f"write to {table} bucket {bucket}")
+        return self.retry(attempt, refresh=table, what=f"write to {table} "
+                          f"{partition + '/' if partition else ''}bucket {bucket}")
 
     def retry(self, call: Callable[[], T], refresh: str | None, what: str | None = None) -> T:
         """Run `call`, retrying transient failures; `refresh` names a table whose cached
@@ -182,7 +183,8 @@ class Connection:
                 # Stale metadata is routine (a bucket moved): refreshed silently.
                 level = logging.WARNING if isinstance(e, UnavailableError) else logging.DEBUG
                 log.log(level, "%s: %s; retrying (%.1f s so far, gives up after %g s)",
-                        what or "call", _reason(e), time.monotonic() - started,
+                        what or (f"a call on {refresh}" if refresh else "a call"),
+                        _reason(e), time.monotonic() - started,
                         self.retry_timeout)
             if refresh is not None:
                 self.invalidate(refresh)
