@@ -13,7 +13,7 @@ import json
 
 from tally.cli.connect_args import add_connection_arguments, open_connection
 from tally.cli.output import FORMATS, emit, header_for
-from tally.errors import InvalidOptionError
+from tally.errors import AlreadyExistsError, InvalidOptionError, NotFoundError
 
 # The sink's option names that declare a table (the sink's own keys, repeated here because the
 # sink package loads Spark and the CLI must run without it).
@@ -88,9 +88,22 @@ def cmd_create(args: argparse.Namespace) -> int:
     if args.table.count(".") != 1 or not all(args.table.split(".")):
         raise InvalidOptionError(f"name the table as '<database>.<table>', got {args.table!r}")
     with open_connection(args) as conn:
+        if args.if_not_exists:
+            try:
+                existing = conn.admin.describe_table(args.table)
+            except NotFoundError:
+                existing = None
+            if existing is not None:
+                # Succeeding on a table declared otherwise would hide the contradiction.
+                if existing.descriptor != descriptor:
+                    raise AlreadyExistsError(
+                        f"{args.table} exists with another declaration (columns, functions, "
+                        f"keys, buckets or options differ; see tally describe {args.table})")
+                print(f"{args.table} exists already as declared (table id "
+                      f"{existing.table_id}); nothing changed")
+                return 0
         conn.admin.create_database(args.table.split(".")[0], ignore_if_exists=True)
-        table_id = conn.admin.create_table(args.table, descriptor,
-                                           ignore_if_exists=args.if_not_exists)
+        table_id = conn.admin.create_table(args.table, descriptor)
     print(f"created {args.table} (table id {table_id}, {descriptor.bucket_count} buckets)")
     return 0
 
@@ -171,7 +184,8 @@ def add_commands(commands, common: argparse.ArgumentParser) -> None:
                              "fields.<column>.<function>.<parameter>=..., table.*=... "
                              "(repeatable)")
     create.add_argument("--if-not-exists", action="store_true",
-                        help="succeed when the table exists already")
+                        help="succeed when the table exists already as declared (declared "
+                             "otherwise: status 1)")
     add_connection_arguments(create)
     create.set_defaults(func=cmd_create)
 

@@ -20,7 +20,7 @@ class CommandParser(argparse.ArgumentParser):
     every other failure of a command."""
 
     def error(self, message: str):
-        print(f"tally: {self.prog}: {message} (see '{self.prog} --help')", file=sys.stderr)
+        print(f"tally: {message} (see '{self.prog} --help')", file=sys.stderr)
         raise SystemExit(exit_codes.USAGE)
 
 

@@ -160,7 +160,13 @@ def test_create_and_drop_and_their_failures(capsys, conn):
     status, _, err = run(capsys, *args)
     assert status == FAILED
     one_line_error(err, "life.t")
-    assert run(capsys, *args, "--if-not-exists")[0] == OK
+    status, out, _ = run(capsys, *args, "--if-not-exists")
+    assert status == OK and "exists already as declared" in out and "nothing changed" in out
+    other = [a.replace("fields.n.agg=sum", "fields.n.agg=max") for a in args]
+    status, _, err = run(capsys, *other, "--if-not-exists")
+    assert status == FAILED
+    one_line_error(err, "life.t exists with another declaration")
+    assert conn.admin.describe_table("life.t").descriptor.schema.column("n").agg.value == "sum"
     status, out, _ = run(capsys, "drop", "life.t")
     assert status == OK and "dropped life.t" in out
     status, _, err = run(capsys, "drop", "life.t")
