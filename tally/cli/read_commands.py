@@ -101,26 +101,31 @@ def changelog_batches(table, buckets, start: int | None, limit: int | None, on_b
 
 
 def cmd_changelog(args: argparse.Namespace) -> int:
+    import itertools
+
     import pyarrow as pa
 
     with open_connection(args) as conn:
         table = conn.table(args.table)
-        meta = conn.table_meta(args.table, refresh=True, table_id=table.table_id)
+        meta = table.meta
         buckets = _buckets(meta, args.table, args.bucket, args.partition)
         with _progress(len(buckets), f"reading {args.table}'s changelog") as advance:
-            records = changelog_batches(table, buckets, args.start, args.limit, advance)
-            batches = [b if args.hidden else b.drop_columns(
-                [c for c in HIDDEN if c in b.schema.names]) for b in records]
-        if batches:
-            schema = batches[0].schema  # every bucket's records have the table's columns
-        else:  # the columns a record would have, for the CSV header
-            names = (["partition"] if meta.routing.partitioned else []) + \
-                ["bucket", "_offset", "_change_type"] + list(meta.routing.arrow_schema.names)
-            schema = pa.schema([pa.field(n, pa.null()) for n in names])
-        if not batches and args.format == "table":
-            print("no changelog records")
-            return 0
-        emit_arrow(schema, batches, args.format)
+            batches = (b if args.hidden else b.drop_columns([c for c in HIDDEN
+                                                             if c in b.schema.names])
+                       for b in changelog_batches(table, buckets, args.start, args.limit,
+                                                  advance))
+            first = next(batches, None)
+            if first is None and args.format == "table":
+                print("no changelog records")
+                return 0
+            if first is not None:
+                schema = first.schema  # every bucket's records have the table's columns
+            else:  # the columns a record would have, for the CSV header
+                names = (["partition"] if meta.routing.partitioned else []) + \
+                    ["bucket", "_offset", "_change_type"] + list(meta.routing.arrow_schema.names)
+                schema = pa.schema([pa.field(n, pa.null()) for n in names])
+            # Streamed: a bucket's records are printed before the next bucket is read.
+            emit_arrow(schema, itertools.chain([first] if first else [], batches), args.format)
     return 0
 
 
@@ -178,14 +183,17 @@ def _activity(label: str):
 
 @contextlib.contextmanager
 def _progress(total: int, label: str):
-    """A progress bar over `total` steps on a terminal's stderr; yields the advance callback."""
-    if not sys.stderr.isatty() or total < 2:
+    """A progress bar over `total` steps on a terminal's stderr while the output goes to a
+    file or a pipe (on the same terminal the bar would tear the rows it is printed between);
+    yields the advance callback."""
+    if not sys.stderr.isatty() or sys.stdout.isatty() or total < 2:
         yield lambda: None
         return
     from rich.console import Console
     from rich.progress import Progress
 
-    with Progress(console=Console(file=sys.stderr), transient=True) as progress:
+    with Progress(console=Console(file=sys.stderr), transient=True, redirect_stdout=False,
+                  redirect_stderr=False) as progress:
         task = progress.add_task(label, total=total)
         yield lambda: progress.advance(task)
 

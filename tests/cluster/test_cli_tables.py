@@ -395,3 +395,22 @@ def test_the_session_in_the_cli_doc_runs_as_written(tmp_path):
     for change in ("+I", "-U", "+U"):
         assert change in out
     assert "dropped shop.totals" in out
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_changelog_piped_to_a_file_draws_progress_on_the_terminal_only(shop, monkeypatch):
+    """The bar goes to stderr (a terminal) and never into the rows (stdout, a file)."""
+    piped = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", piped)
+    assert main(["changelog", "shop.orders", "--format", "csv"]) == OK
+    expected = piped.getvalue()
+    terminal, piped = Terminal(), io.StringIO()
+    monkeypatch.setattr(sys, "stdout", piped)
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(["changelog", "shop.orders", "--format", "csv"]) == OK
+    assert piped.getvalue() == expected and len(expected.splitlines()) == 8
+    assert "reading shop.orders's changelog" in terminal.getvalue()
