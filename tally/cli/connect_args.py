@@ -31,7 +31,11 @@ def open_connection(args: argparse.Namespace):
     _log_to_stderr(logging.INFO if getattr(args, "verbose", False) else logging.WARNING)
     from tally import client
 
-    return client.connect(args.url, token=client_token(args), tls=tls_files(args))
+    token, tls = client_token(args), tls_files(args)
+    try:
+        return client.connect(args.url, token=token, tls=tls)
+    except ValueError as e:  # a URL the client cannot parse (pyarrow's ArrowInvalid is one too)
+        raise InvalidOptionError(f"--url {args.url!r}: {e}") from None
 
 
 class _CurrentStderr(logging.StreamHandler):

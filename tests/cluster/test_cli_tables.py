@@ -336,6 +336,9 @@ def test_usage_errors_are_one_line_with_status_2(capsys, monkeypatch):
     one_line_error(err, "xml")
     status, _, err = run(capsys, "scan", "shop.orders", "--limit", "-1")
     assert status == USAGE
+    status, _, err = run(capsys, "tables", "--url", "http://127.0.0.1:1")
+    assert status == USAGE
+    one_line_error(err, "http")
     monkeypatch.delenv("TALLY_URL")
     status, _, err = run(capsys, "tables")
     assert status == USAGE
