@@ -85,7 +85,7 @@ def shop(cluster, conn):
                                           ("kayak", "1.00", "red", 2), ("tent", "5.00", "x", 2)]:
             writer.upsert([{"product": product, "revenue": decimal.Decimal(amount), "orders": 1,
                             "tags": tag, "day": datetime.date(2026, 11, day)}])
-        writer.flush()
+            writer.flush()  # one write each: kayak's second on day 1 is an update (-U, +U)
     return table
 
 
