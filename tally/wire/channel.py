@@ -53,13 +53,19 @@ class FlightChannel:
                  timeout: float = DEFAULT_TIMEOUT, tls: TlsFiles | None = None) -> None:
         self.address = normalize_address(address)
         self._client = open_client(self.address, tls)
-        self._options = flight.FlightCallOptions(headers=bearer(token), timeout=timeout)
+        self.timeout = timeout
+        self._headers = bearer(token)
+        self._options = flight.FlightCallOptions(headers=self._headers, timeout=timeout)
 
-    def action(self, name: str, body: dict | None = None) -> object:
-        """DoAction `name` with a JSON body; the handler's JSON result."""
+    def action(self, name: str, body: dict | None = None, timeout: float | None = None
+               ) -> object:
+        """DoAction `name` with a JSON body; the handler's JSON result. `timeout` overrides
+        the channel's for this call."""
+        options = self._options if timeout is None else \
+            flight.FlightCallOptions(headers=self._headers, timeout=timeout)
         try:
             results = list(self._client.do_action(flight.Action(name, dumps(body or {})),
-                                                  self._options))
+                                                  options))
         except (flight.FlightError, pa.ArrowException) as e:
             raise remote_error(e, self.address) from None
         return loads(results[0].body.to_pybytes()) if results else None

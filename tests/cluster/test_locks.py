@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -186,9 +187,12 @@ def test_tally_locks_prints_owner_columns_token_and_offsets(cluster, conn, table
 
     make_table(conn, table_name)
     lease = conn.locks.acquire(table_name, "spark-query-1/default.t/a", ["a"], ttl=30)
-    assert main(["locks", table_name, "--url", cluster.url]) == 0
-    out = capsys.readouterr().out
-    assert "spark-query-1/default.t/a" in out and f"  {lease.token}  " in out and "0:0 1:0" in out
+    assert main(["locks", table_name, "--url", cluster.url, "--format", "json"]) == 0
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(p["owner"], p["columns"], p["token"], p["initial_offsets"]) for p in printed] == \
+        [("spark-query-1/default.t/a", "a", lease.token, "0:0 1:0")]
+    assert main(["locks", table_name, "--url", cluster.url]) == 0  # the table for people
+    assert "spark-query-1/default.t/a" in capsys.readouterr().out
     conn.locks.release(lease)
     assert main(["locks", table_name, "--url", cluster.url]) == 0
     assert "no column locks" in capsys.readouterr().out
