@@ -29,6 +29,7 @@ import logging
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from merge_engine.descriptor import parse_bool_option
 from merge_engine.hidden_columns import CHANGE_TYPE
@@ -57,7 +58,7 @@ class StreamOptions:
     tls: TlsFiles | None = None
     starting_offsets: str = "latest"
     consumer: str | None = None
-    max_records: int | None = None   # per bucket and micro-batch
+    max_records: int | None = None   # per micro-batch, split evenly over the buckets
 
     @classmethod
     def parse(cls, options: dict) -> "StreamOptions":
@@ -134,7 +135,7 @@ def _positions(offset: dict, key: str = "positions") -> dict:
     return {(p, int(b)): int(o) for p, b, o in offset.get(key, [])}
 
 
-class TallyStreamReader(DataSourceStreamReader):
+class TallyStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Plans micro-batches over per-bucket changelog positions (see the module docstring).
     Offsets: {"table_id", "positions": [[partition, bucket, end]], "starts": [[partition,
     bucket, start]] for buckets the previous offset did not have}."""
@@ -148,6 +149,7 @@ class TallyStreamReader(DataSourceStreamReader):
         self.options = StreamOptions.parse(options)
         self.schema = schema
         self._conn = None
+        self._until = None   # Trigger.AvailableNow: the log ends when the run began
         self.table_id = self._handle().table_id
 
     def __getstate__(self) -> dict:
@@ -198,19 +200,37 @@ class TallyStreamReader(DataSourceStreamReader):
                 f"'{self.options.table}' is table id {self.table_id} now (dropped and "
                 "re-created): start the query with a new checkpoint location")
         known = _positions(start)
+        offsets = self._log_offsets()
+        # Spark's limit: the default one (maxRecordsPerTrigger) per micro-batch, or everything
+        # (ReadAllAvailable: how Trigger.AvailableNow fixes where its run ends)
+        cap = getattr(limit, "max_rows", None)
+        per_bucket = None if cap is None else max(1, -(-int(cap) // max(1, len(offsets))))
         ends, starts = {}, {}
-        for key, (log_start, log_end) in self._log_offsets().items():
+        for key, (log_start, log_end) in offsets.items():
             first = known.get(key)
             if first is None:
                 first = starts[key] = log_start
                 log.info("changelog stream of '%s': new partition %r bucket %d from offset %d",
                          self.options.table, key[0], key[1], log_start)
             end = max(first, log_end)
-            if self.options.max_records is not None:
-                end = min(end, first + self.options.max_records)
+            if self._until is not None:
+                end = max(first, min(end, self._until.get(key, first)))
+            if per_bucket is not None:
+                end = min(end, first + per_bucket)
             ends[key] = end
         return {"table_id": self.table_id, "positions": positions_to_json(ends),
                 "starts": positions_to_json(starts)}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Trigger.AvailableNow reads what is there now, in micro-batches of the usual size."""
+        self._until = {key: end for key, (_s, end) in self._log_offsets().items()}
+
+    def getDefaultReadLimit(self):
+        from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+        if self.options.max_records is None:
+            return ReadAllAvailable()
+        return ReadMaxRows(self.options.max_records)
 
     def partitions(self, start: dict, end: dict):
         begins = {**_positions(end, "starts"), **_positions(start)}

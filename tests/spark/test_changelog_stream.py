@@ -1,0 +1,168 @@
+"""`spark.readStream.format("tally")`: the changelog as a stream, exactly once across restarts.
+
+One story, run against the shared SparkSession: a query reads the changelog from the earliest
+offset into a foreachBatch sink that keeps each micro-batch (by batch id, so a replayed batch
+replaces its first attempt); it is stopped, restarted, crashed in the middle of a batch and
+restarted again while writes go on and partitions appear. Retention runs between the runs with
+`table.log.retention.offsets = 0`, held back only by the query's consumer position. At the end
+the batches, in batch order, hold every record of every bucket exactly once and in offset order
+per bucket, and the crashed batch was replanned over the same offsets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.types import LongType, StructField, StructType
+
+import sink
+from merge_engine import Schema, TableDescriptor
+from sink.stream_reader import TallyStreamReader
+from tally.errors import InvalidOptionError
+from tally.wire.channel import FlightChannel
+
+
+@pytest.fixture(scope="module")
+def registered(spark):
+    return sink.register(spark)
+
+
+def create(conn, name):
+    schema = (Schema.builder().column("p", pa.string()).column("k", pa.int64())
+              .agg_column("a", pa.int64(), "sum").primary_key("p", "k").partition_key("p")
+              .build())
+    conn.admin.create_database(name.split(".")[0], ignore_if_exists=True)
+    conn.admin.create_table(name, TableDescriptor(schema, bucket_count=3, properties={
+        "table.merge-engine": "aggregation", "table.log.retention.offsets": "0"}))
+    return conn.table(name)
+
+
+def write(table, partition, keys, a=1):
+    with table.upsert_writer() as writer:
+        writer.upsert([{"p": partition, "k": k, "a": a} for k in keys])
+
+
+class Batches:
+    """A foreachBatch sink keeping each micro-batch's rows in a file named by its batch id;
+    `crash_at` makes the first attempt of that batch save what it got and then fail."""
+
+    def __init__(self, directory):
+        self.directory = directory
+        self.crash_at = None
+        os.makedirs(directory, exist_ok=True)
+
+    def __call__(self, df, batch_id):
+        rows = [(r["_partition"], r["_bucket"], r["_offset"], r["_change_type"], r["k"], r["a"])
+                for r in df.collect()]
+        if batch_id == self.crash_at:
+            self.crash_at = None
+            self._save(f"attempt-{batch_id}", rows)
+            raise RuntimeError(f"injected crash in micro-batch {batch_id}")
+        self._save(f"batch-{batch_id:05d}", rows)
+
+    def _save(self, name, rows):
+        path = os.path.join(self.directory, name + ".json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(rows, f)
+        os.replace(path + ".tmp", path)
+
+    def load(self, name):
+        with open(os.path.join(self.directory, name + ".json")) as f:
+            return [tuple(r) for r in json.load(f)]
+
+    def delivered(self):
+        names = sorted(n[:-5] for n in os.listdir(self.directory) if n.startswith("batch-"))
+        return [row for name in names for row in self.load(name)]
+
+
+def run(spark, cluster, table, batches, checkpoint, **options):
+    reader = (spark.readStream.format("tally").option("url", cluster.url)
+              .option("table", table.name).option("changelog", "true")
+              .option("startingOffsets", "earliest").option("consumer", "audit"))
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    query = (reader.load().writeStream.foreachBatch(batches)
+             .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+    try:
+        query.awaitTermination()
+    except Exception as e:  # the injected crash ends the query: the caller checks for it
+        return e
+    return query.exception()
+
+
+def test_stream_killed_and_restarted_delivers_every_record_once(
+        spark, registered, cluster, conn, table_name, tmp_path):
+    table = create(conn, table_name)
+    batches, checkpoint = Batches(str(tmp_path / "out")), str(tmp_path / "ckpt")
+    reference = table.changelog_reader()    # reads each record before retention may drop it
+    expected = []
+
+    def retention():
+        expected.extend(row for batch in reference for row in batch.to_pylist())
+        for handle in cluster.tablet_servers:
+            FlightChannel(handle.address).action("enforce_retention", {})
+
+    write(table, "x", range(12))
+    assert run(spark, cluster, table, batches, checkpoint, maxRecordsPerTrigger="6") is None
+    assert len(os.listdir(batches.directory)) >= 2    # capped batches, all of them run
+    retention()                                       # held back by the consumer position
+    holding = conn.admin.consumer(table_name, "audit").positions
+    assert {k: s for k, (s, _e) in conn.admin.list_log_offsets(table_name).items()} == holding
+    assert sum(holding.values()) > 0                  # retention did cut, up to the position
+
+    write(table, "x", range(6), a=2)
+    write(table, "y", range(5))                       # a partition created after the start
+    retention()
+    batches.crash_at = crashed = len(os.listdir(batches.directory))
+    error = run(spark, cluster, table, batches, checkpoint)
+    assert error is not None and "injected crash" in str(error)
+
+    write(table, "z", range(4))                       # more, before the restart
+    write(table, "y", range(3), a=5)
+    retention()
+    assert run(spark, cluster, table, batches, checkpoint) is None
+    assert batches.load(f"batch-{crashed:05d}") == batches.load(f"attempt-{crashed}")
+
+    got = batches.delivered()
+    retention()
+    expected = [(r["_partition"], r["_bucket"], r["_offset"], r["_change_type"], r["k"], r["a"])
+                for r in expected]
+    assert sorted(got) == sorted(expected) and len(got) == len(set(got))
+    per_bucket = {}
+    for partition, bucket, offset, *_ in got:
+        per_bucket.setdefault((partition, bucket), []).append(offset)
+    assert all(offsets == sorted(offsets) for offsets in per_bucket.values())
+    assert {p for p, _ in per_bucket} == {"x", "y", "z"}
+
+    registered_positions = conn.admin.consumer(table_name, "audit").positions
+    ends = table.list_offsets()
+    assert all(0 <= registered_positions.get(key, 0) <= end for key, end in ends.items())
+
+
+def test_a_position_retention_passed_fails_the_stream_naming_the_bucket(
+        spark, registered, cluster, conn, table_name, tmp_path):
+    table = create(conn, table_name)
+    batches, checkpoint = Batches(str(tmp_path / "out")), str(tmp_path / "ckpt")
+    write(table, "x", range(6))
+    assert run(spark, cluster, table, batches, checkpoint) is None
+    write(table, "x", range(6))
+    (partition, bucket), end = max(table.list_offsets().items(), key=lambda kv: kv[1])
+    conn.admin.truncate_log(table_name, bucket, end, partition=partition)
+    error = run(spark, cluster, table, batches, checkpoint)
+    assert error is not None
+    assert "OffsetOutOfRangeError" in str(error) and f"bucket {bucket}" in str(error)
+
+
+def test_a_stream_without_the_changelog_option_is_refused_with_the_reason(cluster):
+    table_schema = StructType([StructField("k", LongType())])
+    with pytest.raises(InvalidOptionError, match=r"option\('changelog', 'true'\)"):
+        TallyStreamReader({"url": cluster.url, "table": "default.any"}, table_schema)
+    with pytest.raises(InvalidOptionError, match="startingoffsets|Unknown option"):
+        sink.stream_reader.StreamOptions.parse({"url": "u", "table": "d.t",
+                                                "startingoffset": "earliest"})
+    with pytest.raises(InvalidOptionError, match="maxRecordsPerTrigger"):
+        sink.stream_reader.StreamOptions.parse({"url": "u", "table": "d.t",
+                                                "maxrecordspertrigger": "0"})
