@@ -62,6 +62,13 @@ class TallyDataSource(DataSource):
             return changelog_spark_schema(dict(self.options))
         return super().schema()
 
+    def reader(self, schema):
+        from sink.stream_reader import ChangelogBatchReader, wants_changelog
+
+        if wants_changelog(self.options):
+            return ChangelogBatchReader(dict(self.options), schema)
+        return super().reader(schema)
+
     def streamReader(self, schema):
         from sink.stream_reader import TallyStreamReader
 

@@ -19,7 +19,8 @@ OffsetOutOfRangeError naming the bucket and the offsets.
 Spark does not tell `DataSource.schema()` whether a batch or a stream read follows, and the two
 read different rows, so the changelog schema is asked for with the `changelog` option
 (`wants_changelog`, `changelog_spark_schema`); `streamReader` refuses a table schema with a
-message saying so.
+message saying so. A batch read with that option (`ChangelogBatchReader`) reads the records
+from `startingOffsets` (default earliest) up to each bucket's log end.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import dataclasses
 import logging
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from merge_engine.descriptor import parse_bool_option
@@ -242,23 +243,7 @@ class TallyStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ranges
 
     def read(self, partition: BucketRange):
-        from sink import remote
-        from tally.client import Table
-        from tally.client.changelog_reader import read_range, shape_records
-
-        conn = remote.shared_connection(self.options.url, self.options.token, self.options.tls)
-        table = Table(conn, self.options.table, self.table_id)
-        arrow = pa.schema([pa.field(f.name, _spark_arrow(f.dataType), f.nullable)
-                           for f in self.schema.fields])
-        shape = _reader_schema(table, self.schema)
-        position = partition.start
-        while position < partition.end:
-            upto = min(partition.end, position + READ_STEP)
-            records = read_range(table, partition.partition, partition.bucket, position, upto)
-            shaped = shape_records(records, partition.partition, partition.bucket, shape)
-            yield from pa.Table.from_arrays(
-                [shaped.column(f.name).cast(f.type) for f in arrow], schema=arrow).to_batches()
-            position = upto
+        return read_bucket_range(self.options, self.table_id, self.schema, partition)
 
     def commit(self, end: dict) -> None:
         self._register(_positions(end))
@@ -267,6 +252,59 @@ class TallyStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def read_bucket_range(options: StreamOptions, table_id: int, spark_schema, partition: BucketRange):
+    """Arrow batches of the records [start, end) of one bucket, in Spark's schema (a task)."""
+    from sink import remote
+    from tally.client import Table
+    from tally.client.changelog_reader import read_range, shape_records
+
+    conn = remote.shared_connection(options.url, options.token, options.tls)
+    table = Table(conn, options.table, table_id)
+    arrow = pa.schema([pa.field(f.name, _spark_arrow(f.dataType), f.nullable)
+                       for f in spark_schema.fields])
+    shape = _reader_schema(table, spark_schema)
+    position = partition.start
+    while position < partition.end:
+        upto = min(partition.end, position + READ_STEP)
+        records = read_range(table, partition.partition, partition.bucket, position, upto)
+        shaped = shape_records(records, partition.partition, partition.bucket, shape)
+        yield from pa.Table.from_arrays(
+            [shaped.column(f.name).cast(f.type) for f in arrow], schema=arrow).to_batches()
+        position = upto
+
+
+class ChangelogBatchReader(DataSourceReader):
+    """`spark.read.format("tally").option("changelog", "true")`: the changelog records from
+    `startingOffsets` (default earliest) up to each bucket's log end when the read is planned,
+    one Spark partition per bucket with records."""
+
+    def __init__(self, options: dict, schema) -> None:
+        self.options = StreamOptions.parse(options)
+        self.schema = schema
+        from tally.client.changelog_reader import resolve_start
+
+        raw = {str(k).strip().lower() for k in options}
+        start = self.options.starting_offsets if STARTING_OFFSETS in raw else "earliest"
+        conn = _connect(self.options)
+        try:
+            table = conn.table(self.options.table)
+            self.table_id = table.table_id
+            offsets = conn.admin.list_log_offsets(table.name, table.table_id)
+            first = resolve_start(start, offsets, table.name, table.meta.routing)
+        finally:
+            conn.close()
+        self.ranges = [BucketRange(p, b, first[(p, b)], end)
+                       for (p, b), (_s, end) in sorted(offsets.items(),
+                                                       key=lambda kv: (kv[0][0] or "", kv[0][1]))
+                       if first[(p, b)] < end]
+
+    def partitions(self):
+        return self.ranges
+
+    def read(self, partition: BucketRange):
+        return read_bucket_range(self.options, self.table_id, self.schema, partition)
 
 
 def _spark_arrow(data_type) -> pa.DataType:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tally.client.consumers import ConsumerPosition
+from tally.client.consumer_position import ConsumerPosition
 from tally.errors import InvalidInputError
 
 

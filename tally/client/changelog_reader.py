@@ -69,9 +69,10 @@ def read_range(table, partition: str | None, bucket: int, start: int, end: int) 
     try:
         return table.changelog(bucket, start, end, partition=partition)
     except OffsetOutOfRangeError as e:
+        where = describe_bucket(partition, bucket)
         raise OffsetOutOfRangeError(
-            f"cannot read the changelog of table '{table.name}' {describe_bucket(partition, bucket)}"
-            f" at offsets [{start}, {end}): {e}. Records below a bucket's log start were "
+            f"cannot read the changelog of table '{table.name}' {where} at offsets "
+            f"[{start}, {end}): {e}. Records below a bucket's log start were "
             "removed by retention or truncate_log; register a consumer to make retention keep "
             "what it has not read, or start again from 'earliest'") from None
 
@@ -193,7 +194,6 @@ class ChangelogReader:
         admin = table.connection.admin
         meta = table.connection.table_meta(table.name, refresh=True, table_id=table.table_id)
         self.schema = changelog_schema(meta.routing, include_state)
-        self._routing = meta.routing
         if consumer is not None:
             registered = admin.consumer(table.name, consumer, table_id=table.table_id)
             if registered is not None:

@@ -27,7 +27,7 @@ from tally.errors import (AlreadyExistsError, InvalidInputError, NotFoundError,
 from tally.meta import MetadataStore
 from tally.server.catalog import (DEFAULT_DATABASE, Catalog, PartitionRecord, TableRecord,
                                   split_table_name)
-from tally.server.consumers import ConsumerPositions
+from tally.server.consumer_registry import ConsumerRegistry
 from tally.server.membership import (COORDINATOR, EphemeralRegistration, HeartbeatLiveness,
                                      ZooKeeperLiveness)
 from tally.server.settings import SESSION_TIMEOUT
@@ -85,7 +85,7 @@ class Coordinator:
             "truncate_log": self.truncate_log,
         }
         self.locking = CoordinatorLocks(self)  # adds the lock, commit and retention actions
-        self.consumers = ConsumerPositions(self)  # adds the changelog consumers' actions
+        self.consumers = ConsumerRegistry(self)  # adds the changelog consumers' actions
 
     # --- databases and tables -----------------------------------------------------------
 

@@ -156,6 +156,27 @@ def test_a_position_retention_passed_fails_the_stream_naming_the_bucket(
     assert "OffsetOutOfRangeError" in str(error) and f"bucket {bucket}" in str(error)
 
 
+def test_a_batch_read_of_the_changelog_equals_the_python_reader(
+        spark, registered, cluster, conn, table_name):
+    table = create(conn, table_name)
+    write(table, "x", range(7))
+    write(table, "y", range(4), a=3)
+    write(table, "x", range(2), a=2)
+    python = {(r["_partition"], r["_bucket"], r["_offset"], r["_change_type"], r["k"], r["a"])
+              for r in table.changelog_reader().poll().to_pylist()}
+    df = (spark.read.format("tally").option("url", cluster.url).option("table", table_name)
+          .option("changelog", "true").load())
+    assert df.columns[:4] == ["_change_type", "_offset", "_partition", "_bucket"]
+    rows = [(r["_partition"], r["_bucket"], r["_offset"], r["_change_type"], r["k"], r["a"])
+            for r in df.collect()]
+    assert sorted(rows) == sorted(python) and len(rows) == len(python)
+    latest = {f"{p}": {str(b): end - 1} for (p, b), end in table.list_offsets().items()
+              if p == "y" and b == 0 and end}
+    tail = (spark.read.format("tally").option("url", cluster.url).option("table", table_name)
+            .option("changelog", "true").option("startingOffsets", json.dumps(latest)).load())
+    assert tail.filter("_partition = 'y' AND _bucket = 0").count() == (1 if latest else 0)
+
+
 def test_a_stream_without_the_changelog_option_is_refused_with_the_reason(cluster):
     table_schema = StructType([StructField("k", LongType())])
     with pytest.raises(InvalidOptionError, match=r"option\('changelog', 'true'\)"):

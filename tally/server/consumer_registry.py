@@ -29,7 +29,7 @@ def consumer_path(table_id: int, consumer: str | None = None) -> str:
     return join_path("consumers", str(table_id), node_name(consumer, "consumer name"))
 
 
-class ConsumerPositions:
+class ConsumerRegistry:
     """Adds the consumer actions to a Coordinator."""
 
     def __init__(self, coordinator) -> None:
