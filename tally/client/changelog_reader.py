@@ -178,7 +178,8 @@ class ChangelogReader:
     every bucket is read up to where its log ended when the iteration began a round; iterate
     again (or `poll`) for what was written since. `positions()` is up to date as each batch is
     handed out: save it after processing a batch, and a reader started from it continues with
-    the next record. With `consumer`, the reader starts from that consumer's registered
+    the next record. A batch handed out counts as read by this reader: a consumer that drops
+    one unprocessed starts again from the positions it saved. With `consumer`, the reader starts from that consumer's registered
     positions when it has some (`start` otherwise), and `commit()` registers its positions.
     """
 

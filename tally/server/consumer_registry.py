@@ -89,7 +89,7 @@ class ConsumerRegistry:
         hold, now = self._hold_seconds(record), self.coordinator.clock()
         return [{**doc, "holds_until": doc["updated_at"] + hold,
                  "holding": now <= doc["updated_at"] + hold}
-                for doc in self._records(record.table_id)]
+                for doc in sorted(self._records(record.table_id), key=lambda d: d["consumer"])]
 
     def remove(self, body: dict) -> bool:
         record = self.coordinator.named_table(body)
