@@ -30,13 +30,15 @@ def registered(spark):
     return sink.register(spark)
 
 
-def create(conn, name):
+def create(conn, name, retention=True):
     schema = (Schema.builder().column("p", pa.string()).column("k", pa.int64())
               .agg_column("a", pa.int64(), "sum").primary_key("p", "k").partition_key("p")
               .build())
     conn.admin.create_database(name.split(".")[0], ignore_if_exists=True)
-    conn.admin.create_table(name, TableDescriptor(schema, bucket_count=3, properties={
-        "table.merge-engine": "aggregation", "table.log.retention.offsets": "0"}))
+    properties = {"table.merge-engine": "aggregation"}
+    if retention:   # every record may go once read (tablet servers also run retention alone)
+        properties["table.log.retention.offsets"] = "0"
+    conn.admin.create_table(name, TableDescriptor(schema, bucket_count=3, properties=properties))
     return conn.table(name)
 
 
@@ -97,16 +99,20 @@ def test_stream_killed_and_restarted_delivers_every_record_once(
         spark, registered, cluster, conn, table_name, tmp_path):
     table = create(conn, table_name)
     batches, checkpoint = Batches(str(tmp_path / "out")), str(tmp_path / "ckpt")
-    reference = table.changelog_reader()    # reads each record before retention may drop it
+    # The reference reads every record, and holds retention until it has: a consumer too.
+    reference = table.changelog_reader(consumer="reference")
+    reference.commit()
+    conn.admin.commit_consumer(table_name, "audit", [])   # the query's, until it starts
     expected = []
 
     def retention():
         expected.extend(row for batch in reference for row in batch.to_pylist())
+        reference.commit()
         for handle in cluster.tablet_servers:
             FlightChannel(handle.address).action("enforce_retention", {})
 
     write(table, "x", range(12))
-    assert run(spark, cluster, table, batches, checkpoint, maxRecordsPerTrigger="6") is None
+    assert run(spark, cluster, table, batches, checkpoint, maxRecordsPerTrigger="9") is None
     assert len(os.listdir(batches.directory)) >= 2    # capped batches, all of them run
     retention()                                       # held back by the consumer position
     holding = conn.admin.consumer(table_name, "audit").positions
@@ -158,7 +164,7 @@ def test_a_position_retention_passed_fails_the_stream_naming_the_bucket(
 
 def test_a_batch_read_of_the_changelog_equals_the_python_reader(
         spark, registered, cluster, conn, table_name):
-    table = create(conn, table_name)
+    table = create(conn, table_name, retention=False)
     write(table, "x", range(7))
     write(table, "y", range(4), a=3)
     write(table, "x", range(2), a=2)
