@@ -6,13 +6,17 @@ replaces its first attempt); it is stopped, restarted, crashed in the middle of 
 restarted again while writes go on and partitions appear. Retention runs between the runs with
 `table.log.retention.offsets = 0`, held back only by the query's consumer position. At the end
 the batches, in batch order, hold every record of every bucket exactly once and in offset order
-per bucket, and the crashed batch was replanned over the same offsets.
+per bucket, and the crashed batch was replanned over the same offsets. A slow variant kills
+the driver and its JVM with SIGKILL mid-batch (tests/spark/changelog_job.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 
 import pyarrow as pa
 import pytest
@@ -23,6 +27,8 @@ from merge_engine import Schema, TableDescriptor
 from sink.stream_reader import TallyStreamReader
 from tally.errors import InvalidOptionError
 from tally.wire.channel import FlightChannel
+from tests.spark.changelog_job import Batches
+from tests.spark.conftest import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -47,37 +53,10 @@ def write(table, partition, keys, a=1):
         writer.upsert([{"p": partition, "k": k, "a": a} for k in keys])
 
 
-class Batches:
-    """A foreachBatch sink keeping each micro-batch's rows in a file named by its batch id;
-    `crash_at` makes the first attempt of that batch save what it got and then fail."""
-
-    def __init__(self, directory):
-        self.directory = directory
-        self.crash_at = None
-        os.makedirs(directory, exist_ok=True)
-
-    def __call__(self, df, batch_id):
-        rows = [(r["_partition"], r["_bucket"], r["_offset"], r["_change_type"], r["k"], r["a"])
-                for r in df.collect()]
-        if batch_id == self.crash_at:
-            self.crash_at = None
-            self._save(f"attempt-{batch_id}", rows)
-            raise RuntimeError(f"injected crash in micro-batch {batch_id}")
-        self._save(f"batch-{batch_id:05d}", rows)
-
-    def _save(self, name, rows):
-        path = os.path.join(self.directory, name + ".json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(rows, f)
-        os.replace(path + ".tmp", path)
-
-    def load(self, name):
-        with open(os.path.join(self.directory, name + ".json")) as f:
-            return [tuple(r) for r in json.load(f)]
-
-    def delivered(self):
-        names = sorted(n[:-5] for n in os.listdir(self.directory) if n.startswith("batch-"))
-        return [row for name in names for row in self.load(name)]
+def run_job(spec: dict, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tests.spark.changelog_job", json.dumps(spec)],
+                          cwd=ROOT, env=dict(os.environ), capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def run(spark, cluster, table, batches, checkpoint, **options):
@@ -113,7 +92,7 @@ def test_stream_killed_and_restarted_delivers_every_record_once(
 
     write(table, "x", range(12))
     assert run(spark, cluster, table, batches, checkpoint, maxRecordsPerTrigger="9") is None
-    assert len(os.listdir(batches.directory)) >= 2    # capped batches, all of them run
+    assert batches.batch_count() >= 2                 # capped batches, all of them run
     retention()                                       # held back by the consumer position
     holding = conn.admin.consumer(table_name, "audit").positions
     assert {k: s for k, (s, _e) in conn.admin.list_log_offsets(table_name).items()} == holding
@@ -122,7 +101,7 @@ def test_stream_killed_and_restarted_delivers_every_record_once(
     write(table, "x", range(6), a=2)
     write(table, "y", range(5))                       # a partition created after the start
     retention()
-    batches.crash_at = crashed = len(os.listdir(batches.directory))
+    batches.crash_at = crashed = batches.batch_count()
     error = run(spark, cluster, table, batches, checkpoint)
     assert error is not None and "injected crash" in str(error)
 
@@ -146,6 +125,30 @@ def test_stream_killed_and_restarted_delivers_every_record_once(
     registered_positions = conn.admin.consumer(table_name, "audit").positions
     ends = table.list_offsets()
     assert all(0 <= registered_positions.get(key, 0) <= end for key, end in ends.items())
+
+
+@pytest.mark.slow  # two Spark drivers of their own (about 3 minutes on a busy machine)
+def test_a_stream_killed_mid_batch_replays_it_over_the_same_offsets(cluster, conn, table_name,
+                                                                    tmp_path):
+    """SIGKILL of the driver and its JVM in the middle of a micro-batch (its own processes),
+    then a restart from the checkpoint while writes go on."""
+    table = create(conn, table_name, retention=False)
+    out, checkpoint = str(tmp_path / "out"), str(tmp_path / "ckpt")
+    write(table, "x", range(9))
+    spec = {"url": cluster.url, "table": table_name, "out": out, "checkpoint": checkpoint,
+            "options": {"startingOffsets": "earliest", "maxRecordsPerTrigger": "6"}, "kill": 1}
+    killed = run_job(spec)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    write(table, "x", range(3), a=4)
+    write(table, "w", range(2))
+    done = run_job({**spec, "kill": None})
+    assert done.returncode == 0, done.stderr[-2000:]
+    batches = Batches(out)
+    assert batches.load("batch-00001") == batches.load("attempt-1")
+    got = batches.delivered()
+    expected = [(r["_partition"], r["_bucket"], r["_offset"], r["_change_type"], r["k"], r["a"])
+                for r in table.changelog_reader().poll().to_pylist()]
+    assert sorted(got) == sorted(expected) and len(got) == len(set(got))
 
 
 def test_a_position_retention_passed_fails_the_stream_naming_the_bucket(
