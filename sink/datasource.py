@@ -14,6 +14,8 @@ commit rolls the epoch back, and a re-run with the same owner undoes what a cras
 left. Streaming writes: the epoch is the micro-batch id, the owner the query id (read from the
 tasks), so a replayed micro-batch is skipped or undone and rewritten. Only `append` (batch) and
 the Append output mode (streaming) are supported.
+
+Streams read the table's changelog (sink.stream_reader), asked for with the `changelog` option.
 """
 
 from __future__ import annotations
@@ -50,6 +52,27 @@ class TallyDataSource(DataSource):
             raise InvalidOptionError(
                 "The tally data source only appends (aggregates into the table): use "
                 "mode('append') for batch writes and the Append output mode for streams")
+
+    def schema(self):
+        # Spark gives schema() no hint of whether a batch or a stream read follows: the
+        # changelog (what streams read) is asked for with the `changelog` option.
+        from sink.stream_reader import changelog_spark_schema, wants_changelog
+
+        if wants_changelog(self.options):
+            return changelog_spark_schema(dict(self.options))
+        return super().schema()
+
+    def reader(self, schema):
+        from sink.stream_reader import ChangelogBatchReader, wants_changelog
+
+        if wants_changelog(self.options):
+            return ChangelogBatchReader(dict(self.options), schema)
+        return super().reader(schema)
+
+    def streamReader(self, schema):
+        from sink.stream_reader import TallyStreamReader
+
+        return TallyStreamReader(dict(self.options), schema)
 
     def writer(self, schema, overwrite: bool):
         self._refuse_overwrite(overwrite)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from tally.client.consumer_position import ConsumerPosition
 from tally.errors import InvalidInputError
 
 
@@ -107,6 +108,36 @@ class Admin:
         Undo from an offset below it becomes impossible (and is refused)."""
         return int(self._call("truncate_log", name=name, bucket=bucket, before=before,
                               partition=partition))
+
+    # --- changelog consumers ------------------------------------------------------------
+
+    def commit_consumer(self, name: str, consumer: str, positions, table_id: int | None = None
+                        ) -> None:
+        """Register `consumer`'s positions on table `name`: per bucket the next changelog
+        offset it will read, as [[partition or null, bucket, offset], ...] (what a changelog
+        reader's `positions()` returns). They replace what it registered before, and retention
+        keeps every record from them on for `table.log.retention.consumer-ms`."""
+        body = {"name": name, "consumer": consumer, "positions": positions}
+        if table_id is not None:
+            body["table_id"] = table_id
+        self._call("consumer_commit", **body)
+
+    def consumer_positions(self, name: str, table_id: int | None = None
+                           ) -> list[ConsumerPosition]:
+        """Every consumer registered on table `name`, sorted by name."""
+        body = {"name": name} if table_id is None else {"name": name, "table_id": table_id}
+        return [ConsumerPosition.from_json(doc) for doc in self._call("consumer_positions",
+                                                                      **body)]
+
+    def consumer(self, name: str, consumer: str, table_id: int | None = None
+                 ) -> ConsumerPosition | None:
+        """One consumer's registered positions, or None."""
+        return next((c for c in self.consumer_positions(name, table_id)
+                     if c.consumer == consumer), None)
+
+    def remove_consumer(self, name: str, consumer: str) -> bool:
+        """Forget a consumer (it then holds back no retention); False when there was none."""
+        return bool(self._call("consumer_remove", name=name, consumer=consumer))
 
     def list_servers(self) -> list[dict]:
         """Every tablet server the coordinator knows: id, address, live, healthy and the

@@ -114,6 +114,17 @@ class Table:
                           {"op": "changelog", "start": int(start),
                            "end": None if end is None else int(end)})
 
+    def changelog_reader(self, start="earliest", *, consumer: str | None = None,
+                         batch_records: int = 10_000, include_state: bool = False):
+        """A reader of the changelog of every bucket and partition (later ones included), with
+        resumable positions: `start` is 'earliest', 'latest' or positions a reader's
+        `positions()` returned; with `consumer`, that consumer's registered positions win and
+        `reader.commit()` registers them (see ChangelogReader)."""
+        from tally.client.changelog_reader import ChangelogReader
+
+        return ChangelogReader(self, start, consumer=consumer, batch_records=batch_records,
+                               include_state=include_state)
+
     def list_offsets(self) -> dict[tuple[str | None, int], int]:
         return self.connection.admin.list_offsets(self.name, self.table_id)
 

@@ -27,6 +27,7 @@ from tally.errors import (AlreadyExistsError, InvalidInputError, NotFoundError,
 from tally.meta import MetadataStore
 from tally.server.catalog import (DEFAULT_DATABASE, Catalog, PartitionRecord, TableRecord,
                                   split_table_name)
+from tally.server.consumer_registry import ConsumerRegistry
 from tally.server.membership import (COORDINATOR, EphemeralRegistration, HeartbeatLiveness,
                                      ZooKeeperLiveness)
 from tally.server.settings import SESSION_TIMEOUT
@@ -84,6 +85,7 @@ class Coordinator:
             "truncate_log": self.truncate_log,
         }
         self.locking = CoordinatorLocks(self)  # adds the lock, commit and retention actions
+        self.consumers = ConsumerRegistry(self)  # adds the changelog consumers' actions
 
     # --- databases and tables -----------------------------------------------------------
 
@@ -96,6 +98,7 @@ class Coordinator:
                                              bool(body.get("cascade")))
         for record in dropped:
             self.locking.drop_table(record.table_id)
+            self.consumers.drop_table(record.table_id)
             self._forget_tablets(record.table_id)
 
     @staticmethod
@@ -142,6 +145,7 @@ class Coordinator:
                 return
             raise
         self.locking.drop_table(record.table_id)
+        self.consumers.drop_table(record.table_id)
         self._forget_tablets(record.table_id)
 
     def _forget_tablets(self, table_id: int) -> None:
