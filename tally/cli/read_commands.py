@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import sys
 
 from tally.cli.connect_args import add_connection_arguments, open_connection
@@ -160,13 +161,35 @@ def cmd_offsets(args: argparse.Namespace) -> int:
         table = conn.table(args.table)
         partitioned = table.meta.routing.partitioned
         log = conn.admin.list_log_offsets(args.table, table.table_id)
-    header = (["PARTITION"] if partitioned else []) + ["BUCKET", "LOG START", "LOG END",
-                                                       "RECORDS"]
-    rows = [([partition] if partitioned else []) + [bucket, start, end, end - start]
-            for (partition, bucket), (start, end) in sorted(
-                log.items(), key=lambda item: (item[0][0] or "", item[0][1]))]
-    emit(header_for(header, args.format), rows, args.format)
+        consumers = conn.admin.consumer_positions(args.table, table.table_id)
+    order = sorted(log, key=lambda key: (key[0] or "", key[1]))
+    where = ["PARTITION"] if partitioned else []
+    if not args.consumers:
+        rows = [([key[0]] if partitioned else []) + [key[1], *log[key], log[key][1] - log[key][0]]
+                for key in order]
+        emit(header_for(where + ["BUCKET", "LOG START", "LOG END", "RECORDS"], args.format),
+             rows, args.format)
+    if args.consumers or (args.format == "table" and consumers):
+        emit(header_for(["CONSUMER"] + where + ["BUCKET", "POSITION", "LAG", "HOLDING",
+                                               "UPDATED"], args.format),
+             _consumer_rows(consumers, log, order, partitioned), args.format,
+             title="changelog consumers" if args.format == "table" else None)
     return 0
+
+
+def _consumer_rows(consumers, log, order, partitioned: bool) -> list[list]:
+    """A row per consumer and bucket: its next offset (the log start where it has none yet:
+    a new bucket is read from there), the records it has not read, whether it still holds
+    retention back, and when it last registered (ISO time)."""
+    rows = []
+    for consumer in consumers:
+        lag = consumer.lag(log)
+        updated = datetime.datetime.fromtimestamp(consumer.updated_at, datetime.timezone.utc)
+        for key in order:
+            rows.append([consumer.consumer] + ([key[0]] if partitioned else []) + [
+                key[1], consumer.positions.get(key, log[key][0]), lag[key],
+                "yes" if consumer.holding else "no", updated.isoformat(timespec="seconds")])
+    return rows
 
 
 @contextlib.contextmanager
@@ -246,8 +269,10 @@ def add_commands(commands, common: argparse.ArgumentParser) -> None:
 
     offsets = commands.add_parser(
         "offsets", parents=[common],
-        help="each bucket's changelog log start and end offsets")
+        help="each bucket's changelog log start and end offsets, and its consumers' positions")
     offsets.add_argument("table", help="'<database>.<table>'")
+    offsets.add_argument("--consumers", action="store_true",
+                         help="only the changelog consumers' positions (one row per bucket)")
     offsets.add_argument("--format", choices=FORMATS, default="table")
     add_connection_arguments(offsets)
     offsets.set_defaults(func=cmd_offsets)

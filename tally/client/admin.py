@@ -103,11 +103,13 @@ class Admin:
         return self._call("list_offsets", name=name, table_id=table_id)
 
     def truncate_log(self, name: str, bucket: int, before: int,
-                     partition: str | None = None) -> int:
+                     partition: str | None = None, force: bool = False) -> int:
         """Drop one bucket's changelog records below offset `before`; the new log start.
-        Undo from an offset below it becomes impossible (and is refused)."""
+        Refused (InvalidInputError, nothing dropped) past the oldest offset an unreleased
+        column lock's undo or a registered changelog consumer still needs, unless `force`:
+        undo from an offset below the new start is then refused, and the consumer fails."""
         return int(self._call("truncate_log", name=name, bucket=bucket, before=before,
-                              partition=partition))
+                              partition=partition, force=bool(force)))
 
     # --- changelog consumers ------------------------------------------------------------
 

@@ -196,6 +196,11 @@ def test_a_consumer_holds_retention_until_it_moves_its_bound_passes_or_it_is_rem
     enforce_retention(cluster)                        # the new records are kept
     kept = {key: start for key, (start, _end) in conn.admin.list_log_offsets(table.name).items()}
     assert kept == {(p, b): o for p, b, o in again.positions()}
+    (partition, bucket), (start, end) = max(conn.admin.list_log_offsets(table.name).items(),
+                                            key=lambda kv: kv[1][1] - kv[1][0])
+    with pytest.raises(InvalidInputError, match="changelog consumer still needs"):
+        conn.admin.truncate_log(table.name, bucket, end, partition=partition)  # an admin too
+    assert conn.admin.list_log_offsets(table.name)[(partition, bucket)] == (start, end)
 
     cluster.clock.advance(2 * 3600)                   # past the bound: it holds no more
     try:

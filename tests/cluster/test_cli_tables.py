@@ -300,6 +300,29 @@ def test_offsets_prints_each_bucket_log_range(capsys, shop, conn):
     assert status == OK and "LOG START" in out and "2026-11-02" in out
 
 
+def test_offsets_shows_each_consumer_position_lag_and_hold(capsys, shop, conn):
+    table = conn.table("shop.orders")
+    reader = table.changelog_reader(start="earliest", consumer="cli-billing")
+    first = reader.poll()
+    reader.commit()
+    try:
+        status, out, _ = run(capsys, "offsets", "shop.orders", "--consumers", "--format", "json")
+        assert status == OK
+        rows = [r for r in json_lines(out) if r["consumer"] == "cli-billing"]
+        log = conn.admin.list_log_offsets("shop.orders")
+        assert {(r["partition"], r["bucket"]) for r in rows} == set(log)
+        assert sum(r["lag"] for r in rows) == 0
+        assert first.num_rows == sum(end - start for start, end in log.values())
+        assert all(r["position"] == log[(r["partition"], r["bucket"])][1] for r in rows)
+        assert all(r["holding"] == "yes" and r["updated"].endswith("+00:00") for r in rows)
+        status, out, _ = run(capsys, "offsets", "shop.orders")
+        assert status == OK and "changelog consumers" in out and "cli-billing" in out
+    finally:
+        conn.admin.remove_consumer("shop.orders", "cli-billing")
+    status, out, _ = run(capsys, "offsets", "shop.orders")
+    assert status == OK and "cli-billing" not in out
+
+
 # --- cluster commands -----------------------------------------------------------------------
 
 def test_servers_and_locks(capsys, cluster, conn, shop):

@@ -159,7 +159,7 @@ def test_a_position_retention_passed_fails_the_stream_naming_the_bucket(
     assert run(spark, cluster, table, batches, checkpoint) is None
     write(table, "x", range(6))
     (partition, bucket), end = max(table.list_offsets().items(), key=lambda kv: kv[1])
-    conn.admin.truncate_log(table_name, bucket, end, partition=partition)
+    conn.admin.truncate_log(table_name, bucket, end, partition=partition, force=True)
     error = run(spark, cluster, table, batches, checkpoint)
     assert error is not None
     assert "OffsetOutOfRangeError" in str(error) and f"bucket {bucket}" in str(error)
