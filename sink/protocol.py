@@ -109,7 +109,7 @@ class WriterRun:
                                     self.plan.lock_columns, self.options.ttl)
         self.recovery = remote.recover(self.conn, self.plan.table, self.lease,
                                        self.plan.writer_target)
-        log.info("tally sink %s: %s", self.owner_id, self.recovery.summary())
+        log.info("%s", self.recovery.summary())
         return self
 
     def last_committed(self) -> int | None:
