@@ -59,6 +59,13 @@ def test_lock_reprs_show_iso_times_and_hide_the_secret():
     assert "expires 2026-11-24T04:47:03.120Z" in repr(held)
 
 
+def test_sink_options_repr_hides_the_token():
+    from sink.options import SinkOptions
+
+    options = SinkOptions.parse({"url": "grpc://h:1", "table": "db.t", "token": "t0ken"})
+    assert "t0ken" not in repr(options) and "db.t" in repr(options)
+
+
 def test_table_info_and_results_show_readable_times():
     schema = tally.Schema.builder().column("k", pa.int64()).column("v", pa.int64()) \
         .primary_key("k").build()
