@@ -81,7 +81,7 @@ class SinkOptions:
 
     url: str
     table: str
-    token: str | None = None
+    token: str | None = dataclasses.field(default=None, repr=False)  # never in logs
     columns: tuple[str, ...] | None = None      # partial-update targets (key added later)
     merge_mode: MergeMode = MergeMode.AGGREGATE  # what the DataFrame's values are
     create_table: bool = False

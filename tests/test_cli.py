@@ -32,7 +32,7 @@ def test_demo_crashes_restarts_undoes_and_verifies(capsys):
     """The README's main command, end to end: exit 0 only when every row is exact."""
     assert main(["demo"]) == 0
     out = capsys.readouterr().out
-    for words in ("single-node", "killed (SIGKILL) inside micro-batch", "undone=",
+    for words in ("single-node", "killed (SIGKILL) inside micro-batch", " undone, ",
                   "every row is exact", "top products"):
         assert words in out
 

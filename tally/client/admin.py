@@ -6,6 +6,7 @@ import dataclasses
 
 from tally.client.consumer_position import ConsumerPosition
 from tally.errors import InvalidInputError
+from tally.timestamps import iso
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,6 +22,10 @@ class TableInfo:
     @property
     def bucket_count(self) -> int:
         return self.descriptor.bucket_count
+
+    def __repr__(self) -> str:
+        return (f"TableInfo({self.name!r}, table id {self.table_id}, created "
+                f"{iso(self.created_at)}, partitions {self.partitions}, {self.descriptor!r})")
 
 
 class Admin:
