@@ -1,6 +1,8 @@
-"""`format("tally")`: the sink as a registered Python data source, for batch and streaming.
+"""`format("tally")`: the sink as a registered Python data source, for batch and streaming;
+batch reads too (sink.batch_reader).
 
     sink.register(spark)
+    spark.read.format("tally").option("url", url).option("table", "db.t").load()
     df.write.format("tally").option("url", url).option("table", "db.t").mode("append").save()
     df.writeStream.format("tally").option("url", url).option("table", "db.t")
         .option("checkpointLocation", ckpt).start()
@@ -50,6 +52,17 @@ class TallyDataSource(DataSource):
             raise InvalidOptionError(
                 "The tally data source only appends (aggregates into the table): use "
                 "mode('append') for batch writes and the Append output mode for streams")
+
+    def schema(self):
+        """The table's schema as Spark reads it (sink.batch_reader)."""
+        from sink.batch_reader import read_schema
+
+        return read_schema(self.options)
+
+    def reader(self, schema):
+        from sink.batch_reader import TallyBatchReader
+
+        return TallyBatchReader(dict(self.options), schema)
 
     def writer(self, schema, overwrite: bool):
         self._refuse_overwrite(overwrite)
