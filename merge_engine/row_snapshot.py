@@ -75,15 +75,19 @@ class RowSnapshot:
     def batches(self, columns: list[str] | None = None, batch_size: int = 65536,
                 unwritten: bool = False) -> Iterator[pa.RecordBatch]:
         """The rows as record batches of at most `batch_size` rows, in the scan schema
-        (`scan_schema`). Buffered rows come first, then stored rows in key order."""
+        (`scan_schema`). Buffered rows come first, then stored rows in key order. A snapshot
+        is read once."""
         schema = scan_schema(self._schema, columns, unwritten)
+        if self._buffer is None:
+            raise StorageError(f"a snapshot of {self._name} is read once; take another")
         keys, rows, _ = self._buffer.drain()
+        buffer, self._buffer = self._buffer, None
         if rows is not None:
             for start in range(0, len(rows), batch_size):
                 yield self._visible(rows.slice(start, min(start + batch_size, len(rows))),
                                     schema, unwritten)
         width = None if keys is None else keys.width
-        shadowing = self._buffer if len(self._buffer) else None
+        shadowing = buffer if len(buffer) else None
         while True:
             raw_keys, values = self._read(batch_size)
             if not values:
