@@ -123,16 +123,26 @@ class Table:
 
     def to_arrow(self, columns=None, filter=None, unwritten: bool = False) -> pa.Table:
         """Every row (of `filter`, see `scan`) as one table, ordered by primary key."""
-        return self.scan(columns, filter, unwritten=unwritten).to_arrow()
+        if columns is None:
+            return self.scan(None, filter, unwritten=unwritten).to_arrow()
+        columns = list(columns) if not isinstance(columns, str) else columns
+        # The key orders the rows, so it is read even when not asked for.
+        extra = [c for c in self.routing.primary_key
+                 if isinstance(columns, list) and c not in columns]
+        table = self.scan(columns + extra if extra else columns, filter,
+                          unwritten=unwritten).to_arrow()
+        return table.drop_columns(extra) if extra else table
 
     def to_pandas(self, columns=None, filter=None, unwritten: bool = False):
         """`to_arrow(...)` as a pandas DataFrame; MissingDependencyError without pandas."""
-        import importlib.util
+        import importlib
 
-        if importlib.util.find_spec("pandas") is None:
+        try:
+            importlib.import_module("pandas")  # optional: the client does not depend on it
+        except ImportError:
             raise MissingDependencyError(
                 "Table.to_pandas needs pandas, which is not installed: pip install pandas "
-                "(or the [spark] extra), or use to_arrow()")
+                "(or the [spark] extra), or use to_arrow()") from None
         return self.to_arrow(columns, filter, unwritten).to_pandas()
 
     def changelog(self, bucket: int, start: int = 0, end: int | None = None,
