@@ -229,3 +229,17 @@ def test_server_refuses_malformed_scans(conn, header, message):
     for key in (["k", 1], "x"):
         with pytest.raises(InvalidInputError):
             table.lookup_many([key])
+
+
+def test_a_bucket_closed_under_a_scan_ends_it_with_an_error(conn):
+    """Dropping the table closes its buckets: a scan streaming one of them fails with an error
+    that says so (it cannot be retried: its first batches were already handed out)."""
+    table = new_table(conn, buckets=1)
+    n = 200_000  # thousands of batches: far more than gRPC buffers ahead of the reader
+    write(table, [{"day": "d1", "k": i, "total": 1, "tag": "t"} for i in range(n)])
+    batches = iter(table.scan(batch_size=50))
+    next(batches)
+    conn.admin.drop_table(table.name)
+    with pytest.raises(tally.errors.TallyError, match="closed while it was being read"):
+        for _ in batches:
+            pass
