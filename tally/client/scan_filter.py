@@ -56,12 +56,7 @@ class ScanFilter:
                 raise InvalidInputError(
                     f"the filter of column {column!r} holds null: a filter matches values, "
                     "and null equals nothing")
-            try:
-                array = pa.array(items, type=schema.field(column).type)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as e:
-                raise InvalidInputError(f"the filter value(s) {items!r} of column {column!r} do "
-                                        f"not fit its type {schema.field(column).type}: {e}") from None
-            values[column] = pc.unique(array) if len(array) else array
+            values[column] = _typed(items, column, schema.field(column).type)
         return cls(values)
 
     @property
@@ -118,3 +113,25 @@ class ScanFilter:
         rows = list(itertools.product(*(v.to_pylist() for v in lists)))
         return pa.table({c: pa.array([r[i] for r in rows], routing.arrow_schema.field(c).type)
                          for i, c in enumerate(columns)})
+
+
+def _typed(items: list, column: str, data_type: pa.DataType) -> pa.Array:
+    """The distinct filter values of `column` as its type. Text that does not convert directly
+    is cast exactly (a safe cast), so that JSON (a Spark option) can name dates, timestamps
+    with their zone and decimals: "2026-11-23", "2026-11-23T10:00:00Z", "12.50"."""
+    if pa.types.is_integer(data_type) and any(isinstance(v, (float, bool)) for v in items):
+        # pyarrow would truncate 1.5 to 1 and take True for 1: a filter matches exactly
+        raise InvalidInputError(f"the filter value(s) {items!r} of integer column {column!r} "
+                                "must be integers")
+    try:
+        array = pa.array(items, type=data_type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as e:
+        try:
+            if not all(isinstance(v, str) for v in items):
+                raise TypeError("only text is cast")
+            array = pa.array(items, pa.string()).cast(data_type, safe=True)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError,
+                OverflowError):
+            raise InvalidInputError(f"the filter value(s) {items!r} of column {column!r} do "
+                                    f"not fit its type {data_type}: {e}") from None
+    return pc.unique(array) if len(array) else array

@@ -204,6 +204,7 @@ def test_server_refuses_an_oversized_lookup_many(conn):
     ({"filter": {"nope": 1}}, "column 'nope'"),
     ({"filter": {"k": None}}, "holds null"),
     ({"filter": {"k": "seven"}}, "column 'k'"),
+    ({"filter": {"k": 1.5}}, "must be integers"),
     ({"filter": ["k", 1]}, "dict of column"),
     ({"unwritten": "yes"}, "unwritten"),
 ])
@@ -243,3 +244,19 @@ def test_a_bucket_closed_under_a_scan_ends_it_with_an_error(conn):
     with pytest.raises(tally.errors.TallyError, match="closed while it was being read"):
         for _ in batches:
             pass
+
+
+def test_filter_text_names_dates_and_decimals_exactly():
+    """The Spark `filter` option is JSON, which has no dates or decimals: text is cast to the
+    column's type, exactly (a value the type cannot hold exactly is refused)."""
+    import datetime
+    import decimal
+
+    from tally.client.scan_filter import ScanFilter
+
+    schema = pa.schema([("d", pa.date32()), ("m", pa.decimal128(10, 2))])
+    parsed = ScanFilter.parse({"d": "2026-11-23", "m": ["12.50", "12.5"]}, schema)
+    assert parsed.values["d"].to_pylist() == [datetime.date(2026, 11, 23)]
+    assert parsed.values["m"].to_pylist() == [decimal.Decimal("12.50")]
+    with pytest.raises(InvalidInputError, match="column 'm'"):
+        ScanFilter.parse({"m": "1.234"}, schema)
