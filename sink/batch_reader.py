@@ -35,14 +35,15 @@ from pyspark.sql.types import StructField, StructType
 from sink.options import TABLE, TOKEN, TOKEN_FILE, TLS_CA, TLS_CERT, TLS_KEY, URL, tls_option, \
     token_option
 from sink.types import arrow_to_spark, spark_to_arrow
+from merge_engine.hidden_columns import UNWRITTEN
 from tally.errors import InvalidOptionError
+from tally.wire.messages import MAX_SCAN_BATCH_ROWS
 from tally.wire.tls import TlsFiles
 
 COLUMNS, FILTER, UNWRITTEN_OPTION, BATCH_SIZE = "columns", "filter", "unwritten", "batch-size"
 READ_KEYS = {URL, TABLE, TOKEN, TOKEN_FILE, TLS_CA, TLS_CERT, TLS_KEY, COLUMNS, FILTER,
              UNWRITTEN_OPTION, BATCH_SIZE}
 SPARK_KEYS = {"path"}
-UNWRITTEN = "_unwritten"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,8 +89,10 @@ class ReadOptions:
             try:
                 batch_size = int(str(raw[BATCH_SIZE]).strip())
             except ValueError:
-                raise InvalidOptionError(f"Option '{BATCH_SIZE}' must be a positive integer, "
-                                         f"not {raw[BATCH_SIZE]!r}") from None
+                batch_size = 0
+            if not 1 <= batch_size <= MAX_SCAN_BATCH_ROWS:
+                raise InvalidOptionError(f"Option '{BATCH_SIZE}' must be an integer from 1 to "
+                                         f"{MAX_SCAN_BATCH_ROWS:,}, not {raw[BATCH_SIZE]!r}")
         return cls(url=str(raw[URL]).strip(), table=str(raw[TABLE]).strip(),
                    token=token_option(raw), tls=tls_option(raw), columns=columns, filter=where,
                    unwritten=parse_bool_option(UNWRITTEN_OPTION,

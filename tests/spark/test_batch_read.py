@@ -161,3 +161,21 @@ def test_unwritten_only_when_asked(spark, registered, cluster, conn):
     df = reader(spark, cluster, table, unwritten="true").load()
     (only,) = df.collect()
     assert only.total == 5 and sorted(only._unwritten) == ["amount", "hits", "tags"]
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"table": "db.t"}, "needs the option 'url'"),
+    ({"url": "grpc://x:1"}, "needs the option 'table'"),
+    ({"url": "grpc://x:1", "table": "db.t", "filter": "{nope"}, "'filter' must be a JSON"),
+    ({"url": "grpc://x:1", "table": "db.t", "filter": "[1]"}, "'filter' must be a JSON object"),
+    ({"url": "grpc://x:1", "table": "db.t", "batch-size": "0"}, "'batch-size'"),
+    ({"url": "grpc://x:1", "table": "db.t", "batch-size": "many"}, "'batch-size'"),
+    ({"url": "grpc://x:1", "table": "db.t", "unwritten": "perhaps"}, "unwritten"),
+    ({"url": "grpc://x:1", "table": "db.t", "colums": "k"}, "Unknown Tally read option"),
+])
+def test_read_options_are_checked(options, message):
+    from sink.batch_reader import ReadOptions
+    from tally.errors import InvalidOptionError
+
+    with pytest.raises(InvalidOptionError, match=message):
+        ReadOptions.parse(options)
