@@ -6,6 +6,8 @@
         writer.upsert(rows)
         offsets = writer.flush()
     conn.table("db.t").lookup({"k": 1})
+    for batch in conn.table("db.t").scan(columns=["k", "v"], filter={"k": [1, 2]}):
+        ...
 
 Rows are bucketed here, by the stable bucket function `bucket_ids` / `TableRouting.bucket_of`
 (tally.wire.bucket_hash documents its exact definition), so the Spark sink can bucket the same
@@ -16,10 +18,11 @@ from aggfuncs import bitmap_ids, build_bitmap
 from tally.client.admin import Admin, TableInfo
 from tally.client.connection import Connection, connect
 from tally.client.table import Table
+from tally.client.table_scan import ScanPart, TableScan
 from tally.client.writer import UpsertWriter
 from tally.wire.bucket_hash import bucket_ids, bucket_of_key, hash_keys
 from tally.wire.routing import TableRouting, group_rows, partition_names
 
-__all__ = ["bitmap_ids", "build_bitmap", "Admin", "Connection", "Table", "TableInfo",
-           "TableRouting", "UpsertWriter", "bucket_ids", "bucket_of_key", "connect", "group_rows",
+__all__ = ["bitmap_ids", "build_bitmap", "Admin", "Connection", "ScanPart", "Table", "TableInfo",
+           "TableRouting", "TableScan", "UpsertWriter", "bucket_ids", "bucket_of_key", "connect", "group_rows",
            "hash_keys", "partition_names"]
