@@ -130,6 +130,10 @@ class BucketRows:
         stored = self._store.get_rows(key.to_list())[0]
         return None if stored is None else self._codec.decode([stored])
 
+    def buffer_copy(self) -> RowBuffer:
+        """The buffered rows as they are now, unchanged by later writes (for a snapshot)."""
+        return self._buffer.copy()
+
     @property
     def buffered_bytes(self) -> int:
         return self._buffer.size_bytes

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import weakref
 from typing import Iterator
 
 import numpy as np
@@ -23,11 +24,13 @@ from merge_engine import changelog as log
 from merge_engine.allocator import use_bucket_allocator
 from merge_engine.budget import MemoryBudget
 from merge_engine.descriptor import KV_SYNC, TableDescriptor
+from merge_engine.hidden_columns import UNWRITTEN
 from merge_engine.input import WriteInput, prepare_write
 from merge_engine.keys import KeyArray, group_keys, key_array
 from merge_engine.mergers import AggregateRowMerger, DeleteMerger, OverwriteRowMerger
 from merge_engine.modes import DeleteBehavior, MergeMode
 from merge_engine.rowcodec import RowCodec
+from merge_engine.row_snapshot import RowSnapshot
 from merge_engine.rows import BucketRows
 from merge_engine.pending_write import PendingWrite
 from merge_engine.state import StateBatch
@@ -71,6 +74,7 @@ class KvTablet:
         self._start = store.get_int(START_OFFSET)
         self._rows = BucketRows(store, self.codec, descriptor.kv_buffer_size)
         self._closed = False
+        self._snapshots: weakref.WeakSet = weakref.WeakSet()  # released at close
         self._replay_unflushed()
         self._budget = budget
         if budget is not None:
@@ -295,6 +299,37 @@ class KvTablet:
         state = self._rows.lookup(key_array(write.key_columns(self.schema)))
         return None if state is None else self._images.visible(state).to_pylist()[0]
 
+    def lookup_many(self, keys, unwritten: bool = False) -> tuple[pa.Table, np.ndarray]:
+        """The rows of many keys (a table or list of dicts of the primary-key columns), one row
+        per key in input order, and whether each key has a row (where not, its row is
+        meaningless). Duplicate keys are fine. `unwritten` adds the hidden `_unwritten`
+        column."""
+        with self._lock:  # one offset for every key, and no close underneath
+            self._check_open()
+            write = prepare_write(keys, self.schema, self.aggregators, keys_only=True)
+            if write.rows == 0:
+                return self.arrow_schema.empty_table(), np.zeros(0, dtype=bool)
+            encoded = key_array(write.key_columns(self.schema))
+            states, present = self._rows.current(
+                encoded, lambda new: self._empty_rows(write, new))
+        rows = self._images.visible(states).cast(self.arrow_schema)
+        if unwritten:
+            lists = log.unwritten_lists(states.written, self.value_positions,
+                                        self.arrow_schema.names)
+            rows = rows.append_column(pa.field(UNWRITTEN, pa.list_(pa.string())), lists)
+        return rows, present
+
+    def snapshot(self) -> RowSnapshot:
+        """The rows as of the log end offset now, to read without holding the tablet's lock
+        (merge_engine.row_snapshot). The tablet's close releases it."""
+        with self._lock:
+            self._check_open()
+            snapshot = RowSnapshot(self._end, self._rows.buffer_copy(),
+                                   self._store.row_iterator(), self.codec, self.aggregators,
+                                   self.arrow_schema, self.value_positions, self.name)
+            self._snapshots.add(snapshot)
+        return snapshot
+
     def to_arrow(self) -> pa.Table:
         """Every row, ordered by primary key (buffered rows are flushed first)."""
         self.flush()
@@ -385,6 +420,8 @@ class KvTablet:
         next open replays the changelog), so the bucket closes all the same."""
         with self._lock:
             if not self._closed:
+                for snapshot in list(self._snapshots):
+                    snapshot.release()  # an open iterator would keep RocksDB open
                 with contextlib.suppress(StorageWriteError):
                     self._rows.flush(self._end)
                 self._closed = True

@@ -1,5 +1,8 @@
-"""`format("tally")`: the sink as a Python data source, for batch and streaming.
+"""`format("tally")`: the sink as a Python data source, for batch and streaming writes,
+batch reads of the table (sink.batch_reader) and of its changelog, and the changelog
+stream (sink.stream_reader).
 
+    spark.read.format("tally").option("url", url).option("table", "db.t").load()
     df.write.format("tally").option("url", url).option("table", "db.t").mode("append").save()
     df.writeStream.format("tally").option("url", url).option("table", "db.t")
         .option("checkpointLocation", ckpt).start()
@@ -64,20 +67,25 @@ class TallyDataSource(DataSource):
                 "mode('append') for batch writes and the Append output mode for streams")
 
     def schema(self):
-        # Spark gives schema() no hint of whether a batch or a stream read follows: the
-        # changelog (what streams read) is asked for with the `changelog` option.
+        """The table's schema as Spark reads it (sink.batch_reader), or with the `changelog`
+        option the changelog's: Spark gives schema() no hint of whether a batch or a stream
+        read follows."""
         from sink.stream_reader import changelog_spark_schema, wants_changelog
 
         if wants_changelog(self.options):
             return changelog_spark_schema(dict(self.options))
-        return super().schema()
+        from sink.batch_reader import read_schema
+
+        return read_schema(self.options)
 
     def reader(self, schema):
         from sink.stream_reader import ChangelogBatchReader, wants_changelog
 
         if wants_changelog(self.options):
             return ChangelogBatchReader(dict(self.options), schema)
-        return super().reader(schema)
+        from sink.batch_reader import TallyBatchReader
+
+        return TallyBatchReader(dict(self.options), schema)
 
     def streamReader(self, schema):
         from sink.stream_reader import TallyStreamReader

@@ -43,11 +43,13 @@ SINK_KEYS = {URL, TABLE, TOKEN, TOKEN_FILE, COLUMNS, MERGE_MODE, CREATE_TABLE, P
 SPARK_KEYS = {"path", "checkpointlocation"}
 
 
-def _tls(raw: dict) -> TlsFiles | None:
+def tls_option(raw: dict) -> TlsFiles | None:
     files = {k: str(raw[o]).strip() or None for k, o in
              (("ca", TLS_CA), ("cert", TLS_CERT), ("key", TLS_KEY)) if raw.get(o)}
     return TlsFiles(**files) if files else None
-def _token(raw: dict) -> str | None:
+
+
+def token_option(raw: dict) -> str | None:
     """The client token: the `token` option, else the first line of the `token-file` option's
     file (read on the driver, so executors need no copy of the file), else $TALLY_TOKEN. A
     Spark option may show in the query plan and the UI; a file or the environment does not."""
@@ -127,7 +129,7 @@ class SinkOptions:
         return cls(
             url=str(raw[URL]).strip(),
             table=name,
-            token=_token(raw),
+            token=token_option(raw),
             columns=tuple(_split_list(raw.get(COLUMNS)) or ()) or None,
             merge_mode=_merge_mode(raw.get(MERGE_MODE)),
             create_table=parse_bool_option(CREATE_TABLE, raw.get(CREATE_TABLE, "false")),
@@ -143,7 +145,7 @@ class SinkOptions:
                                        if k.startswith("fields.") or k.startswith("table."))),
             checkpoint_location=raw.get("checkpointlocation"),
             fail_hook=str(raw[FAIL_HOOK]).strip() or None if raw.get(FAIL_HOOK) else None,
-            tls=_tls(raw),
+            tls=tls_option(raw),
         )
 
 

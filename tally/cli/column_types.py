@@ -105,6 +105,23 @@ def parse_key(table_name: str, schema: pa.Schema, primary_key, pairs: list[str])
     return key
 
 
+def parse_filter(table_name: str, schema: pa.Schema, pairs: list[str]) -> dict:
+    """A scan filter from `COLUMN=VALUE` arguments: each value read as its column's type, a
+    column given more than once matching any of its values."""
+    filter: dict = {}
+    for pair in pairs:
+        column, sep, value = pair.partition("=")
+        column = column.strip()
+        if not sep or not column:
+            raise InvalidInputError(f"a filter is given as COLUMN=VALUE, got {pair!r}")
+        if column not in schema.names:
+            raise InvalidInputError(f"{table_name} has no column '{column}' to filter on; its "
+                                    f"columns are {schema.names}")
+        filter.setdefault(column, []).append(typed_value(column, schema.field(column).type,
+                                                         value))
+    return filter
+
+
 def typed_value(column: str, arrow_type: pa.DataType, text: str):
     """`text` read as a value of `arrow_type` (Arrow's own cast from a string)."""
     try:

@@ -36,24 +36,36 @@ def cmd_lookup(args: argparse.Namespace) -> int:
     return 0
 
 
-def scan_batches(table, columns: list[str] | None, limit: int | None):
-    """(schema, record batches) of the table's rows, keys in order, projected to `columns`
-    and cut after `limit` rows. Reads the whole table (Table.to_arrow) and cuts here."""
-    rows = table.to_arrow()
-    if columns:
-        rows = rows.select(columns)
-    if limit is not None:
-        rows = rows.slice(0, limit)
-    return rows.schema, rows.to_batches()
+def scan_batches(table, columns: list[str] | None, filter: dict | None, limit: int | None):
+    """(schema, record batches) of the table's rows of `filter`, projected to `columns`, cut
+    after `limit` rows: streamed bucket by bucket (Table.scan), so `--limit 10` reads about
+    one batch, not the table."""
+    scan = table.scan(columns, filter, batch_size=min(limit or 65536, 65536) or 1)
+
+    def batches():
+        left = limit
+        for batch in scan:
+            if left is not None:
+                if left <= 0:
+                    return
+                batch = batch.slice(0, left)
+                left -= batch.num_rows
+            yield batch
+
+    return scan.schema, batches()
 
 
 def cmd_scan(args: argparse.Namespace) -> int:
+    from tally.cli.column_types import parse_filter
+
     with open_connection(args) as conn:
         table = conn.table(args.table)
-        columns = _columns(args.columns, table.meta.routing.arrow_schema.names, args.table)
+        schema = table.meta.routing.arrow_schema
+        columns = _columns(args.columns, schema.names, args.table)
+        filter = parse_filter(args.table, schema, args.filter or [])
         with _activity(f"reading {args.table}"):
-            schema, batches = scan_batches(table, columns, args.limit)
-        emit_arrow(schema, batches, args.format)
+            schema, batches = scan_batches(table, columns, filter or None, args.limit)
+            emit_arrow(schema, batches, args.format)
     return 0
 
 
@@ -243,9 +255,12 @@ def add_commands(commands, common: argparse.ArgumentParser) -> None:
     lookup.set_defaults(func=cmd_lookup)
 
     scan = commands.add_parser("scan", parents=[common],
-                               help="a table's rows in primary-key order")
+                               help="a table's rows, bucket by bucket (each in key order)")
     scan.add_argument("table", help="'<database>.<table>'")
     scan.add_argument("--columns", metavar="A,B,...", help="only these columns, in this order")
+    scan.add_argument("--filter", action="append", metavar="COLUMN=VALUE",
+                      help="only rows with this value (repeatable; a column given twice "
+                           "matches either value); on the key or partition key it prunes")
     scan.add_argument("--limit", type=_positive, metavar="N", help="at most N rows")
     scan.add_argument("--format", choices=FORMATS, default="table")
     add_connection_arguments(scan)

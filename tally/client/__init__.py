@@ -6,6 +6,8 @@
         writer.upsert(rows)
         offsets = writer.flush()
     conn.table("db.t").lookup({"k": 1})
+    for batch in conn.table("db.t").scan(columns=["k", "v"], filter={"k": [1, 2]}):
+        ...
     for batch in conn.table("db.t").changelog_reader(start="earliest"):  # every bucket
         ...
 
@@ -20,11 +22,12 @@ from tally.client.changelog_reader import ChangelogReader
 from tally.client.consumer_position import ConsumerPosition
 from tally.client.connection import Connection, connect
 from tally.client.table import Table
+from tally.client.table_scan import ScanPart, TableScan
 from tally.client.writer import UpsertWriter
 from tally.wire.bucket_hash import bucket_ids, bucket_of_key, hash_keys
 from tally.wire.routing import TableRouting, group_rows, partition_names
 
 __all__ = ["bitmap_ids", "build_bitmap", "Admin", "ChangelogReader", "Connection",
-           "ConsumerPosition", "Table", "TableInfo",
-           "TableRouting", "UpsertWriter", "bucket_ids", "bucket_of_key", "connect", "group_rows",
+           "ConsumerPosition", "ScanPart", "Table", "TableInfo", "TableRouting", "TableScan",
+           "UpsertWriter", "bucket_ids", "bucket_of_key", "connect", "group_rows",
            "hash_keys", "partition_names"]

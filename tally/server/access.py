@@ -64,6 +64,7 @@ REQUIRED_ROLE: dict[str, str] = {
     "consumer_floor": CLUSTER,
     # tablet servers: rows
     "lookup": READ,
+    "lookup_many": READ,
     "do_get:scan": READ,
     "do_get:changelog": READ,
     "do_put:put": WRITE,

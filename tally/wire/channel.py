@@ -9,6 +9,7 @@ shared by all threads of a process through `ChannelPool`.
 from __future__ import annotations
 
 import threading
+from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -56,6 +57,7 @@ class FlightChannel:
         self.timeout = timeout
         self._headers = bearer(token)
         self._options = flight.FlightCallOptions(headers=self._headers, timeout=timeout)
+        self._stream_options = flight.FlightCallOptions(headers=self._headers)
 
     def action(self, name: str, body: dict | None = None, timeout: float | None = None
                ) -> object:
@@ -100,6 +102,39 @@ class FlightChannel:
         """DoGet a ticket made of `header` (and an Arrow payload); the whole result stream."""
         try:
             return self._client.do_get(make_ticket(header, payload), self._options).read_all()
+        except (flight.FlightError, pa.ArrowException) as e:
+            raise remote_error(e, self.address) from None
+
+    def lookup_many(self, header: dict, keys: pa.Table) -> pa.Table:
+        """The binary `lookup_many` action: up to MAX_LOOKUP_KEYS keys in, one row per key out
+        (with the FOUND_COLUMN), the read offset in its schema metadata."""
+        try:
+            results = list(self._client.do_action(
+                flight.Action("lookup_many", frame(header, keys)), self._options))
+        except (flight.FlightError, pa.ArrowException) as e:
+            raise remote_error(e, self.address) from None
+        return ipc_to_table(results[0].body.to_pybytes())
+
+    def stream(self, header: dict) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+        """DoGet a ticket made of `header`, streamed: the stream's schema (with its metadata),
+        read before this returns, and its batches as they arrive. The call has no deadline:
+        a stream lasts as long as its reader keeps reading."""
+        try:
+            reader = self._client.do_get(make_ticket(header), self._stream_options)
+            schema = reader.schema
+        except (flight.FlightError, pa.ArrowException) as e:
+            raise remote_error(e, self.address) from None
+        return schema, self._batches(reader)
+
+    def _batches(self, reader) -> Iterator[pa.RecordBatch]:
+        try:
+            while True:
+                try:
+                    chunk = reader.read_chunk()
+                except StopIteration:
+                    return
+                if chunk.data is not None:
+                    yield chunk.data
         except (flight.FlightError, pa.ArrowException) as e:
             raise remote_error(e, self.address) from None
 

@@ -203,13 +203,22 @@ def frame(header: dict, payload: pa.Table | None = None) -> bytes:
     return data
 
 
-# A framed request (a lookup, a read ticket) carries at most one key: far below this.
+# A framed request (a lookup, a read ticket) carries at most one key, a `lookup_many` at most
+# MAX_LOOKUP_KEYS keys: all of it in at most this many bytes (the client splits bigger lookups).
 MAX_FRAMED_BYTES = 1 << 20
+MAX_LOOKUP_KEYS = 4096
+# A scan's batches hold at most this many rows (a server streams them one at a time).
+MAX_SCAN_BATCH_ROWS = 1 << 20
+# The scan stream's schema metadata: the changelog offset the bucket was read at.
+SCAN_OFFSET_KEY = b"tally.offset"
+# lookup_many's answer: per key, whether the key has a row.
+FOUND_COLUMN = "_found"
 
 
-def unframe(data: bytes | pa.Buffer, what: str = "a request") -> tuple[dict, pa.Table | None]:
-    """The header and the one-row payload of a framed request, each bounded before it is
-    parsed or decoded: the whole request to MAX_FRAMED_BYTES, the payload to one row and
+def unframe(data: bytes | pa.Buffer, what: str = "a request",
+            max_rows: int = 1) -> tuple[dict, pa.Table | None]:
+    """The header and the payload of a framed request, each bounded before it is parsed or
+    decoded: the whole request to MAX_FRAMED_BYTES, the payload to `max_rows` rows and
     MAX_FRAMED_BYTES once decoded."""
     if len(data) > MAX_FRAMED_BYTES:
         raise InvalidInputError(f"{what} of {len(data):,} bytes exceeds the limit of "
@@ -219,8 +228,8 @@ def unframe(data: bytes | pa.Buffer, what: str = "a request") -> tuple[dict, pa.
     if not sep:
         return header, None
     payload = pa.py_buffer(rest)
-    measure_stream(payload, max_rows=1, max_bytes=MAX_FRAMED_BYTES,
-                   what=f"the key of {what}")
+    measure_stream(payload, max_rows=max_rows, max_bytes=MAX_FRAMED_BYTES,
+                   what=f"the key{'s' if max_rows > 1 else ''} of {what}")
     return header, ipc_to_table(payload)
 
 
