@@ -34,7 +34,7 @@ from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from merge_engine.descriptor import parse_bool_option
 from merge_engine.hidden_columns import CHANGE_TYPE
-from sink.options import _tls, _token
+from sink.options import tls_option, token_option
 from tally.errors import InvalidOptionError
 from tally.wire.tls import TlsFiles
 
@@ -85,7 +85,7 @@ class StreamOptions:
                 raise InvalidOptionError(f"Option 'maxRecordsPerTrigger' must be a positive "
                                          f"integer, got {limit!r}")
         start = str(raw.get(STARTING_OFFSETS, "latest")).strip()
-        return cls(str(raw["url"]).strip(), str(raw["table"]).strip(), _token(raw), _tls(raw),
+        return cls(str(raw["url"]).strip(), str(raw["table"]).strip(), token_option(raw), tls_option(raw),
                    start.lower() if start.lower() in ("earliest", "latest") else start,
                    None if consumer is None else str(consumer).strip(),
                    None if limit is None else int(str(limit).strip()))

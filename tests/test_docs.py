@@ -79,18 +79,24 @@ def test_every_page_is_checked():
 def test_page_runs_as_written(page, tmp_path):
     blocks = runnable(page)
     # A session of its own, so that whatever a page starts (a server, a JVM) is stopped with
-    # it, even when a block fails before the page's own clean-up.
-    process = subprocess.Popen([sys.executable, "-c", RUNNER], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               cwd=tmp_path, env=clean_env(), start_new_session=True)
-    try:
-        stdout, stderr = process.communicate(json.dumps(blocks), timeout=TIMEOUT_SECONDS)
-    finally:
+    # it, even when a block fails before the page's own clean-up. Output goes to files, not
+    # pipes: a server the page left running would hold a pipe open after the page ended.
+    out_path, err_path = tmp_path / "stdout", tmp_path / "stderr"
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        process = subprocess.Popen([sys.executable, "-c", RUNNER], stdin=subprocess.PIPE,
+                                   stdout=out, stderr=err, text=True, cwd=tmp_path,
+                                   env=clean_env(), start_new_session=True)
         try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.wait()
+            process.stdin.write(json.dumps(blocks))
+            process.stdin.close()
+            process.wait(timeout=TIMEOUT_SECONDS)
+        finally:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
+    stdout, stderr = out_path.read_text(), err_path.read_text()
     assert process.returncode == 0, (
         f"{page.name}: a block failed (the last '---' line names it)\n"
         f"{stdout[-3000:]}\n{stderr[-6000:]}")
