@@ -32,8 +32,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StructField, StructType
 
-from sink.options import TABLE, TOKEN, TOKEN_FILE, TLS_CA, TLS_CERT, TLS_KEY, URL, tls_option, \
-    token_option
+from sink.options import (TABLE, TOKEN, TOKEN_FILE, TLS_CA, TLS_CERT, TLS_KEY, URL,
+                          connection_options, lowered)
 from sink.types import arrow_to_spark, spark_to_arrow
 from merge_engine.hidden_columns import UNWRITTEN
 from tally.errors import InvalidOptionError
@@ -52,7 +52,7 @@ class ReadOptions:
 
     url: str
     table: str
-    token: str | None = None
+    token: str | None = dataclasses.field(default=None, repr=False)  # never in logs
     tls: TlsFiles | None = None
     columns: tuple[str, ...] | None = None
     filter: dict | None = None
@@ -63,14 +63,12 @@ class ReadOptions:
     def parse(cls, options) -> "ReadOptions":
         from merge_engine.descriptor import parse_bool_option
 
-        raw = {str(k).strip().lower(): v for k, v in dict(options or {}).items()}
+        raw = lowered(options)
         unknown = sorted(k for k in raw if k not in READ_KEYS and k not in SPARK_KEYS)
         if unknown:
             raise InvalidOptionError(f"Unknown Tally read option(s) {unknown}. Known options: "
                                      f"{sorted(READ_KEYS)}")
-        for required in (URL, TABLE):
-            if not raw.get(required):
-                raise InvalidOptionError(f"Reading a Tally table needs the option '{required}'")
+        url, table, token, tls = connection_options(raw, "Reading a Tally table")
         columns = None
         if raw.get(COLUMNS):
             columns = tuple(c.strip() for c in str(raw[COLUMNS]).split(",") if c.strip())
@@ -93,8 +91,7 @@ class ReadOptions:
             if not 1 <= batch_size <= MAX_SCAN_BATCH_ROWS:
                 raise InvalidOptionError(f"Option '{BATCH_SIZE}' must be an integer from 1 to "
                                          f"{MAX_SCAN_BATCH_ROWS:,}, not {raw[BATCH_SIZE]!r}")
-        return cls(url=str(raw[URL]).strip(), table=str(raw[TABLE]).strip(),
-                   token=token_option(raw), tls=tls_option(raw), columns=columns, filter=where,
+        return cls(url=url, table=table, token=token, tls=tls, columns=columns, filter=where,
                    unwritten=parse_bool_option(UNWRITTEN_OPTION,
                                                raw.get(UNWRITTEN_OPTION, "false")),
                    batch_size=batch_size)

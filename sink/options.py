@@ -69,6 +69,20 @@ def token_option(raw: dict) -> str | None:
     return raw.get(TOKEN) or os.environ.get("TALLY_TOKEN") or None
 
 
+def lowered(options) -> dict:
+    """Spark's option keys are case-insensitive: every key trimmed and lower-cased."""
+    return {str(k).strip().lower(): v for k, v in dict(options or {}).items()}
+
+
+def connection_options(raw: dict, needs: str) -> tuple[str, str, str | None, TlsFiles | None]:
+    """(url, table, token, TLS files) of lowered options, for any use of the data source;
+    InvalidOptionError naming the missing option (`needs`: who needs it, for the message)."""
+    for required in (URL, TABLE):
+        if not raw.get(required):
+            raise InvalidOptionError(f"{needs} needs the option '{required}'")
+    return str(raw[URL]).strip(), str(raw[TABLE]).strip(), token_option(raw), tls_option(raw)
+
+
 def _split_list(value: str | None) -> list[str] | None:
     if value is None:
         return None
@@ -106,7 +120,7 @@ class SinkOptions:
     @classmethod
     def parse(cls, options: dict | None, url: str | None = None, table: str | None = None,
               columns=None) -> "SinkOptions":
-        raw = {str(k).strip().lower(): v for k, v in (options or {}).items()}
+        raw = lowered(options)
         if url is not None:
             raw[URL] = url
         if table is not None:
@@ -119,17 +133,14 @@ class SinkOptions:
             raise InvalidOptionError(
                 f"Unknown Tally sink option(s) {unknown}. Known options: {sorted(SINK_KEYS)}, "
                 "fields.<column>.agg, fields.<column>.<function>.<parameter> and table.*")
-        for required in (URL, TABLE):
-            if not raw.get(required):
-                raise InvalidOptionError(f"The Tally sink needs the option '{required}'")
-        name = str(raw[TABLE]).strip()
+        url, name, token, tls = connection_options(raw, "The Tally sink")
         if name.count(".") != 1 or not all(name.split(".")):
             raise InvalidOptionError(
                 f"Option 'table' must name a table as '<database>.<table>', got {name!r}")
         return cls(
-            url=str(raw[URL]).strip(),
+            url=url,
             table=name,
-            token=token_option(raw),
+            token=token,
             columns=tuple(_split_list(raw.get(COLUMNS)) or ()) or None,
             merge_mode=_merge_mode(raw.get(MERGE_MODE)),
             create_table=parse_bool_option(CREATE_TABLE, raw.get(CREATE_TABLE, "false")),
@@ -145,7 +156,7 @@ class SinkOptions:
                                        if k.startswith("fields.") or k.startswith("table."))),
             checkpoint_location=raw.get("checkpointlocation"),
             fail_hook=str(raw[FAIL_HOOK]).strip() or None if raw.get(FAIL_HOOK) else None,
-            tls=tls_option(raw),
+            tls=tls,
         )
 
 

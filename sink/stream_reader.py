@@ -34,7 +34,7 @@ from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from merge_engine.descriptor import parse_bool_option
 from merge_engine.hidden_columns import CHANGE_TYPE
-from sink.options import tls_option, token_option
+from sink.options import connection_options, lowered
 from tally.errors import InvalidOptionError
 from tally.wire.tls import TlsFiles
 
@@ -55,7 +55,7 @@ class StreamOptions:
 
     url: str
     table: str
-    token: str | None = None
+    token: str | None = dataclasses.field(default=None, repr=False)  # never in logs
     tls: TlsFiles | None = None
     starting_offsets: str = "latest"
     consumer: str | None = None
@@ -63,7 +63,7 @@ class StreamOptions:
 
     @classmethod
     def parse(cls, options: dict) -> "StreamOptions":
-        raw = {str(k).strip().lower(): v for k, v in (options or {}).items()}
+        raw = lowered(options)
         unknown = sorted(k for k in raw if k not in _KEYS)
         if unknown:
             raise InvalidOptionError(
@@ -71,10 +71,8 @@ class StreamOptions:
                 "Known options: url, table, token, token-file, tls.*, changelog, "
                 "startingOffsets (earliest, latest or per-bucket JSON), consumer, "
                 "maxRecordsPerTrigger")
-        for required in ("url", "table"):
-            if not raw.get(required):
-                raise InvalidOptionError(f"A changelog stream of the tally data source needs "
-                                         f"the option '{required}'")
+        url, table, token, tls = connection_options(
+            raw, "A changelog stream of the tally data source")
         consumer = raw.get(CONSUMER)
         if consumer is not None and not str(consumer).strip():
             raise InvalidOptionError("Option 'consumer' must not be empty")
@@ -85,7 +83,7 @@ class StreamOptions:
                 raise InvalidOptionError(f"Option 'maxRecordsPerTrigger' must be a positive "
                                          f"integer, got {limit!r}")
         start = str(raw.get(STARTING_OFFSETS, "latest")).strip()
-        return cls(str(raw["url"]).strip(), str(raw["table"]).strip(), token_option(raw), tls_option(raw),
+        return cls(url, table, token, tls,
                    start.lower() if start.lower() in ("earliest", "latest") else start,
                    None if consumer is None else str(consumer).strip(),
                    None if limit is None else int(str(limit).strip()))
@@ -94,7 +92,7 @@ class StreamOptions:
 def wants_changelog(options: dict) -> bool:
     """Whether the read asks for the changelog (the `changelog` option), which is what
     `DataSource.schema()` must answer with `changelog_spark_schema`."""
-    raw = {str(k).strip().lower(): v for k, v in (options or {}).items()}
+    raw = lowered(options)
     return parse_bool_option(CHANGELOG, raw.get(CHANGELOG, "false"))
 
 
