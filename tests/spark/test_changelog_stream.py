@@ -53,7 +53,7 @@ def write(table, partition, keys, a=1):
         writer.upsert([{"p": partition, "k": k, "a": a} for k in keys])
 
 
-def run_job(spec: dict, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_job(spec: dict, timeout: float = 900) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "tests.spark.changelog_job", json.dumps(spec)],
                           cwd=ROOT, env=dict(os.environ), capture_output=True, text=True,
                           timeout=timeout)
