@@ -272,6 +272,12 @@ class KvTablet:
         """Memory held by rows merged since the last flush (an estimate, see RowBuffer)."""
         return self._rows.buffered_bytes
 
+    @property
+    def memtable_bytes(self) -> int:
+        """What the bucket's RocksDB memtables hold now; 0 once closed."""
+        with self._lock:
+            return 0 if self._closed else self._store.memtable_bytes
+
     def _replay_unflushed(self) -> None:
         """After a crash: rebuild the row buffer from the changelog past the last flush."""
         applied = self._rows.applied_offset()

@@ -16,6 +16,7 @@ their own handlers to that table rather than changing the transport.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from typing import Any, Callable
@@ -30,6 +31,7 @@ from tally.server.catalog import (DEFAULT_DATABASE, Catalog, PartitionRecord, Ta
 from tally.server.consumer_registry import ConsumerRegistry
 from tally.server.membership import (COORDINATOR, EphemeralRegistration, HeartbeatLiveness,
                                      ZooKeeperLiveness)
+from tally.server.metrics import ServerMetrics
 from tally.server.settings import SESSION_TIMEOUT
 from tally.wire.channel import ChannelPool, FlightChannel
 from tally.wire.messages import check_json_depth, field, int_items
@@ -47,9 +49,12 @@ class Coordinator:
     """Metadata service of a cluster. `actions` maps DoAction names to handlers."""
 
     def __init__(self, store: MetadataStore, address: str, token: str | None = None,
-                 session_timeout: float = SESSION_TIMEOUT, clock=time.time, tls=None) -> None:
-        """`clock`: the time lock expiry is judged by (tests move it; see server.clock)."""
+                 session_timeout: float = SESSION_TIMEOUT, clock=time.time, tls=None,
+                 metrics: ServerMetrics | None = None) -> None:
+        """`clock`: the time lock expiry is judged by (tests move it; see server.clock).
+        `metrics`: the process's (a registry of its own when None)."""
         self.store = store
+        self.metrics = metrics if metrics is not None else ServerMetrics()
         self.clock = clock
         self.address = address
         self.catalog = Catalog(store)
@@ -83,8 +88,10 @@ class Coordinator:
             "bucket_info": self.bucket_info,
             "heartbeat": self.heartbeat,
             "truncate_log": self.truncate_log,
+            "undo_report": self.undo_report,
         }
         self.locking = CoordinatorLocks(self)  # adds the lock, commit and retention actions
+        self.metrics.watch_locks(self.lock_holders)
         self.consumers = ConsumerRegistry(self)  # adds the changelog consumers' actions
 
     # --- databases and tables -----------------------------------------------------------
@@ -304,6 +311,33 @@ class Coordinator:
         return {"name": record.name, "descriptor": record.descriptor,
                 "routing": self.routing(record).to_json(), "partition": partition.name,
                 "owner": partition.buckets[bucket]}
+
+    # --- metrics ------------------------------------------------------------------------
+
+    def lock_holders(self) -> dict[str, tuple[int, int]]:
+        """{table name: (live locks, expired unreleased locks)} for the metrics."""
+        out = {}
+        for table_id, counts in self.locking.locks.holders().items():
+            try:
+                out[self.catalog.table_by_id(table_id).name] = counts
+            except NotFoundError:
+                continue  # dropped meanwhile
+        return out
+
+    def undo_report(self, body: dict) -> None:
+        """A client says it undid one bucket of a table (undo runs in the client: this is how
+        the metrics learn of it). Counted only for an existing table, so a caller cannot make
+        up series; the numbers are the client's."""
+        record = self.named_table(body)
+        counts = {name: field(body, name, int) for name in
+                  ("keys_restored", "keys_deleted", "records_scanned")}
+        seconds = body.get("seconds")
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
+                or not math.isfinite(seconds) or seconds < 0 \
+                or any(n < 0 for n in counts.values()):
+            raise InvalidInputError("an undo report's counts and seconds must be non-negative")
+        self.metrics.undone(record.name, counts["keys_restored"], counts["keys_deleted"],
+                            counts["records_scanned"], float(seconds))
 
     # --- offsets ------------------------------------------------------------------------
 
