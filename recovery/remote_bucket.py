@@ -96,8 +96,8 @@ def report_undo(table, result: UndoResult) -> None:
     where no server sees it whole). Best effort: the undo is done either way."""
     try:
         table.connection.coordinator_action("undo_report", {
-            "name": table.name, "table_id": table.table_id, "bucket": result.bucket,
-            "partition": result.partition, "keys_restored": result.keys_restored,
+            "name": table.name, "table_id": table.table_id,
+            "keys_restored": result.keys_restored,
             "keys_deleted": result.keys_deleted, "records_scanned": result.records_scanned,
             "seconds": result.seconds})
     except TallyError as e:

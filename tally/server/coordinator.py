@@ -334,8 +334,10 @@ class Coordinator:
         seconds = body.get("seconds")
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
                 or not math.isfinite(seconds) or seconds < 0 \
-                or any(n < 0 for n in counts.values()):
-            raise InvalidInputError("an undo report's counts and seconds must be non-negative")
+                or any(not 0 <= n < 2**63 for n in counts.values()):
+            raise InvalidInputError(
+                f"an undo report's counts ({counts}) must be 64-bit integers and its seconds "
+                f"({seconds!r}) a finite number, none negative")
         self.metrics.undone(record.name, counts["keys_restored"], counts["keys_deleted"],
                             counts["records_scanned"], float(seconds))
 

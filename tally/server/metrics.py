@@ -102,7 +102,8 @@ class ServerMetrics:
 
     # --- recording ----------------------------------------------------------------------
 
-    def _where(self, hosted) -> tuple[str, ...]:
+    def location(self, hosted) -> tuple[str, ...]:
+        """The values of the `where` labels of a hosted bucket."""
         table = hosted.routing.name
         if not self.per_bucket:
             return (table,)
@@ -110,7 +111,7 @@ class ServerMetrics:
 
     def written(self, hosted, op: str, rows) -> None:
         """One put or delete applied to a hosted bucket."""
-        labels = self._where(hosted) + (op,)
+        labels = self.location(hosted) + (op,)
         self.writes.labels(*labels).inc()
         self.rows_written.labels(*labels).inc(rows.num_rows)
         self.bytes_written.labels(*labels).inc(rows.nbytes)
@@ -198,7 +199,7 @@ class _MemoryCollector:
                 sizes = (tablet.buffered_bytes, tablet.memtable_bytes)
             except Exception:  # noqa: BLE001 - closed meanwhile (dropped, reopened): skip it
                 continue
-            total = sums.setdefault(self._metrics._where(hosted), [0, 0])
+            total = sums.setdefault(self._metrics.location(hosted), [0, 0])
             total[0] += sizes[0]
             total[1] += sizes[1]
         for labels, (buffered, memtable) in sorted(sums.items()):
