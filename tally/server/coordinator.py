@@ -16,7 +16,6 @@ their own handlers to that table rather than changing the transport.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from typing import Any, Callable
@@ -31,6 +30,7 @@ from tally.server.catalog import (DEFAULT_DATABASE, Catalog, PartitionRecord, Ta
 from tally.server.consumer_registry import ConsumerRegistry
 from tally.server.membership import (COORDINATOR, EphemeralRegistration, HeartbeatLiveness,
                                      ZooKeeperLiveness)
+from tally.server.metric_reports import MetricReports
 from tally.server.metrics import ServerMetrics
 from tally.server.settings import SESSION_TIMEOUT
 from tally.wire.channel import ChannelPool, FlightChannel
@@ -88,10 +88,9 @@ class Coordinator:
             "bucket_info": self.bucket_info,
             "heartbeat": self.heartbeat,
             "truncate_log": self.truncate_log,
-            "undo_report": self.undo_report,
         }
         self.locking = CoordinatorLocks(self)  # adds the lock, commit and retention actions
-        self.metrics.watch_locks(self.lock_holders)
+        self.reports = MetricReports(self)  # adds undo_report; shows the lock holders
         self.consumers = ConsumerRegistry(self)  # adds the changelog consumers' actions
 
     # --- databases and tables -----------------------------------------------------------
@@ -311,35 +310,6 @@ class Coordinator:
         return {"name": record.name, "descriptor": record.descriptor,
                 "routing": self.routing(record).to_json(), "partition": partition.name,
                 "owner": partition.buckets[bucket]}
-
-    # --- metrics ------------------------------------------------------------------------
-
-    def lock_holders(self) -> dict[str, tuple[int, int]]:
-        """{table name: (live locks, expired unreleased locks)} for the metrics."""
-        out = {}
-        for table_id, counts in self.locking.locks.holders().items():
-            try:
-                out[self.catalog.table_by_id(table_id).name] = counts
-            except NotFoundError:
-                continue  # dropped meanwhile
-        return out
-
-    def undo_report(self, body: dict) -> None:
-        """A client says it undid one bucket of a table (undo runs in the client: this is how
-        the metrics learn of it). Counted only for an existing table, so a caller cannot make
-        up series; the numbers are the client's."""
-        record = self.named_table(body)
-        counts = {name: field(body, name, int) for name in
-                  ("keys_restored", "keys_deleted", "records_scanned")}
-        seconds = body.get("seconds")
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
-                or not math.isfinite(seconds) or seconds < 0 \
-                or any(not 0 <= n < 2**63 for n in counts.values()):
-            raise InvalidInputError(
-                f"an undo report's counts ({counts}) must be 64-bit integers and its seconds "
-                f"({seconds!r}) a finite number, none negative")
-        self.metrics.undone(record.name, counts["keys_restored"], counts["keys_deleted"],
-                            counts["records_scanned"], float(seconds))
 
     # --- offsets ------------------------------------------------------------------------
 
