@@ -7,10 +7,14 @@ each other's order; everything the tests do goes through one cluster of this mod
 
 from __future__ import annotations
 
+import json
 import os
+import select
+import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pyarrow as pa
@@ -253,6 +257,34 @@ def test_per_bucket_series_only_when_asked(cluster, tmp_path):
     # the module's cluster was not asked: its write series name tables only
     plain = scrape(cluster.tablet_servers[0].metrics)
     assert not any("bucket" in dict(ls) for (n, ls) in plain if n.startswith("tally_written"))
+
+
+def test_one_process_with_both_roles_serves_both_roles_metrics(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "tally.server", "--data-dir", str(tmp_path),
+                             "--metrics-port", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, cwd=ROOT)
+    try:
+        line, deadline = b"", time.monotonic() + 120
+        while b"\n" not in line:
+            assert proc.poll() is None, "the server exited before it was ready"
+            assert time.monotonic() < deadline, "the server was not ready in 120 s"
+            if select.select([proc.stdout], [], [], 1)[0]:
+                line += os.read(proc.stdout.fileno(), 4096)
+        ready = json.loads(line.decode().split(" ", 1)[1])
+        with client.connect(ready["address"]) as conn:
+            table = make_table(conn, buckets=1)
+            with table.upsert_writer() as w:
+                w.upsert([{"k": k, "a": 1, "b": 1} for k in range(3)])
+            lease = conn.locks.acquire(table.name, "solo", ["a"], ttl=60)
+            samples = scrape(ready["metrics"])
+            conn.locks.release(lease)
+        assert total(samples, "tally_written_rows_total", table=table.name) == 3
+        assert total(samples, "tally_lock_holders", table=table.name, state="live") == 1
+        assert total(samples, "tally_request_seconds_count", call="lock_acquire") == 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0  # the endpoint shuts down with the process
+        proc.stdout.close()
 
 
 def test_serve_refuses_a_taken_metrics_port_in_one_line(tmp_path):
