@@ -99,6 +99,8 @@ class ServerMetrics:
                                          "Changelog records truncation dropped",
                                          ("table", "trigger"), registry=r)
         self._http = None
+        # labels() validates its arguments on every call: a write finds its three children here
+        self._write_children: dict[tuple[str, ...], tuple] = {}
 
     # --- recording ----------------------------------------------------------------------
 
@@ -112,9 +114,15 @@ class ServerMetrics:
     def written(self, hosted, op: str, rows) -> None:
         """One put or delete applied to a hosted bucket."""
         labels = self.location(hosted) + (op,)
-        self.writes.labels(*labels).inc()
-        self.rows_written.labels(*labels).inc(rows.num_rows)
-        self.bytes_written.labels(*labels).inc(rows.nbytes)
+        children = self._write_children.get(labels)
+        if children is None:
+            children = self._write_children.setdefault(labels, (
+                self.writes.labels(*labels), self.rows_written.labels(*labels),
+                self.bytes_written.labels(*labels)))
+        writes, rows_written, bytes_written = children
+        writes.inc()
+        rows_written.inc(rows.num_rows)
+        bytes_written.inc(rows.nbytes)
 
     @contextlib.contextmanager
     def timed(self, call: str) -> Iterator[_Call]:
