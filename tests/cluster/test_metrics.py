@@ -26,17 +26,21 @@ from recovery import recover
 from tally import client
 from tally.errors import (AuthenticationError, ColumnLockConflict, InvalidInputError,
                           LeaseLostError, NotFoundError, PermissionDeniedError,
-                          TableRecreatedError)
+                          TableRecreatedError, UnrecoveredLockError)
 from tally.server import LocalCluster
+from tally.server.clock import SkewedClock
 from tally.wire.channel import FlightChannel
+from tests.conftest import zookeeper_chroot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    with LocalCluster(str(tmp_path_factory.mktemp("metrics")), tablet_servers=2,
-                      authenticate=True, metrics=True) as c:
+    data_dir = tmp_path_factory.mktemp("metrics")
+    with LocalCluster(str(data_dir), tablet_servers=2, authenticate=True, metrics=True,
+                      lock_clock_file=str(data_dir / "lock-clock")) as c:
+        c.lock_clock = SkewedClock(str(data_dir / "lock-clock"))
         yield c
 
 
@@ -172,6 +176,12 @@ def test_fencing_refusals_and_lock_holders(cluster, admin):
                                                       lease=stale) as w:
                 w.upsert([{"k": 1, "b": 1}])
         conn.locks.release(lease)
+        # an owner that stops renewing: its expired lock still holds the column until undone
+        conn.locks.acquire(table.name, "owner-gone", ["a"], ttl=1)
+        cluster.lock_clock.advance(3600)  # every server's lock clock, an hour on
+        with pytest.raises(UnrecoveredLockError):
+            with conn.table(table.name).upsert_writer(target_columns=["k", "a"]) as w:
+                w.upsert([{"k": 1, "a": 1}])
     after = Scrapes(cluster)
 
     def refused(reason):
@@ -180,7 +190,26 @@ def test_fencing_refusals_and_lock_holders(cluster, admin):
 
     assert refused("lock_conflict") == 1
     assert refused("lease_lost") == 1
-    assert after.coord("tally_lock_holders", table=table.name) == 0
+    assert refused("unrecovered_lock") == 1
+    assert after.coord("tally_lock_holders", table=table.name, state="live") == 0
+    assert after.coord("tally_lock_holders", table=table.name, state="expired") == 1
+
+
+def test_lock_holders_are_read_from_zookeeper_too(zookeeper, tmp_path):
+    # the module's cluster keeps its metadata embedded; the lock nodes' paths are the same
+    # in ZooKeeper, under the cluster's chroot
+    with LocalCluster(str(tmp_path), tablet_servers=1, zookeeper=zookeeper_chroot(zookeeper),
+                      metrics=True) as zk_cluster:
+        with client.connect(zk_cluster.url) as conn:
+            table = make_table(conn, buckets=1)
+            leases = [conn.locks.acquire(table.name, owner, [column], ttl=60)
+                      for owner, column in (("x", "a"), ("y", "b"))]
+            held = scrape(zk_cluster.coordinator.metrics)
+            for lease in leases:
+                conn.locks.release(lease)
+            released = scrape(zk_cluster.coordinator.metrics)
+    assert total(held, "tally_lock_holders", table=table.name, state="live") == 2
+    assert total(released, "tally_lock_holders", table=table.name) == 0
 
 
 def test_an_undo_run_is_counted_by_the_coordinator(cluster, admin):
