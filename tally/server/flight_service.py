@@ -174,11 +174,11 @@ class TallyFlightServer(flight.FlightServerBase):
             authorize(self._principal(context), call)
             rows = self._tablets().read(header, payload)
         except (KeyError, TypeError, ValueError) as e:
-            self.metrics.latency.labels(call).observe(time.perf_counter() - started)
+            self.metrics.observe(call, started)
             raise to_flight_error(InvalidInputError(
                 f"malformed read request: {type(e).__name__}: {e}"))
         except BaseException as e:  # noqa: BLE001
-            self.metrics.latency.labels(call).observe(time.perf_counter() - started)
+            self.metrics.observe(call, started)
             raise self._failure(e, "read", call)
         if isinstance(rows, pa.RecordBatchReader):
             # A scan streams its batches: a failure while streaming (the bucket closed under
@@ -186,7 +186,7 @@ class TallyFlightServer(flight.FlightServerBase):
             rows = pa.RecordBatchReader.from_batches(
                 rows.schema, self.metrics.streamed(call, started, self._typed(rows, call)))
         else:
-            self.metrics.latency.labels(call).observe(time.perf_counter() - started)
+            self.metrics.observe(call, started)
         return flight.RecordBatchStream(rows)
 
     def _typed(self, reader: pa.RecordBatchReader, call: str):

@@ -132,14 +132,18 @@ class ServerMetrics:
         try:
             yield named
         finally:
-            self.latency.labels(named.name).observe(time.perf_counter() - started)
+            self.observe(named.name, started)
+
+    def observe(self, call: str, started: float) -> None:
+        """A call that began at `started` (time.perf_counter) has been answered."""
+        self.latency.labels(call).observe(time.perf_counter() - started)
 
     def streamed(self, call: str, started: float, batches: Iterable) -> Iterator:
         """`batches`, timing `call` from `started` until the stream ends (or is abandoned)."""
         try:
             yield from batches
         finally:
-            self.latency.labels(call).observe(time.perf_counter() - started)
+            self.observe(call, started)
 
     def refused(self, call: str, exc: BaseException) -> None:
         """Count `exc` if it is a refusal."""

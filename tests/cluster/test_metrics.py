@@ -135,6 +135,25 @@ def test_writes_rows_and_bytes_per_table_count_what_was_applied(cluster, admin):
     assert after.coord("tally_written_rows_total") == 0
 
 
+def wait_for(condition, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.05)
+
+
+def test_a_scan_is_timed_until_its_stream_ends(cluster, admin):
+    table = make_table(admin, buckets=3)
+    with table.upsert_writer() as w:
+        w.upsert([{"k": k, "a": 1, "b": 1} for k in range(30)])
+    before = Scrapes(cluster).tablet("tally_request_seconds_count", call="do_get:scan")
+    assert table.to_arrow().num_rows == 30
+    # one scan per bucket, observed once the server has seen the end of each stream (which
+    # may come just after the client has its last batch)
+    wait_for(lambda: Scrapes(cluster).tablet("tally_request_seconds_count", call="do_get:scan")
+             - before == 3, "three scans timed")
+
+
 def test_refusals_are_counted_by_reason(cluster, admin):
     table = make_table(admin)
     before = Scrapes(cluster)
