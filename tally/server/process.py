@@ -108,6 +108,7 @@ def load_credentials(args: argparse.Namespace):
 
 
 def serve_metrics(metrics: ServerMetrics, host: str, port: int) -> str:
+    """The endpoint's URL; a port that cannot be bound ends the process with one line."""
     try:
         return metrics.serve(host, port)
     except OSError as e:
@@ -208,8 +209,9 @@ def serve(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     process = ServerProcess(args)
     print(process.ready_line(), flush=True)
-    log.info("serving %s on %s (data dir %s, metadata %s)", args.role, process.address,
-             args.data_dir, args.zookeeper or "embedded")
+    log.info("serving %s on %s (data dir %s, metadata %s, metrics %s)", args.role,
+             process.address, args.data_dir, args.zookeeper or "embedded",
+             process.metrics_address or "off")
     stop.wait()
     log.info("shutting down")
     process.close()
