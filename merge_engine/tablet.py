@@ -281,6 +281,7 @@ class KvTablet:
     def _replay_unflushed(self) -> None:
         """After a crash: rebuild the row buffer from the changelog past the last flush."""
         applied = self._rows.applied_offset()
+        self.replayed_records = self._end - applied  # what opening it cost (server metrics)
         if applied == self._end:
             return
         if not self._start <= applied < self._end:

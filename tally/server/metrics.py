@@ -91,6 +91,16 @@ class ServerMetrics:
                                     "Changelog records undo runs read", ("table",), registry=r)
         self.undo_seconds = Histogram("tally_undo_seconds", "Duration of one bucket's undo",
                                       ("table",), buckets=UNDO_BUCKETS, registry=r)
+        self.opens = Counter("tally_bucket_opens",
+                             "Buckets opened (on first use after the server started)",
+                             ("table",), registry=r)
+        self.replayed = Counter("tally_replayed_records",
+                                "Changelog records replayed into row buffers when buckets "
+                                "opened (what was not yet flushed when the server stopped)",
+                                ("table",), registry=r)
+        self.open_seconds = Histogram("tally_bucket_open_seconds",
+                                      "Time to open a bucket, its replay included", ("table",),
+                                      buckets=UNDO_BUCKETS, registry=r)
         self.truncations = Counter("tally_log_truncations",
                                    "Changelog truncations that moved a bucket's log start, by "
                                    "trigger: retention (the table's options) or admin",
@@ -158,6 +168,13 @@ class ServerMetrics:
         self.undo_keys.labels(table, "deleted").inc(deleted)
         self.undo_records.labels(table).inc(scanned)
         self.undo_seconds.labels(table).observe(seconds)
+
+    def opened(self, hosted, started: float) -> None:
+        """A bucket was opened, beginning at `started` (time.perf_counter)."""
+        table = hosted.routing.name
+        self.opens.labels(table).inc()
+        self.replayed.labels(table).inc(hosted.tablet.replayed_records)
+        self.open_seconds.labels(table).observe(time.perf_counter() - started)
 
     def truncated(self, hosted, trigger: str, before: int, after: int) -> None:
         """A bucket's log start moved from `before` to `after` (nothing when it did not)."""

@@ -114,7 +114,7 @@ class TabletServer:
         self.server_id = load_server_id(data_dir)
         self.address = address
         self.max_batch_bytes = max_batch_bytes
-        self.host = TabletHost(data_dir, memory_budget)
+        self.host = TabletHost(data_dir, memory_budget, self.metrics)
         self.metrics.watch_memory(self.host)
         self._coordinator = coordinator
         self.write_checks: list[WriteCheck] = []

@@ -287,6 +287,23 @@ def test_truncations_by_admin_and_by_retention(cluster, admin):
     assert moved("tally_log_truncated_records_total", trigger="retention") == log_start - 10
 
 
+def test_a_killed_server_replays_what_it_had_not_flushed_when_its_buckets_open(cluster, admin):
+    table = make_table(admin, buckets=2)
+    with table.upsert_writer() as w:
+        w.upsert([{"k": k, "a": 1, "b": 1} for k in range(40)])
+    for i in range(len(cluster.tablet_servers)):  # SIGKILL: no closing flush
+        cluster.kill_tablet_server(i)
+        cluster.start_tablet_server(i)
+    # asking for the offsets opens both buckets again
+    logged = sum(end for _, end in admin.admin.list_log_offsets(table.name).values())
+    assert table.to_arrow().num_rows == 40
+    after = Scrapes(cluster)  # counters of the restarted processes, from zero
+    assert logged == 40  # one +I per key, none flushed to the rows yet
+    assert after.tablet("tally_replayed_records_total", table=table.name) == logged
+    assert after.tablet("tally_bucket_opens_total", table=table.name) == 2
+    assert after.tablet("tally_bucket_open_seconds_count", table=table.name) == 2
+
+
 def test_per_bucket_series_only_when_asked(cluster, tmp_path):
     with LocalCluster(str(tmp_path), tablet_servers=1, metrics_per_bucket=True) as small:
         with client.connect(small.url) as conn:
