@@ -3,13 +3,14 @@
 Every metric of a server is defined here, in one `ServerMetrics` per process with a registry of
 its own (never prometheus_client's global one), so two servers in one process, and the tests,
 never share a counter. The server's parts call it at a few choke points (the Flight calls, the
-tablet write, retention, the undo report); what is cheap to read on demand (row buffer and
+tablet write, bucket opens, retention, the undo report); what is cheap to read on demand (row buffer and
 memtable memory, lock holders) is read when the endpoint is scraped instead of being kept up
 to date on every write.
 
 Labels carry table names, call names and refusal reasons; bucket and partition labels only
 with `per_bucket`, because they multiply the series by the bucket count of every table.
-Recording always happens; the endpoint exists only when `serve` is called (`--metrics-port`).
+Recording always happens (microseconds a call, and one code path whether scraped or not); the
+endpoint exists only when `serve` is called (`--metrics-port`).
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ _REFUSALS = (
     (PermissionDeniedError, "permission_denied"),
     (AuthenticationError, "unauthenticated"),
 )
-REFUSAL_REASONS = tuple(reason for _, reason in _REFUSALS)
 
 
 def refusal_reason(exc: BaseException) -> str | None:
