@@ -108,6 +108,18 @@ class ColumnLockService:
                 for r, _ in sorted(self.records(target.table_id).values(), key=lambda x: x[0].token)
                 if include_expired or r.live(now)]
 
+    def holders(self) -> dict[int, tuple[int, int]]:
+        """{table id: (live locks, expired locks not yet released)} of every table with a
+        stored lock (what the coordinator's metrics show)."""
+        now, out = self.clock(), {}
+        for child in self.store.children(join_path("locks")):
+            if child.isdigit():
+                records = [r for r, _ in self.records(int(child)).values()]
+                live = sum(1 for r in records if r.live(now))
+                if records:
+                    out[int(child)] = (live, len(records) - live)
+        return out
+
     def column_tokens(self, table_id: int) -> dict[int, int]:
         node = self.store.get(guard_path(table_id))
         return {} if node is None else {int(k): int(v) for k, v in node.value.get("column_tokens", {}).items()}

@@ -107,6 +107,11 @@ class TabletStore:
         self.write_options = WriteOptions()
         self.write_options.sync = sync
 
+    @property
+    def memtable_bytes(self) -> int:
+        """What this bucket's RocksDB memtables hold now (for the server's metrics)."""
+        return self.db.property_int_value("rocksdb.cur-size-all-mem-tables") or 0
+
     def close(self) -> None:
         """Close RocksDB. Its closing flush of the memtables may fail (a full disk, or the
         read-only state after a refused write) and rocksdict then raises after closing:

@@ -272,9 +272,16 @@ class KvTablet:
         """Memory held by rows merged since the last flush (an estimate, see RowBuffer)."""
         return self._rows.buffered_bytes
 
+    @property
+    def memtable_bytes(self) -> int:
+        """What the bucket's RocksDB memtables hold now; 0 once closed."""
+        with self._lock:
+            return 0 if self._closed else self._store.memtable_bytes
+
     def _replay_unflushed(self) -> None:
         """After a crash: rebuild the row buffer from the changelog past the last flush."""
         applied = self._rows.applied_offset()
+        self.replayed_records = self._end - applied  # what opening it cost (server metrics)
         if applied == self._end:
             return
         if not self._start <= applied < self._end:

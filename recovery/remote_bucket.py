@@ -7,12 +7,16 @@ the owner's lease (the columns being restored are locked by that owner).
 
 from __future__ import annotations
 
+import logging
 from typing import Iterator
 
 import pyarrow as pa
 
 from merge_engine.modes import MergeMode
 from recovery.bucket_undo import BucketUndo, UndoResult
+from tally.errors import TallyError
+
+log = logging.getLogger(__name__)
 
 CHUNK_OFFSETS = 50_000  # changelog records read per request: bounds undo's memory
 
@@ -83,4 +87,19 @@ def undo_remote(table, bucket: int, baseline: int, partition: str | None = None,
     finally:
         remote.close()
     result.bucket, result.partition = int(bucket), partition
+    report_undo(table, result)
     return result
+
+
+def report_undo(table, result: UndoResult) -> None:
+    """Tell the coordinator what the undo did, for its metrics (undo runs here, in the client,
+    where no server sees it whole). Best effort: the undo is done either way."""
+    try:
+        table.connection.coordinator_action("undo_report", {
+            "name": table.name, "table_id": table.table_id,
+            "keys_restored": result.keys_restored,
+            "keys_deleted": result.keys_deleted, "records_scanned": result.records_scanned,
+            "seconds": result.seconds})
+    except TallyError as e:
+        log.info("the undo of bucket %s of %s was not reported to the metrics: %s",
+                 result.bucket, table.name, e)

@@ -28,13 +28,19 @@ def cmd_local_cluster(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     with LocalCluster(args.data_dir, tablet_servers=args.tablet_servers,
-                      zookeeper=args.zookeeper, authenticate=args.authenticate) as cluster:
+                      zookeeper=args.zookeeper, authenticate=args.authenticate,
+                      metrics=args.metrics) as cluster:
         print(f"coordinator: {cluster.url}", flush=True)
+        if args.metrics:
+            print(f"coordinator metrics: {cluster.coordinator.metrics}", flush=True)
         if cluster.tokens:
             print(f"auth file (client tokens per role): {cluster.data_dir}/auth.toml",
                   flush=True)
         for handle in cluster.tablet_servers:
             print(f"tablet server {handle.info['server_id']}: {handle.address}", flush=True)
+            if args.metrics:
+                print(f"tablet server {handle.info['server_id']} metrics: {handle.metrics}",
+                      flush=True)
         print("Ctrl-C stops the cluster", flush=True)
         stop.wait()
     return 0
@@ -53,4 +59,7 @@ def add_commands(commands) -> None:
     local.add_argument("--authenticate", action="store_true",
                        help="make an auth file in the data dir (a cluster credential and a "
                             "client token per role) and require it")
+    local.add_argument("--metrics", action="store_true",
+                       help="give every server a Prometheus endpoint on a free loopback port "
+                            "(printed)")
     local.set_defaults(func=cmd_local_cluster)

@@ -50,6 +50,7 @@ REQUIRED_ROLE: dict[str, str] = {
     "commit": WRITE,
     "epoch_baseline": WRITE,
     "lock_discard": ADMIN,  # keeps another owner's uncommitted writes for good
+    "undo_report": WRITE,  # what an undo did, for the metrics: who may undo may report it
     # the coordinator: changelog consumers
     "consumer_positions": READ,
     # a consumer is a reader: registering its position changes no data, only what retention

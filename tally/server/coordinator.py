@@ -30,6 +30,8 @@ from tally.server.catalog import (DEFAULT_DATABASE, Catalog, PartitionRecord, Ta
 from tally.server.consumer_registry import ConsumerRegistry
 from tally.server.membership import (COORDINATOR, EphemeralRegistration, HeartbeatLiveness,
                                      ZooKeeperLiveness)
+from tally.server.metric_reports import MetricReports
+from tally.server.metrics import ServerMetrics
 from tally.server.settings import SESSION_TIMEOUT
 from tally.wire.channel import ChannelPool, FlightChannel
 from tally.wire.messages import check_json_depth, field, int_items
@@ -47,9 +49,12 @@ class Coordinator:
     """Metadata service of a cluster. `actions` maps DoAction names to handlers."""
 
     def __init__(self, store: MetadataStore, address: str, token: str | None = None,
-                 session_timeout: float = SESSION_TIMEOUT, clock=time.time, tls=None) -> None:
-        """`clock`: the time lock expiry is judged by (tests move it; see server.clock)."""
+                 session_timeout: float = SESSION_TIMEOUT, clock=time.time, tls=None,
+                 metrics: ServerMetrics | None = None) -> None:
+        """`clock`: the time lock expiry is judged by (tests move it; see server.clock).
+        `metrics`: the process's (a registry of its own when None)."""
         self.store = store
+        self.metrics = metrics if metrics is not None else ServerMetrics()
         self.clock = clock
         self.address = address
         self.catalog = Catalog(store)
@@ -85,6 +90,7 @@ class Coordinator:
             "truncate_log": self.truncate_log,
         }
         self.locking = CoordinatorLocks(self)  # adds the lock, commit and retention actions
+        self.reports = MetricReports(self)  # adds undo_report; shows the lock holders
         self.consumers = ConsumerRegistry(self)  # adds the changelog consumers' actions
 
     # --- databases and tables -----------------------------------------------------------

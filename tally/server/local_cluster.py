@@ -10,6 +10,10 @@ restarts that cluster: the same server identities (kept in each tablet directory
 new ports. `kill_tablet_server(i)` (SIGKILL), `start_tablet_server(i)`, `restart_coordinator()`
 and friends drive failure tests.
 
+`LocalCluster(..., metrics=True)` gives every server a Prometheus endpoint on a free loopback
+port, its URL in `handle.metrics` (`cluster.coordinator.metrics`, `cluster.tablet_servers[i]
+.metrics`); `metrics_per_bucket=True` adds the partition and bucket labels.
+
 `LocalCluster(..., authenticate=True)` writes an auth file into `data_dir` (kept for restarts):
 a cluster credential for its servers and one client token per role, in `cluster.tokens`
 (`tally.connect(cluster.url, token=cluster.tokens["write"])`).
@@ -48,6 +52,11 @@ class ServerHandle:
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def metrics(self) -> str | None:
+        """The URL of the server's Prometheus metrics, when the cluster serves them."""
+        return self.info.get("metrics")
 
     @property
     def port(self) -> int | None:
@@ -116,11 +125,13 @@ class LocalCluster:
                  authenticate: bool = False, host: str = "127.0.0.1",
                  max_batch_bytes: int | None = None, startup_timeout: float = 60.0,
                  memory_budget: str | None = None, lock_clock_file: str | None = None,
-                 tls=None) -> None:
+                 tls=None, metrics: bool = False, metrics_per_bucket: bool = False) -> None:
         """`lock_clock_file`: every server judges lock expiry by the wall clock plus the
         seconds in this file, so tests expire locks without sleeping (server.clock).
         `tls`: a tally.wire.tls.TlsFiles every server uses (its certificate, key, CA and
-        whether it verifies clients): the cluster then serves grpc+tls:// only."""
+        whether it verifies clients): the cluster then serves grpc+tls:// only.
+        `metrics`: every server serves Prometheus metrics on a free loopback port
+        (`handle.metrics`); `metrics_per_bucket` labels them by bucket too."""
         self.data_dir = os.path.abspath(data_dir)
         os.makedirs(self.data_dir, exist_ok=True)
         saved = self._load_settings()
@@ -139,6 +150,10 @@ class LocalCluster:
         if authenticate or os.path.exists(auth_file):
             self._credentials(auth_file)
             common += ["--auth-file", auth_file]
+        if metrics or metrics_per_bucket:
+            common += ["--metrics-port", "0"]  # on loopback, whatever `host` is
+        if metrics_per_bucket:
+            common += ["--metrics-per-bucket"]
         if lock_clock_file:
             common += ["--lock-clock-file", os.path.abspath(lock_clock_file)]
         if tls is not None:

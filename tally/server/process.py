@@ -21,6 +21,7 @@ import threading
 from tally.errors import UnavailableError
 from tally.server.clock import lock_clock
 from tally.server.flight_service import TallyFlightServer
+from tally.server.metrics import ServerMetrics
 from tally.server.serve_args import add_serve_arguments
 from tally.server.tablet_server import TabletServer
 from tally.wire.channel import FlightChannel
@@ -106,6 +107,14 @@ def load_credentials(args: argparse.Namespace):
     return None
 
 
+def serve_metrics(metrics: ServerMetrics, host: str, port: int) -> str:
+    """The endpoint's URL; a port that cannot be bound ends the process with one line."""
+    try:
+        return metrics.serve(host, port)
+    except OSError as e:
+        raise SystemExit(f"cannot serve metrics on {host}:{port}: {e.strerror or e}") from None
+
+
 class ServerProcess:
     """The roles of one process, started and stopped together."""
 
@@ -117,9 +126,14 @@ class ServerProcess:
         cluster_token = credentials.cluster if credentials else None
         os.makedirs(args.data_dir, exist_ok=True)
         tls = tls_files(args)
+        self.metrics = ServerMetrics(per_bucket=args.metrics_per_bucket)
+        # first, so a port that is taken stops the process before anything else runs; the
+        # roles register what they show as they start
+        self.metrics_address = None if args.metrics_port is None else \
+            serve_metrics(self.metrics, args.metrics_host, args.metrics_port)
         scheme = TLS_SCHEME if tls is not None else "grpc"
         self.flight = TallyFlightServer(f"{scheme}://{args.host}:{args.port}",
-                                        credentials=credentials, tls=tls)
+                                        credentials=credentials, tls=tls, metrics=self.metrics)
         self.address = f"{scheme}://{args.host}:{self.flight.port}"
         self.coordinator = self.tablet_server = self.registration = None
         self._stores = []
@@ -128,7 +142,8 @@ class ServerProcess:
 
             store = self._store(open_store(zookeeper=args.zookeeper, data_dir=args.data_dir))
             self.coordinator = Coordinator(store, self.address, cluster_token, tls=tls,
-                                           clock=lock_clock(args.lock_clock_file))
+                                           clock=lock_clock(args.lock_clock_file),
+                                           metrics=self.metrics)
             self.flight.attach(coordinator=self.coordinator)
         if args.role in ("all", "tablet"):
             zk = self._store(open_store(zookeeper=args.zookeeper)) if args.zookeeper else None
@@ -141,7 +156,8 @@ class ServerProcess:
             self.tablet_server = TabletServer(args.data_dir, self.address, link,
                                               max_batch_bytes=args.max_batch_bytes,
                                               memory_budget=args.memory_budget,
-                                              clock=lock_clock(args.lock_clock_file))
+                                              clock=lock_clock(args.lock_clock_file),
+                                              metrics=self.metrics)
             self.flight.attach(tablet_server=self.tablet_server)
             if zk is not None:
                 from tally.server.membership import EphemeralRegistration, live_path
@@ -160,7 +176,8 @@ class ServerProcess:
 
     def ready_line(self) -> str:
         info = {"role": self.args.role, "address": self.address, "pid": os.getpid(),
-                "server_id": self.tablet_server.server_id if self.tablet_server else None}
+                "server_id": self.tablet_server.server_id if self.tablet_server else None,
+                "metrics": self.metrics_address}
         return f"{READY} {json.dumps(info)}"
 
     def close(self) -> None:
@@ -168,6 +185,7 @@ class ServerProcess:
             self.registration.close()
         if self.tablet_server is not None:
             self.tablet_server._heartbeat.close()
+        self.metrics.close()
         self.flight.shutdown()
         if self.tablet_server is not None:
             self.tablet_server.close()
@@ -191,8 +209,9 @@ def serve(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     process = ServerProcess(args)
     print(process.ready_line(), flush=True)
-    log.info("serving %s on %s (data dir %s, metadata %s)", args.role, process.address,
-             args.data_dir, args.zookeeper or "embedded")
+    log.info("serving %s on %s (data dir %s, metadata %s, metrics %s)", args.role,
+             process.address, args.data_dir, args.zookeeper or "embedded",
+             process.metrics_address or "off")
     stop.wait()
     log.info("shutting down")
     process.close()

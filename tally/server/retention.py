@@ -43,7 +43,10 @@ class RetentionKeeper:
         hosted = self.server.addressed(body)
         before = field(body, "before", int)
         with hosted.lock:
-            return hosted.tablet.truncate_log(before)
+            start = hosted.tablet.log_start_offset
+            after = hosted.tablet.truncate_log(before)
+        self.server.metrics.truncated(hosted, "admin", start, after)
+        return after
 
     def enforce(self) -> dict:
         """One retention pass; {bucket label: new log start} for the buckets it truncated."""
@@ -73,6 +76,7 @@ class RetentionKeeper:
                 continue
             if after != before:
                 moved[hosted.label] = after
+                self.server.metrics.truncated(hosted, "retention", before, after)
         return moved
 
     def _floors(self, table_id: int) -> tuple[dict, int, dict, int]:

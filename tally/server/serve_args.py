@@ -23,6 +23,16 @@ def _memory_budget(value: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _port(value: str) -> int:
+    try:
+        port = int(value)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is a number from 0 to 65535, not {value!r}")
+    return port
+
+
 def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--data-dir", required=True, help="where this server keeps its data")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -58,6 +68,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                         help="write memory shared by all buckets of a tablet server: half caps "
                              "their row buffers, half their RocksDB memtables, e.g. 512mb "
                              f"(default {DEFAULT_MEMORY_BUDGET})")
+    parser.add_argument("--metrics-port", type=_port, metavar="PORT",
+                        help="expose Prometheus metrics over HTTP at /metrics on this port "
+                             "(0: a free one, printed in the ready line; default: off)")
+    parser.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                        help="address the metrics endpoint binds (default 127.0.0.1; it has "
+                             "no authentication and names every table)")
+    parser.add_argument("--metrics-per-bucket", action="store_true",
+                        help="label write and memory metrics by partition and bucket too "
+                             "(series multiply by the bucket count of every table)")
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("--lock-clock-file", metavar="PATH", help=argparse.SUPPRESS)  # tests
     return parser

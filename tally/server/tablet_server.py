@@ -28,6 +28,7 @@ from locks.tablet_check import TabletLocks
 from merge_engine.row_snapshot import scan_schema
 from tally.errors import InvalidInputError, NotFoundError, StaleMetadataError
 from tally.server.membership import HeartbeatSender
+from tally.server.metrics import ServerMetrics
 from tally.server.retention import RetentionKeeper
 from tally.server.settings import (DEFAULT_MAX_BATCH_BYTES, DEFAULT_SCAN_BATCH_ROWS,
                                    HEARTBEAT_INTERVAL, STORAGE_PROBE_INTERVAL)
@@ -100,17 +101,21 @@ class TabletServer:
                  heartbeat_interval: float = HEARTBEAT_INTERVAL,
                  retention_interval: float = 30.0, memory_budget: int | None = None,
                  clock: Callable[[], float] = time.time,
-                 storage_probe_interval: float = STORAGE_PROBE_INTERVAL) -> None:
+                 storage_probe_interval: float = STORAGE_PROBE_INTERVAL,
+                 metrics: ServerMetrics | None = None) -> None:
         """`memory_budget`: bytes of write memory all hosted buckets share (None: no cap
         beyond each bucket's own; `tally serve` passes --memory-budget). `clock`: the time
         lock expiry is judged by (tests move it; see server.clock). Every
         `storage_probe_interval` seconds, buckets whose disk refused a write are reopened
-        once it has room (storage_health)."""
+        once it has room (storage_health). `metrics`: the process's (a registry of its own
+        when None)."""
         self.clock = clock
+        self.metrics = metrics if metrics is not None else ServerMetrics()
         self.server_id = load_server_id(data_dir)
         self.address = address
         self.max_batch_bytes = max_batch_bytes
-        self.host = TabletHost(data_dir, memory_budget)
+        self.host = TabletHost(data_dir, memory_budget, self.metrics)
+        self.metrics.watch_memory(self.host)
         self._coordinator = coordinator
         self.write_checks: list[WriteCheck] = []
         self.actions = {"offsets": self.offsets, "drop_tablets": self.drop_tablets,
@@ -191,6 +196,7 @@ class TabletServer:
                 end = hosted.tablet.put(rows, mode=mode, target_columns=targets, writer=writer)
             else:
                 end = hosted.tablet.delete(rows, mode=mode, target_columns=targets, writer=writer)
+        self.metrics.written(hosted, op, rows)
         return {"end_offset": int(end)}
 
     def check_rows(self, hosted: HostedTablet, rows: pa.Table) -> None:

@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 
 from merge_engine import KvTablet, TableDescriptor
 from merge_engine.budget import MemoryBudget
@@ -49,8 +50,10 @@ class HostedTablet:
 class TabletHost:
     """Opens, caches and closes the KvTablets under one data directory."""
 
-    def __init__(self, data_dir: str, memory_budget: int | None = None) -> None:
+    def __init__(self, data_dir: str, memory_budget: int | None = None, metrics=None) -> None:
+        """`metrics`: the server's ServerMetrics, told of every bucket opened (None: nobody)."""
         self.root = os.path.join(data_dir, "tablets")
+        self.metrics = metrics
         self.budget = MemoryBudget(memory_budget) if memory_budget else None
         os.makedirs(self.root, exist_ok=True)
         self._tablets: dict[TabletKey, HostedTablet] = {}
@@ -79,9 +82,12 @@ class TabletHost:
                 return found
             path = self.path(key)
             label = key.describe(routing, partition)
+            started = time.perf_counter()
             tablet = KvTablet.open(path, TableDescriptor.from_json(descriptor_json), self.budget,
                                    name=label)
             hosted = HostedTablet(key, tablet, routing, partition)
+            if self.metrics is not None:
+                self.metrics.opened(hosted, started)
             with self._lock:
                 self._tablets[key] = hosted
                 self._opening.pop(key, None)
@@ -96,8 +102,11 @@ class TabletHost:
                 return  # dropped meanwhile
             old = hosted.tablet
             old.close()
+            started = time.perf_counter()
             hosted.tablet = KvTablet.open(self.path(hosted.key), old.descriptor, self.budget,
                                           name=hosted.label)
+            if self.metrics is not None:
+                self.metrics.opened(hosted, started)
 
     def all_hosted(self) -> list[HostedTablet]:
         with self._lock:

@@ -107,6 +107,7 @@ WRONG_TYPE = {
     "str": st.one_of(st.integers(), st.floats(), st.booleans(), lists, dicts, st.none()),
     "list": st.one_of(texts, st.integers(), st.floats(), st.booleans(), dicts, st.none()),
     "obj": st.one_of(texts, st.integers(), st.floats(), st.booleans(), lists, st.none()),
+    "number": st.one_of(texts, st.booleans(), lists, dicts, st.none()),
 }
 bad_names = texts.filter(lambda s: not NAME_RE.fullmatch(s))
 bad_table_names = st.one_of(bad_names, st.builds(lambda a, b: f"{a}.{b}", bad_names, texts),
@@ -127,10 +128,13 @@ DOMAIN = {
                           max_size=3),
     "problems": st.lists(st.one_of(st.integers(), st.floats(), st.none(), dicts), min_size=1,
                          max_size=3),
+    "count": st.one_of(st.integers(max_value=-1), st.integers(min_value=2**63)),
+    "seconds": st.floats(max_value=-0.001, allow_infinity=False),
 }
 JSON_TYPE = {"name": "str", "table": "str", "descriptor": "str", "str": "str", "int": "int",
              "columns": "list", "buckets": "list", "table_ids": "list", "lease": "obj",
-             "view": "obj", "offsets": "list", "problems": "list"}
+             "view": "obj", "offsets": "list", "problems": "list", "count": "int",
+             "seconds": "number"}
 
 
 def action_fields(ctx: Context, role: str, name: str) -> dict[str, tuple[str, object, bool]]:
@@ -178,6 +182,11 @@ def action_fields(ctx: Context, role: str, name: str) -> dict[str, tuple[str, ob
                                             "columns": ("columns", ["total"], True)},
         ("coordinator", "lock_discard"): {"table": table, "owner_id": ("str", "fuzz-4", True)},
         ("coordinator", "undo_baselines"): {"lease": lease},
+        ("coordinator", "undo_report"): {"name": table, "table_id": ("int", ctx.table_id, False),
+                                         "keys_restored": ("count", 1, True),
+                                         "keys_deleted": ("count", 0, True),
+                                         "records_scanned": ("count", 1, True),
+                                         "seconds": ("seconds", 0.5, True)},
         ("coordinator", "consumer_commit"): {"name": table, "consumer": ("str", "fuzz-c", True),
                                              "positions": ("offsets", [[b.partition, b.bucket, 0]],
                                                            True)},
@@ -203,6 +212,7 @@ COORDINATOR_ACTIONS = ["create_database", "drop_database", "create_table", "drop
                        "register_attempt",
                        "lock_describe", "lock_view", "commit", "last_commit", "epoch_baseline",
                        "retention_floor", "lock_take_over", "lock_discard", "undo_baselines",
+                       "undo_report",
                        "consumer_commit", "consumer_positions", "consumer_remove",
                        "consumer_floor"]
 TABLET_ACTIONS = ["offsets", "drop_tablets", "install_lock_view", "truncate_bucket_log"]
