@@ -21,7 +21,7 @@ from aggfuncs.min import MinAggregator
 from aggfuncs.product import ProductAggregator
 from aggfuncs.segments import Segments
 from aggfuncs.sketch_values import (SKETCH_FUNCTIONS, build_hll_sketch, build_kll_sketch,
-                                    build_theta_sketch, hll_sketch_estimate, kll_sketch_quantile,
+                                    build_sketch, build_theta_sketch, hll_sketch_estimate, kll_sketch_quantile,
                                     kll_sketch_rank, theta_sketch_estimate)
 from aggfuncs.sketches import HllSketchAggregator, KllSketchAggregator, ThetaSketchAggregator
 from aggfuncs.string_agg import StringAggAggregator
@@ -71,6 +71,7 @@ __all__ = [
     "build_bitmap",
     "build_hll_sketch",
     "build_kll_sketch",
+    "build_sketch",
     "build_theta_sketch",
     "hll_sketch_estimate",
     "kll_sketch_quantile",

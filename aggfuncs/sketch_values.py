@@ -11,6 +11,17 @@ import pyarrow as pa
 from aggfuncs.functions import AggFunction
 from aggfuncs.sketches import HllSketchAggregator, KllSketchAggregator, ThetaSketchAggregator
 from aggfuncs.sketches import kll_load
+from tally.errors import InvalidAggFunctionError
+
+
+def build_sketch(function: AggFunction | str, values: Iterable, params: dict | None = None) -> bytes:
+    """The image a column of `function` (hll_sketch, theta_sketch or kll_sketch) with these
+    parameters (as a schema gives them) makes of raw `values` (nulls skipped)."""
+    function = AggFunction.parse(function)
+    if function not in _AGGREGATORS:
+        raise InvalidAggFunctionError(f"'{function.value}' is not a sketch function")
+    agg = _AGGREGATORS[function]("value", pa.binary(), params)
+    return agg.sketch_of([v for v in values if v is not None])
 
 
 def build_hll_sketch(values: Iterable, lg_k: int = 12, target_type: str = "HLL_4") -> bytes:
@@ -57,12 +68,13 @@ def _kll(data: bytes, items: str):
 
 
 def kll_sketch_quantile(data: bytes | None, rank: float, items: str = "double"):
-    """The value at normalized `rank` (0..1) of a kll_sketch image (inclusive ranks, as Spark
-    and DataSketches default to); None for None or an empty sketch."""
+    """The value at normalized `rank` (0..1) of a kll_sketch image, by inclusive ranks (Spark's
+    and DataSketches Java's default; the Python package's default is exclusive); None for None
+    or an empty sketch."""
     if data is None:
         return None
     sketch = _kll(data, items.upper())
-    return None if sketch.is_empty() else sketch.get_quantile(float(rank))
+    return None if sketch.is_empty() else sketch.get_quantile(float(rank), True)
 
 
 def kll_sketch_rank(data: bytes | None, value, items: str = "double") -> float | None:
@@ -71,11 +83,13 @@ def kll_sketch_rank(data: bytes | None, value, items: str = "double") -> float |
     if data is None:
         return None
     sketch = _kll(data, items.upper())
-    return None if sketch.is_empty() else sketch.get_rank(value)
+    return None if sketch.is_empty() else sketch.get_rank(value, True)
 
 
-SKETCH_FUNCTIONS = (AggFunction.HLL_SKETCH, AggFunction.THETA_SKETCH, AggFunction.KLL_SKETCH)
+_AGGREGATORS = {cls.function: cls for cls in
+                (HllSketchAggregator, ThetaSketchAggregator, KllSketchAggregator)}
+SKETCH_FUNCTIONS = tuple(_AGGREGATORS)
 
-__all__ = ["SKETCH_FUNCTIONS", "build_hll_sketch", "build_kll_sketch", "build_theta_sketch",
+__all__ = ["SKETCH_FUNCTIONS", "build_hll_sketch", "build_sketch", "build_kll_sketch", "build_theta_sketch",
            "hll_sketch_estimate", "kll_load", "kll_sketch_quantile", "kll_sketch_rank",
            "theta_sketch_estimate"]

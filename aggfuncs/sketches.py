@@ -11,7 +11,8 @@ Parameters and mismatches follow DataSketches:
 - hll_sketch: `lg-k` (4..21, default 12) and `target-type` (HLL_4, HLL_6, HLL_8; default
   HLL_4). A union keeps the smaller lg_k of what it merges: a stored sketch merged with one of
   a smaller lg_k drops to it (its error grows accordingly); a larger one is folded down.
-- theta_sketch: `lg-k`, the log2 of the nominal entries (4..26, default 12). A union keeps the
+- theta_sketch: `lg-k`, the log2 of the nominal entries (5..26, default 12; the C++ library behind the
+  `datasketches` package refuses 4, which Spark allows). A union keeps the
   smallest theta it meets and at most 2^lg-k entries of the column's lg-k. Sketches must use the
   default seed (9001): another seed is refused, as DataSketches refuses it.
 - kll_sketch: `k` (8..65535, default 200) and `items` (double, float or bigint; default
@@ -181,7 +182,7 @@ class HllSketchAggregator(SketchAggregator):
 class ThetaSketchAggregator(SketchAggregator):
     function = AggFunction.THETA_SKETCH
     kind = "a compact theta sketch"
-    parameters = {"lg-k": int_between(4, 26)}
+    parameters = {"lg-k": int_between(5, 26)}
     defaults = {"lg-k": 12}
 
     takes_raw = staticmethod(_numeric_or_text)
@@ -205,7 +206,8 @@ class ThetaSketchAggregator(SketchAggregator):
         union = datasketches.theta_union(self.params["lg-k"])
         for sketch in sketches:
             union.update(sketch)
-        return union.get_result().serialize()
+        # Compressed (format 4), ordered: the form Spark's theta_sketch_agg writes.
+        return union.get_result().serialize(True)
 
 
 # items parameter -> (datasketches class name, struct code of one item, Arrow type of raw values)
