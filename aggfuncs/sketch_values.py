@@ -74,7 +74,15 @@ def kll_sketch_quantile(data: bytes | None, rank: float, items: str = "double"):
     if data is None:
         return None
     sketch = _kll(data, items.upper())
-    return None if sketch.is_empty() else sketch.get_quantile(float(rank), True)
+    if sketch.is_empty():
+        return None
+    # DataSketches Java (Spark) puts the exact min and max at ranks 0 and 1 of its sorted view;
+    # the C++ library behind the Python package answers from retained items only.
+    if rank <= 0:
+        return sketch.get_min_value()
+    if rank >= 1:
+        return sketch.get_max_value()
+    return sketch.get_quantile(float(rank), True)
 
 
 def kll_sketch_rank(data: bytes | None, value, items: str = "double") -> float | None:
