@@ -86,3 +86,9 @@ def test_spark_sketches_merge_in_tally_and_spark_reads_the_estimates(spark, regi
         assert theta_sketch_estimate(cell["users_theta"]) == row["theta"]
         assert kll_sketch_quantile(cell["latency"], 1.0) == row["max_ms"]
         assert kll_sketch_quantile(cell["size"], 0.0, items="bigint") == row["min_bytes"]
+    # Asked for estimates, the read itself gives the distinct counts.
+    read = (spark.read.format("tally").option("url", cluster.url).option("table", table.name)
+            .option("sketch-estimates", "true").load())
+    assert dict(read.dtypes)["users"] == "bigint" and dict(read.dtypes)["latency"] == "binary"
+    assert {r["g"]: (r["users"], r["users_theta"]) for r in read.collect()} == \
+        {g: (row["hll"], row["theta"]) for g, row in estimates.items()}
