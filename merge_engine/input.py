@@ -111,7 +111,7 @@ def _raw_sketch_value(value, column, aggregator) -> bytes:
         raise InvalidInputError(
             f"Column '{column.name}' ({column.agg.value}) takes sketch images (bytes) or raw "
             f"values it can add, not {value!r}")
-    return aggregator.to_state(aggregator.cast_input(raw)).to_pylist()[0]
+    return aggregator.sketch_of(aggregator.cast_input(raw).to_pylist())
 
 
 def _first_bad(values: list, arrow_type: pa.DataType):
