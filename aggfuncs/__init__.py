@@ -20,6 +20,10 @@ from aggfuncs.max import MaxAggregator
 from aggfuncs.min import MinAggregator
 from aggfuncs.product import ProductAggregator
 from aggfuncs.segments import Segments
+from aggfuncs.sketch_values import (SKETCH_FUNCTIONS, build_hll_sketch, build_kll_sketch,
+                                    build_sketch, build_theta_sketch, hll_sketch_estimate, kll_sketch_quantile,
+                                    kll_sketch_rank, theta_sketch_estimate)
+from aggfuncs.sketches import HllSketchAggregator, KllSketchAggregator, ThetaSketchAggregator
 from aggfuncs.string_agg import StringAggAggregator
 from aggfuncs.sum import SumAggregator
 
@@ -41,6 +45,9 @@ AGGREGATORS: dict[AggFunction, type[Aggregator]] = {
         BoolOrAggregator,
         Rbm32Aggregator,
         Rbm64Aggregator,
+        HllSketchAggregator,
+        ThetaSketchAggregator,
+        KllSketchAggregator,
     )
 }
 
@@ -59,8 +66,17 @@ __all__ = [
     "AggFunction",
     "Aggregator",
     "Segments",
+    "SKETCH_FUNCTIONS",
     "bitmap_ids",
     "build_bitmap",
+    "build_hll_sketch",
+    "build_kll_sketch",
+    "build_sketch",
+    "build_theta_sketch",
+    "hll_sketch_estimate",
+    "kll_sketch_quantile",
+    "kll_sketch_rank",
     "make_aggregator",
     "supported_names",
+    "theta_sketch_estimate",
 ]

@@ -29,6 +29,9 @@ class AggFunction(enum.Enum):
     BOOL_OR = "bool_or"
     RBM32 = "rbm32"
     RBM64 = "rbm64"
+    HLL_SKETCH = "hll_sketch"
+    THETA_SKETCH = "theta_sketch"
+    KLL_SKETCH = "kll_sketch"
 
     @classmethod
     def parse(cls, name: "str | AggFunction", column: str | None = None) -> "AggFunction":

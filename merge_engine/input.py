@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from aggfuncs import AggFunction
+from aggfuncs import SKETCH_FUNCTIONS, AggFunction
 from merge_engine.hidden_columns import CHANGE_TYPE, CONTRIBUTIONS, UNWRITTEN
 from merge_engine.schema import Schema
 from tally.errors import InvalidInputError
@@ -71,6 +71,7 @@ def _from_python(values: list, column, aggregator) -> pa.Array:
 
     List columns (array_agg) also take single elements: those become one-element lists.
     Bitmap columns (rbm32/rbm64) also take integer ids: those become one-id bitmaps.
+    Sketch columns also take raw values (numbers, strings): those become one-value sketches.
     string_agg columns also take token lists: then strings become their tokens.
     """
     arrow_type = column.type
@@ -84,6 +85,10 @@ def _from_python(values: list, column, aggregator) -> pa.Array:
             any(isinstance(v, int) and not isinstance(v, bool) for v in values):
         values = [aggregator.to_state(pa.array([v])).to_pylist()[0]
                   if isinstance(v, int) and not isinstance(v, bool) else v for v in values]
+    if column.agg in SKETCH_FUNCTIONS and \
+            any(v is not None and not isinstance(v, (bytes, bytearray)) for v in values):
+        values = [_raw_sketch_value(v, column, aggregator)
+                  if v is not None and not isinstance(v, (bytes, bytearray)) else v for v in values]
     try:
         return pa.array(values, type=arrow_type)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
@@ -94,6 +99,19 @@ def _from_python(values: list, column, aggregator) -> pa.Array:
         raise InvalidInputError(
             f"Column '{column.name}' (type {column.type}) cannot take the value {bad!r}: {exc}"
         ) from None
+
+
+def _raw_sketch_value(value, column, aggregator) -> bytes:
+    """The one-value sketch of a raw value written to a sketch column, or an error naming it."""
+    try:
+        raw = pa.array([value])
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+        raw = None
+    if raw is None or not aggregator.takes_raw(raw.type):
+        raise InvalidInputError(
+            f"Column '{column.name}' ({column.agg.value}) takes sketch images (bytes) or raw "
+            f"values it can add, not {value!r}")
+    return aggregator.sketch_of(aggregator.cast_input(raw).to_pylist())
 
 
 def _first_bad(values: list, arrow_type: pa.DataType):

@@ -22,6 +22,7 @@ MODULES = [
     "tally.client", r"!tally\.client\.",
     "sink", r"!sink\.",
     "merge_engine.testing",
+    "aggfuncs.sketch_values",  # tally.sketches
 ]
 
 

@@ -15,6 +15,9 @@ batches. Read options:
   partition key only those partitions, on the bucket key only those buckets. The DataFrame is
   the table's rows that match it; Spark's own `filter(...)` then applies on top.
 - `unwritten`: "true" adds the hidden `_unwritten` column. `batch-size`: rows per Arrow batch.
+- `sketch-estimates`: "true" reads hll_sketch and theta_sketch columns as their distinct-count
+  estimates (bigint, rounded as Spark's `hll_sketch_estimate` rounds) instead of their bytes;
+  kll_sketch columns stay bytes (Spark's `kll_sketch_get_quantile_*` read them).
 
 Spark's `df.filter(...)` is not pushed into the read: PySpark 4.3 turns filter pushdown off by
 default (and a reader that accepts pushed filters then fails every read), and with it on, the
@@ -32,6 +35,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StructField, StructType
 
+from aggfuncs import AggFunction, hll_sketch_estimate, theta_sketch_estimate
 from sink.options import (TABLE, TOKEN, TOKEN_FILE, TLS_CA, TLS_CERT, TLS_KEY, URL,
                           connection_options, lowered)
 from sink.types import arrow_to_spark, spark_to_arrow
@@ -41,9 +45,12 @@ from tally.wire.messages import MAX_SCAN_BATCH_ROWS
 from tally.wire.tls import TlsFiles
 
 COLUMNS, FILTER, UNWRITTEN_OPTION, BATCH_SIZE = "columns", "filter", "unwritten", "batch-size"
+SKETCH_ESTIMATES = "sketch-estimates"
 READ_KEYS = {URL, TABLE, TOKEN, TOKEN_FILE, TLS_CA, TLS_CERT, TLS_KEY, COLUMNS, FILTER,
-             UNWRITTEN_OPTION, BATCH_SIZE}
+             UNWRITTEN_OPTION, BATCH_SIZE, SKETCH_ESTIMATES}
 SPARK_KEYS = {"path"}
+ESTIMATES = {AggFunction.HLL_SKETCH: hll_sketch_estimate,
+             AggFunction.THETA_SKETCH: theta_sketch_estimate}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +65,7 @@ class ReadOptions:
     filter: dict | None = None
     unwritten: bool = False
     batch_size: int = 65536
+    estimates: bool = False
 
     @classmethod
     def parse(cls, options) -> "ReadOptions":
@@ -94,7 +102,8 @@ class ReadOptions:
         return cls(url=url, table=table, token=token, tls=tls, columns=columns, filter=where,
                    unwritten=parse_bool_option(UNWRITTEN_OPTION,
                                                raw.get(UNWRITTEN_OPTION, "false")),
-                   batch_size=batch_size)
+                   batch_size=batch_size,
+                   estimates=parse_bool_option(SKETCH_ESTIMATES, raw.get(SKETCH_ESTIMATES, "false")))
 
 
 def _open_table(options: ReadOptions, table_id: int | None = None):
@@ -109,6 +118,22 @@ def _open_table(options: ReadOptions, table_id: int | None = None):
     return Table(conn, options.table, table_id)
 
 
+def estimated_columns(options: ReadOptions) -> dict[str, str]:
+    """{column: function} of the columns read as estimates (none unless `sketch-estimates`)."""
+    if not options.estimates:
+        return {}
+    from sink import remote
+
+    conn = remote.shared_connection(options.url, options.token, options.tls)
+    schema = conn.admin.describe_table(options.table).descriptor.schema
+    return {c.name: c.agg.value for c in schema.columns if c.agg in ESTIMATES}
+
+
+def _estimates(values: pa.Array, function: str) -> pa.Array:
+    estimate = ESTIMATES[AggFunction(function)]
+    return pa.array([estimate(v) for v in values.to_pylist()], type=pa.int64())
+
+
 def read_schema(options: dict) -> StructType:
     """The Spark schema of a read: the table's columns (or the `columns` option's), then
     `_unwritten` when asked for."""
@@ -119,7 +144,9 @@ def read_schema(options: dict) -> StructType:
     if unknown:
         raise InvalidOptionError(f"Option '{COLUMNS}' names unknown column(s) {unknown} of "
                                  f"{parsed.table}; it has {arrow.names}")
-    fields = [StructField(c, arrow_to_spark(arrow.field(c).type), arrow.field(c).nullable)
+    estimated = estimated_columns(parsed)
+    fields = [StructField(c, arrow_to_spark(pa.int64() if c in estimated else arrow.field(c).type),
+                          arrow.field(c).nullable)
               for c in names]
     if parsed.unwritten:
         fields.append(StructField(UNWRITTEN, arrow_to_spark(pa.list_(pa.string())), True))
@@ -158,6 +185,7 @@ class TallyBatchReader(DataSourceReader):
         scan = TableScan(table, self.columns, self.options.filter, self.options.batch_size,
                          self.unwritten)
         self.parts = scan.parts
+        self.estimated = estimated_columns(self.options)
 
     def partitions(self):
         if not self.parts:
@@ -173,5 +201,7 @@ class TallyBatchReader(DataSourceReader):
                          self.options.filter, self.options.batch_size, self.unwritten)
         schema = self.arrow_schema
         for batch in scan.read_part(partition.part):
-            yield pa.RecordBatch.from_arrays([batch.column(f.name).cast(f.type) for f in schema],
-                                             schema=schema)
+            yield pa.RecordBatch.from_arrays(
+                [(_estimates(batch.column(f.name), self.estimated[f.name])
+                  if f.name in self.estimated else batch.column(f.name)).cast(f.type)
+                 for f in schema], schema=schema)

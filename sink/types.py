@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from aggfuncs import AggFunction
+from aggfuncs import SKETCH_FUNCTIONS, AggFunction, make_aggregator
 from merge_engine import MergeMode
 
 
@@ -75,6 +75,10 @@ def _is_list(t: pa.DataType) -> bool:
 def accepts(column, is_key: bool, src: pa.DataType, mode: MergeMode, aggregation: bool) -> bool:
     """Whether a DataFrame column of Arrow type `src` may feed the table `column`."""
     dst = column.type
+    if not is_key and aggregation and column.agg in SKETCH_FUNCTIONS:
+        # Sketch images, or raw values each row adds (in OVERWRITE: the sketch of that value).
+        return widens(src, dst) or \
+            make_aggregator(column.agg, column.name, dst, column.params).takes_raw(src)
     if is_key or not aggregation or mode is MergeMode.OVERWRITE:
         return widens(src, dst)
     fn = column.agg or AggFunction.LAST_VALUE_IGNORE_NULLS

@@ -9,6 +9,7 @@
     tally.LocalCluster                 a real cluster of local processes
     tally.TlsFiles                     the PEM files of a grpc+tls:// connection or server
     tally.errors                       every error Tally raises (TallyError and its subclasses)
+    tally.sketches                     build sketch images, read estimates, quantiles, ranks
     tally.testing                      the reference model; tally.testing.strategies for hypothesis
 
 Each name is loaded on first use (PEP 562), so building a schema loads neither RocksDB, Arrow
@@ -49,6 +50,7 @@ _FACE: dict[str, tuple[str, str | None]] = {
     "LocalCluster": ("tally.server.local_cluster", "LocalCluster"),
     "TlsFiles": ("tally.wire.tls", "TlsFiles"),
     "errors": ("tally.errors", None),
+    "sketches": ("aggfuncs.sketch_values", None),
     "testing": ("merge_engine.testing", None),
 }
 

@@ -11,7 +11,7 @@ import pytest
 import tally
 
 FACE = ["AggFunction", "KvTablet", "LocalCluster", "MergeMode", "Schema", "TableDescriptor",
-        "TallySink", "TlsFiles", "connect", "errors", "testing"]
+        "TallySink", "TlsFiles", "connect", "errors", "sketches", "testing"]
 HEAVY = ("rocksdict", "pyarrow.flight", "pyspark")
 
 
@@ -55,6 +55,9 @@ def test_every_name_of_the_face_resolves():
     assert tally.TallySink is TallySink
     assert tally.LocalCluster is LocalCluster
     assert tally.testing is testing
+    from aggfuncs import sketch_values
+
+    assert tally.sketches is sketch_values
     assert tally.testing.strategies is strategies
     assert issubclass(tally.errors.InvalidInputError, tally.errors.TallyError)
     for name in FACE:

@@ -16,7 +16,7 @@ import pyarrow as pa
 from aggfuncs import AggFunction
 from merge_engine.hidden_columns import CONTRIBUTIONS, UNWRITTEN
 from merge_engine.testing.model_functions import (FOLDS, bitmap_input, empty_value, is_empty,
-                                                  self_overlapping, tokens_of)
+                                                  self_overlapping, sketch_input, tokens_of)
 from merge_engine.testing.records import ChangeRecord, as_records
 from merge_engine.testing.spec import TableSpec
 from merge_engine.testing.values import check_range, coerce_input, same_row
@@ -326,6 +326,8 @@ class ReferenceTable:
             return value  # AGGREGATE count only looks at whether the input is null
         if function in (AggFunction.RBM32, AggFunction.RBM64):
             value = bitmap_input(column, value)
+        if function in (AggFunction.HLL_SKETCH, AggFunction.THETA_SKETCH, AggFunction.KLL_SKETCH):
+            value = sketch_input(column, value)
         if function is AggFunction.STRING_AGG and isinstance(value, (list, tuple)):
             return [coerce_input(name, column.type, v) for v in value]  # a token list
         if function is AggFunction.ARRAY_AGG and value is not None and not isinstance(value, (list, tuple)):

@@ -208,6 +208,101 @@ def fold_bitmap(col: ColumnSpec, stored, written, inputs, merge_state):
     return bitmap_bytes(col, ids)
 
 
+# --- sketches: DataSketches images, merged by the datasketches package ---------------------
+
+_KLL_ITEMS = {"double": ("kll_doubles_sketch", "d"), "float": ("kll_floats_sketch", "f"),
+              "bigint": ("kll_items_sketch", "q")}
+
+
+def _param(col: ColumnSpec, name: str, default):
+    for key in (name, name.replace("-", "_")):
+        if key in col.params:
+            return col.params[key]
+    return default
+
+
+def _kll_items(col: ColumnSpec) -> str:
+    return str(_param(col, "items", "double")).strip().lower()
+
+
+def _new_sketch(col: ColumnSpec):
+    """An empty sketch of the column's kind and parameters."""
+    import datasketches as ds
+
+    if col.function is AggFunction.HLL_SKETCH:
+        return ds.hll_sketch(int(_param(col, "lg-k", 12)),
+                             getattr(ds.tgt_hll_type, str(_param(col, "target-type", "HLL_4")).upper()))
+    if col.function is AggFunction.THETA_SKETCH:
+        return ds.update_theta_sketch(int(_param(col, "lg-k", 12)))
+    return getattr(ds, _KLL_ITEMS[_kll_items(col)][0])(int(_param(col, "k", 200)))
+
+
+def _read_sketch(col: ColumnSpec, data: bytes):
+    import datasketches as ds
+
+    try:
+        if col.function is AggFunction.HLL_SKETCH:
+            return ds.hll_sketch.deserialize(data)
+        if col.function is AggFunction.THETA_SKETCH:
+            return ds.compact_theta_sketch.deserialize(data)
+        items = _kll_items(col)
+        if items == "bigint":
+            return ds.kll_items_sketch.deserialize(data, ds.PyLongsSerDe())
+        return getattr(ds, _KLL_ITEMS[items][0]).deserialize(data)
+    except (ValueError, RuntimeError, TypeError, IndexError, OverflowError):
+        raise InvalidInputError(f"Column '{col.name}' got bytes that are not its sketch") from None
+
+
+def _sketch_image(col: ColumnSpec, sketches: list) -> bytes:
+    """The canonical image of the merge of `sketches` (contract: a DataSketches union, or a
+    KLL merge, of everything, stored in the canonical layout)."""
+    import datasketches as ds
+
+    from aggfuncs.sketch_images import canonical_hll, canonical_kll
+
+    if col.function is AggFunction.HLL_SKETCH:
+        union = ds.hll_union(int(_param(col, "lg-k", 12)))
+        for sketch in sketches:
+            union.update(sketch)
+        target = getattr(ds.tgt_hll_type, str(_param(col, "target-type", "HLL_4")).upper())
+        return canonical_hll(union.get_result(target).serialize_compact())
+    if col.function is AggFunction.THETA_SKETCH:
+        union = ds.theta_union(int(_param(col, "lg-k", 12)))
+        for sketch in sketches:
+            union.update(sketch.compact() if hasattr(sketch, "compact") else sketch)
+        return union.get_result().serialize(True)
+    merged = _new_sketch(col)
+    for sketch in sketches:
+        merged.merge(sketch)
+    items = _kll_items(col)
+    data = merged.serialize(ds.PyLongsSerDe()) if items == "bigint" else merged.serialize()
+    return canonical_kll(data, _KLL_ITEMS[items][1])
+
+
+def _as_sketch(col: ColumnSpec, value):
+    """An input as a sketch: images read, a raw value as the sketch of that one value."""
+    if isinstance(value, (bytes, bytearray)):
+        return _read_sketch(col, bytes(value))
+    sketch = _new_sketch(col)
+    sketch.update(value)
+    return sketch
+
+
+def sketch_input(col: ColumnSpec, value):
+    """A sketch column input: images as given, a raw value as the image of its sketch."""
+    if value is None or isinstance(value, (bytes, bytearray)):
+        return value
+    return _sketch_image(col, [_as_sketch(col, value)])
+
+
+def fold_sketch(col: ColumnSpec, stored, written, inputs, merge_state):
+    present = [v for v in inputs if v is not None]
+    if not present:
+        return stored  # the null rule: untouched, byte for byte
+    sketches = [_as_sketch(col, v) for v in [stored, *present] if v is not None]
+    return _sketch_image(col, sketches)
+
+
 def fold_bool_and(col: ColumnSpec, stored, written, inputs, merge_state):
     return _left_fold(lambda a, b: a and b, _present(stored, inputs))
 
@@ -232,6 +327,9 @@ FOLDS: dict[AggFunction, Fold] = {
     AggFunction.BOOL_OR: fold_bool_or,
     AggFunction.RBM32: fold_bitmap,
     AggFunction.RBM64: fold_bitmap,
+    AggFunction.HLL_SKETCH: fold_sketch,
+    AggFunction.THETA_SKETCH: fold_sketch,
+    AggFunction.KLL_SKETCH: fold_sketch,
 }
 
 

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 import pyarrow as pa
 
-from aggfuncs import AggFunction, build_bitmap
+from aggfuncs import SKETCH_FUNCTIONS, AggFunction, build_bitmap, build_sketch
 from aggfuncs.base import parse_bool
 from merge_engine.hidden_columns import UNWRITTEN
 from tally.errors import InvalidAggFunctionError
@@ -100,7 +100,7 @@ class TableSpec:
 
         An array_agg column whose values are single elements becomes a column of the element
         type (the contract's "Arrow column of type T"), string_agg token lists list<string>,
-        bitmap ids int64; `_unwritten` becomes list<string>.
+        bitmap ids int64, raw sketch values their own type; `_unwritten` becomes list<string>.
         """
         names = list(target_columns) if target_columns is not None else self.names
         arrays, fields = [], []
@@ -122,6 +122,16 @@ class TableSpec:
                 else:
                     values = [build_bitmap([v], 32 if column.function is AggFunction.RBM32 else 64)
                               if isinstance(v, int) else v for v in values]
+            if column.function in SKETCH_FUNCTIONS and any(
+                v is not None and not isinstance(v, bytes) for v in values
+            ):  # raw values: their own column when all are of one kind, else their images
+                kinds = {type(v) for v in values if v is not None}
+                if len(kinds) == 1:
+                    arrow_type = pa.array([v for v in values if v is not None]).type
+                else:
+                    values = [v if v is None or isinstance(v, bytes)
+                              else build_sketch(column.function, [v], dict(column.params))
+                              for v in values]
             arrays.append(pa.array(values, type=arrow_type))
             fields.append(pa.field(name, arrow_type))
         if any(UNWRITTEN in r for r in rows):

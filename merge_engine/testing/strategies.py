@@ -16,7 +16,7 @@ import pyarrow as pa
 from hypothesis import strategies as st
 
 from aggfuncs import AggFunction as F
-from aggfuncs import build_bitmap
+from aggfuncs import build_bitmap, build_sketch
 from merge_engine.descriptor import KV_BUFFER_SIZE
 from merge_engine.hidden_columns import UNWRITTEN
 from merge_engine.testing.model_functions import empty_value
@@ -51,6 +51,9 @@ FUNCTION_TYPES: dict[F | None, tuple[pa.DataType, ...]] = {
     F.BOOL_OR: (pa.bool_(),),
     F.RBM32: (pa.binary(),),
     F.RBM64: (pa.binary(),),
+    F.HLL_SKETCH: (pa.binary(),),
+    F.THETA_SKETCH: (pa.binary(),),
+    F.KLL_SKETCH: (pa.binary(),),
     None: SELECTION_TYPES,
 }
 FUNCTIONS = tuple(FUNCTION_TYPES)
@@ -138,6 +141,21 @@ def bitmaps(function: F) -> st.SearchStrategy[bytes]:
     return st.sets(ids, max_size=4).map(lambda s: build_bitmap(s, 32 if function is F.RBM32 else 64))
 
 
+SKETCHES = (F.HLL_SKETCH, F.THETA_SKETCH, F.KLL_SKETCH)
+
+
+def sketch_values(column: ColumnSpec) -> st.SearchStrategy:
+    """Images of sketches of up to two small values (built with the column's parameters), or
+    raw values (each adds itself). Few values per write keep a KLL sketch in exact mode, where
+    its bytes do not depend on random compactions (contract: docs/functions.md)."""
+    raw = st.integers(0, 40)
+    if column.function is not F.KLL_SKETCH:
+        raw = raw | st.sampled_from(["a", "é", "", "\U0001F600"])
+    images = st.lists(raw, max_size=2).map(
+        lambda vs: build_sketch(column.function, vs, dict(column.params)))
+    return st.one_of(st.none(), images, raw)
+
+
 def input_values(column: ColumnSpec, function: F | None, mode: str, scalar: bool = False) -> st.SearchStrategy:
     """What a write sends for a value column in a mode.
 
@@ -147,6 +165,8 @@ def input_values(column: ColumnSpec, function: F | None, mode: str, scalar: bool
     """
     if function in (F.RBM32, F.RBM64):
         return st.one_of(st.none(), bitmaps(function), st.integers(0, 40))
+    if function in SKETCHES:
+        return sketch_values(column)
     if function is F.STRING_AGG and scalar:
         return st.one_of(st.none(), token_lists(column.delimiter))
     if function is F.COUNT:
@@ -173,6 +193,17 @@ def params_for(function: F | None) -> st.SearchStrategy[dict]:
         )
     if function is F.ARRAY_AGG:
         return st.fixed_dictionaries({}, optional={"distinct": st.booleans().flatmap(_flag)})
+    # Small lg_k values take HLL and theta sketches out of their exact modes within a few
+    # writes; KLL k stays above what a drawn sequence adds (exact mode, see sketch_values).
+    if function is F.HLL_SKETCH:
+        return st.fixed_dictionaries({}, optional={
+            "lg_k": st.sampled_from([4, 5, 12, "8"]),
+            "target-type": st.sampled_from(["HLL_4", "HLL_6", "hll_8"])})
+    if function is F.THETA_SKETCH:
+        return st.fixed_dictionaries({}, optional={"lg_k": st.sampled_from([5, 12, "6"])})
+    if function is F.KLL_SKETCH:
+        return st.fixed_dictionaries({}, optional={
+            "k": st.sampled_from([200, "400"]), "items": st.sampled_from(["double", "float", "BIGINT"])})
     return st.just({})
 
 

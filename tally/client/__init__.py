@@ -16,7 +16,9 @@ Rows are bucketed here, by the stable bucket function `bucket_ids` / `TableRouti
 way.
 """
 
-from aggfuncs import bitmap_ids, build_bitmap
+from aggfuncs import (bitmap_ids, build_bitmap, build_hll_sketch, build_kll_sketch,
+                      build_theta_sketch, hll_sketch_estimate, kll_sketch_quantile,
+                      kll_sketch_rank, theta_sketch_estimate)
 from tally.client.admin import Admin, TableInfo
 from tally.client.changelog_reader import ChangelogReader
 from tally.client.consumer_position import ConsumerPosition
@@ -27,7 +29,9 @@ from tally.client.writer import UpsertWriter
 from tally.wire.bucket_hash import bucket_ids, bucket_of_key, hash_keys
 from tally.wire.routing import TableRouting, group_rows, partition_names
 
-__all__ = ["bitmap_ids", "build_bitmap", "Admin", "ChangelogReader", "Connection",
+__all__ = ["bitmap_ids", "build_bitmap", "build_hll_sketch", "build_kll_sketch",
+           "build_theta_sketch", "hll_sketch_estimate", "kll_sketch_quantile", "kll_sketch_rank",
+           "theta_sketch_estimate", "Admin", "ChangelogReader", "Connection",
            "ConsumerPosition", "ScanPart", "Table", "TableInfo", "TableRouting", "TableScan",
            "UpsertWriter", "bucket_ids", "bucket_of_key", "connect", "group_rows",
            "hash_keys", "partition_names"]
