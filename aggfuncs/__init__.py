@@ -17,6 +17,7 @@ from aggfuncs.first_value import FirstValueAggregator, FirstValueIgnoreNullsAggr
 from aggfuncs.functions import DEFAULT_FUNCTION, AggFunction, supported_names
 from aggfuncs.last_value import LastValueAggregator, LastValueIgnoreNullsAggregator
 from aggfuncs.max import MaxAggregator
+from aggfuncs.merge_map import MergeMapAggregator
 from aggfuncs.min import MinAggregator
 from aggfuncs.product import ProductAggregator
 from aggfuncs.segments import Segments
@@ -41,6 +42,7 @@ AGGREGATORS: dict[AggFunction, type[Aggregator]] = {
         BoolOrAggregator,
         Rbm32Aggregator,
         Rbm64Aggregator,
+        MergeMapAggregator,
     )
 }
 

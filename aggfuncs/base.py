@@ -114,6 +114,11 @@ class Aggregator:
         """Turn OVERWRITE-mode inputs into states (they replace what is stored)."""
         return values
 
+    def settle(self, states: pa.Array) -> pa.Array:
+        """The states a cell stores, from folded ones: folds may keep what only a partial
+        state needs (merge_map's deletions of keys) and a stored cell drops (identity here)."""
+        return states
+
     def check_cells(self, states: pa.Array) -> None:
         """Refuse merged states that pass the column's cell bounds (aggfuncs.cell_limits);
         only the functions whose cells grow without end have any."""

@@ -29,6 +29,7 @@ class AggFunction(enum.Enum):
     BOOL_OR = "bool_or"
     RBM32 = "rbm32"
     RBM64 = "rbm64"
+    MERGE_MAP = "merge_map"
 
     @classmethod
     def parse(cls, name: "str | AggFunction", column: str | None = None) -> "AggFunction":

@@ -41,6 +41,7 @@ class AggregateRowMerger(RowMerger):
             else:
                 all_signs = np.concatenate([np.ones(m, dtype=np.int8), signs])
                 columns[i] = agg.fold_signed(all_states, all_written, segments, all_signs)
+            columns[i] = agg.settle(columns[i])
             if i in self.counted:
                 columns[i] = self._count(agg, i, counts, columns[i], states, takes, write,
                                          input_groups)

@@ -15,8 +15,9 @@ import pyarrow as pa
 
 from aggfuncs import AggFunction
 from merge_engine.hidden_columns import CONTRIBUTIONS, UNWRITTEN
-from merge_engine.testing.model_functions import (FOLDS, bitmap_input, empty_value, is_empty,
-                                                  self_overlapping, tokens_of)
+from merge_engine.testing.model_functions import (FOLDS, bitmap_input, empty_value,
+                                                  fold_merge_map, is_empty, self_overlapping,
+                                                  tokens_of)
 from merge_engine.testing.records import ChangeRecord, as_records
 from merge_engine.testing.spec import TableSpec
 from merge_engine.testing.values import check_range, coerce_input, same_row
@@ -218,6 +219,8 @@ class ReferenceTable:
                     value = None  # no elements: the empty state
                 if function is AggFunction.STRING_AGG:
                     value = self._set_tokens(name, tokens_of(column, value), tokens)
+                if function is AggFunction.MERGE_MAP:
+                    value = fold_merge_map(column, None, False, [value], False)  # normalised
                 values[name] = value
                 if name in (last.get(UNWRITTEN) or ()):
                     unwritten.add(name)

@@ -216,6 +216,21 @@ def fold_bool_or(col: ColumnSpec, stored, written, inputs, merge_state):
     return _left_fold(lambda a, b: a or b, _present(stored, inputs))
 
 
+def fold_merge_map(col: ColumnSpec, stored, written, inputs, merge_state):
+    """Each input's entries in order: k -> v sets k, k -> null removes it. Keys sorted; a map
+    left without entries is null. (The stored map never holds a deletion: it is settled.)"""
+    if all(not v for v in inputs):
+        return stored  # null or empty maps bring nothing: untouched
+    held = dict(stored or [])
+    for entries in inputs:
+        for key, value in entries or ():
+            if value is None:
+                held.pop(key, None)
+            else:
+                held[key] = value
+    return sorted(held.items(), key=lambda entry: entry[0]) or None
+
+
 FOLDS: dict[AggFunction, Fold] = {
     AggFunction.SUM: fold_sum,
     AggFunction.PRODUCT: fold_product,
@@ -232,6 +247,7 @@ FOLDS: dict[AggFunction, Fold] = {
     AggFunction.BOOL_OR: fold_bool_or,
     AggFunction.RBM32: fold_bitmap,
     AggFunction.RBM64: fold_bitmap,
+    AggFunction.MERGE_MAP: fold_merge_map,
 }
 
 

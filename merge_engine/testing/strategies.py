@@ -32,6 +32,7 @@ ORDERED_TYPES = (pa.string(), pa.binary(), pa.date32(), pa.timestamp("us"))
 SELECTION_TYPES = (pa.int64(), pa.float64(), pa.string(), pa.bool_(), pa.decimal128(10, 2),
                    pa.date32(), pa.list_(pa.int64()))
 LIST_TYPES = (pa.list_(pa.int64()), pa.list_(pa.string()))
+MAP_TYPES = (pa.map_(pa.string(), pa.int64()), pa.map_(pa.int64(), pa.string()))
 
 # Every supported (function, type) pair the strategies draw from. None: a column without a
 # function (last_value_ignore_nulls on aggregation tables).
@@ -51,6 +52,7 @@ FUNCTION_TYPES: dict[F | None, tuple[pa.DataType, ...]] = {
     F.BOOL_OR: (pa.bool_(),),
     F.RBM32: (pa.binary(),),
     F.RBM64: (pa.binary(),),
+    F.MERGE_MAP: MAP_TYPES,
     None: SELECTION_TYPES,
 }
 FUNCTIONS = tuple(FUNCTION_TYPES)
@@ -114,6 +116,11 @@ def values_of(arrow_type: pa.DataType, nulls: bool = True) -> st.SearchStrategy:
         base = st.datetimes(min_value=datetime.datetime(1, 1, 1))
     elif pa.types.is_list(arrow_type):
         base = st.lists(values_of(arrow_type.value_type), max_size=3)
+    elif pa.types.is_map(arrow_type):
+        # Few keys, so that maps overwrite and delete each other's entries; a null deletes.
+        keys = st.sampled_from(["", "a", "b", "\U0001F600"]) if pa.types.is_string(arrow_type.key_type) \
+            else st.integers(-2, 2)
+        base = st.lists(st.tuples(keys, values_of(arrow_type.item_type)), max_size=3)
     else:
         raise ValueError(f"no strategy for {arrow_type}")
     return st.one_of(st.none(), base) if nulls else base
