@@ -51,6 +51,8 @@ class Aggregator:
     counts_contributions: ClassVar[bool] = False
     # Is a written null a value (first_value keeps it), so that only an unwritten null is empty?
     written_is_state: ClassVar[bool] = False
+    # Is the order between writes a sequence field's rather than arrival's (aggfuncs.sequenced)?
+    sequenced: ClassVar[bool] = False
 
     def __init__(self, column: str, arrow_type: pa.DataType, params: dict | None = None):
         self.column = column

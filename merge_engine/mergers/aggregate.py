@@ -30,7 +30,7 @@ class AggregateRowMerger(RowMerger):
         counts = stored.counts().copy()
         signs = write.signs
         for i, agg in self.targets(write):
-            values = agg.cast_input(write.columns[agg.column])
+            values = self.with_sequence(agg, agg.cast_input(write.columns[agg.column]), write)
             states = agg.to_state(values) if mode is MergeMode.AGGREGATE \
                 else agg.from_merge_state(values)
             takes = self._taking_rows(agg, signs, n)
