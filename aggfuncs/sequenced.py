@@ -78,8 +78,10 @@ class SequencedAggregator(Aggregator):
         already (a struct) is kept as it is."""
         if pa.types.is_struct(values.type):
             return values
+        # An ignore-nulls cell never holds a null: a null input is no state at all.
+        mask = values.is_null() if self.ignore_nulls and values.null_count else None
         return pa.StructArray.from_arrays([values.cast(self.type), sequence.cast(self.sequence_type)],
-                                          fields=list(self.state_type))
+                                          fields=list(self.state_type), mask=mask)
 
     # --- state and value --------------------------------------------------------------------
 

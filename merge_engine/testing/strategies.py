@@ -21,7 +21,8 @@ from merge_engine.descriptor import KV_BUFFER_SIZE
 from merge_engine.hidden_columns import UNWRITTEN
 from merge_engine.testing.model_functions import empty_value
 from merge_engine.testing.ops import Delete, Put, Reopen
-from merge_engine.testing.spec import DELETE_BEHAVIOR, MERGE_ENGINE, ColumnSpec, TableSpec
+from merge_engine.testing.spec import (DELETE_BEHAVIOR, MERGE_ENGINE, SEQUENCE_FIELD, SEQUENCED,
+                                      ColumnSpec, TableSpec)
 from merge_engine.testing.values import int_range, make_decimal, round_float32
 
 MODES = ("AGGREGATE", "MERGE_STATE", "OVERWRITE")
@@ -222,6 +223,25 @@ def table_specs(draw, aggregation: bool | None = None, functions: Iterable[F | N
     return TableSpec(tuple(columns), tuple(k.name for k in keys), properties)
 
 
+@st.composite
+def sequenced_table_specs(draw, functions: Iterable[F | None] = SEQUENCED + (None, F.SUM),
+                          max_value_columns: int = 3) -> TableSpec:
+    """An aggregation table with `table.sequence-field`: an int64 key `k`, one or two sequence
+    columns (`s0` int64, `s1` string) and first/last value columns (and now and then others)."""
+    keys = [ColumnSpec("k", pa.int64(), nullable=False)]
+    sequence = [ColumnSpec("s0", pa.int64())]
+    if draw(st.integers(0, 3)) == 0:
+        sequence.append(ColumnSpec("s1", pa.string()))
+    n_values = draw(st.integers(1, max_value_columns))
+    values = [draw(value_columns(f"v{i}", functions)) for i in range(n_values)]
+    properties = {MERGE_ENGINE: "aggregation", SEQUENCE_FIELD: ",".join(c.name for c in sequence),
+                  DELETE_BEHAVIOR: draw(st.sampled_from(["allow", "ignore"]))}
+    buffer_size = draw(st.sampled_from([None, "0", "600"]))
+    if buffer_size is not None:
+        properties[KV_BUFFER_SIZE] = buffer_size
+    return TableSpec(tuple(keys + sequence + values), ("k",), properties)
+
+
 def single_column_specs(function: F | None, arrow_type: pa.DataType | None = None,
                         params: dict | None = None) -> st.SearchStrategy[TableSpec]:
     """An aggregation table with an int64 key `k` and one value column `v`."""
@@ -250,6 +270,8 @@ def target_columns(draw, spec: TableSpec) -> tuple | None:
     if draw(st.booleans()):
         return None
     chosen = draw(st.lists(st.sampled_from([c.name for c in spec.value_columns]), unique=True))
+    if spec.sequence_fields and draw(st.integers(0, 9)):
+        chosen += [f for f in spec.sequence_fields if f not in chosen]  # rarely left out: refused
     return tuple(n for n in spec.names if n in spec.primary_key or n in chosen)
 
 
@@ -270,6 +292,10 @@ def rows(draw, spec: TableSpec, targets: Iterable[str] | None = None, mode: str 
         scalar = (function is F.ARRAY_AGG and draw(st.booleans())) or \
             (function is F.STRING_AGG and draw(st.integers(0, 3)) == 0)
         columns[name] = input_values(column, function, mode, scalar)
+        if name in spec.sequence_fields:
+            # Few sequence values, so that writes of a key tie; now and then a refused null.
+            columns[name] = st.one_of(st.integers(0, 6), st.integers(0, 6), st.none()) \
+                if column.type == pa.int64() else values_of(column.type, nulls=False)
     n = draw(st.integers(min_size, max_size))
     out = []
     for _ in range(n):
