@@ -145,3 +145,14 @@ def test_options_schema_json_and_type_checks():
     with pytest.raises(InvalidAggFunctionError, match="'m'"):
         Schema.builder().column("k", pa.int64()).agg_column(
             "m", pa.list_(pa.int64()), "merge_map").primary_key("k").build()
+
+
+def test_the_command_line_names_map_types():
+    from tally.cli.column_types import parse_type
+    from tally.errors import InvalidOptionError
+
+    assert parse_type(str(MAP)) == MAP  # what `tally describe` prints creates it again
+    assert parse_type("map<string, bigint>") == MAP
+    assert parse_type("MAP<int, list<item: string>>") == pa.map_(pa.int32(), pa.list_(pa.string()))
+    with pytest.raises(InvalidOptionError, match="map<K, V>"):
+        parse_type("map<string>")
