@@ -126,8 +126,7 @@ class RowCodec:
             elif kind == "var":
                 diff = pc.fill_null(pc.not_equal(x, y), False).to_numpy(zero_copy_only=False)
             else:
-                diff = np.array([p != q for p, q in zip(_pickled(x).to_pylist(),
-                                                        _pickled(y).to_pylist())], dtype=bool)
+                diff = _nested_differs(x, y)
             out |= (vx != vy) | (vx & vy & diff)
         return out
 
@@ -178,6 +177,29 @@ class RowCodec:
                 prefix[:, self.counts_offset:self.counts_offset + 8 * len(self.counted)])
             counts[:, self.counted] = raw.view("<i8")
         return StateBatch(columns, written.astype(bool), counts)
+
+
+def _nested_differs(x: pa.Array, y: pa.Array) -> np.ndarray:
+    """Per row, whether two aligned nested cells differ: structs field by field (the states of
+    sequence-ordered cells), without pickling; other nested types by their pickled bytes."""
+    if not pa.types.is_struct(x.type):
+        return np.array([p != q for p, q in zip(_pickled(x).to_pylist(),
+                                                _pickled(y).to_pylist())], dtype=bool)
+    out = np.zeros(len(x), dtype=bool)
+    for j in range(x.type.num_fields):
+        a, b = pc.struct_field(x, [j]), pc.struct_field(y, [j])
+        va, vb = _valid(a), _valid(b)
+        kind, width = _kind(a.type)
+        if kind == "bool":
+            diff = _bool_bytes(a)[:, 0] != _bool_bytes(b)[:, 0]
+        elif kind == "fixed":
+            diff = (_fixed_bytes(a, width, va) != _fixed_bytes(b, width, vb)).any(axis=1)
+        elif kind == "var":
+            diff = pc.fill_null(pc.not_equal(a, b), False).to_numpy(zero_copy_only=False)
+        else:
+            diff = _nested_differs(a, b)
+        out |= (va != vb) | (va & vb & diff)
+    return out
 
 
 def _valid(column: pa.Array) -> np.ndarray:
