@@ -17,6 +17,7 @@ from aggfuncs.first_value import FirstValueAggregator, FirstValueIgnoreNullsAggr
 from aggfuncs.functions import DEFAULT_FUNCTION, AggFunction, supported_names
 from aggfuncs.last_value import LastValueAggregator, LastValueIgnoreNullsAggregator
 from aggfuncs.max import MaxAggregator
+from aggfuncs.merge_map import MergeMapAggregator
 from aggfuncs.min import MinAggregator
 from aggfuncs.product import ProductAggregator
 from aggfuncs.segments import Segments
@@ -48,6 +49,7 @@ AGGREGATORS: dict[AggFunction, type[Aggregator]] = {
         HllSketchAggregator,
         ThetaSketchAggregator,
         KllSketchAggregator,
+        MergeMapAggregator,
     )
 }
 

@@ -51,6 +51,8 @@ class Aggregator:
     counts_contributions: ClassVar[bool] = False
     # Is a written null a value (first_value keeps it), so that only an unwritten null is empty?
     written_is_state: ClassVar[bool] = False
+    # Is the order between writes a sequence field's rather than arrival's (aggfuncs.sequenced)?
+    sequenced: ClassVar[bool] = False
 
     def __init__(self, column: str, arrow_type: pa.DataType, params: dict | None = None):
         self.column = column
@@ -113,6 +115,11 @@ class Aggregator:
     def overwrite(self, values: pa.Array) -> pa.Array:
         """Turn OVERWRITE-mode inputs into states (they replace what is stored)."""
         return values
+
+    def settle(self, states: pa.Array) -> pa.Array:
+        """The states a cell stores, from folded ones: folds may keep what only a partial
+        state needs (merge_map's deletions of keys) and a stored cell drops (identity here)."""
+        return states
 
     def check_cells(self, states: pa.Array) -> None:
         """Refuse merged states that pass the column's cell bounds (aggfuncs.cell_limits);

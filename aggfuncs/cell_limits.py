@@ -1,14 +1,16 @@
-"""Bounds on the cells of the functions that grow without end: string_agg and array_agg.
+"""Bounds on the cells of the functions that grow without end: string_agg, array_agg and
+merge_map.
 
 Every other function keeps a cell of fixed size (or a bitmap whose size its ids bound), but a
-string_agg or array_agg cell grows with every write to its key, and a cell read, merged and
+string_agg, array_agg or merge_map cell grows with every write to its key, and a cell read, merged and
 rewritten on each write costs its whole size each time. Each such column is therefore bounded,
 by its function parameters (options `fields.<col>.max-cell-bytes` and
 `fields.<col>.max-elements`):
 
 - `max-cell-bytes` (default 16 MiB, '0' for none): the bytes of the value readers see, the
-  joined string of a string_agg, the elements of an array_agg (their Arrow bytes);
-- `max-elements` (array_agg; default none): the elements of one cell.
+  joined string of a string_agg, the elements of an array_agg, the keys and values of a
+  merge_map (their Arrow bytes);
+- `max-elements` (array_agg, merge_map; default none): the elements (entries) of one cell.
 
 A merge that would make a cell pass either is refused with an InvalidInputError naming the
 column, before anything is applied.
@@ -67,6 +69,14 @@ def list_cell_sizes(lists: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     sums = np.concatenate([[0], np.cumsum(_element_bytes(lists.values))])
     counts = np.where(lists.is_valid().to_numpy(zero_copy_only=False), ends - starts, 0)
     return counts, np.where(counts > 0, sums[ends] - sums[starts], 0)
+
+
+def map_cell_sizes(sizes: np.ndarray, keys: pa.Array,
+                   values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(entries, bytes of their keys and values) of each map cell, given its entries."""
+    owner = np.repeat(np.arange(len(sizes)), sizes)
+    each = _element_bytes(keys) + _element_bytes(values)
+    return sizes, np.bincount(owner, weights=each, minlength=len(sizes))
 
 
 def refuse_over(column: str, function: str, sizes: np.ndarray, limit: int, what: str,

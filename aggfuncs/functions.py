@@ -32,6 +32,7 @@ class AggFunction(enum.Enum):
     HLL_SKETCH = "hll_sketch"
     THETA_SKETCH = "theta_sketch"
     KLL_SKETCH = "kll_sketch"
+    MERGE_MAP = "merge_map"
 
     @classmethod
     def parse(cls, name: "str | AggFunction", column: str | None = None) -> "AggFunction":

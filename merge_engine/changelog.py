@@ -13,8 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from merge_engine.hidden_columns import (CHANGE_CODE, CHANGE_TYPE, CONTRIBUTIONS, OFFSET, TOKENS,
-                                          UNWRITTEN)
+from merge_engine.hidden_columns import (CHANGE_CODE, CHANGE_TYPE, CONTRIBUTIONS, OFFSET,
+                                          SEQUENCES, TOKENS, UNWRITTEN)
 from merge_engine.keys import KeyArray, key_array
 from merge_engine.state import StateBatch
 
@@ -45,6 +45,10 @@ class Images:
         self.tokenized = [i for i in value_positions if aggregators[i].tokenized]
         self.token_type = pa.struct([pa.field(arrow_schema.names[i], aggregators[i].state_type)
                                      for i in self.tokenized])
+        # Cells ordered by a sequence field keep the sequence beside the value (`_sequences`).
+        self.sequenced = [i for i in value_positions if aggregators[i].sequenced]
+        self.sequence_type = pa.struct([pa.field(arrow_schema.names[i], aggregators[i].state_type)
+                                        for i in self.sequenced])
 
     def state_schema(self) -> pa.Schema:
         """The schema of stored states (the row format's columns)."""
@@ -74,6 +78,8 @@ class Images:
         fields.append(pa.field(CONTRIBUTIONS, pa.list_(pa.int64())))
         if self.tokenized:
             fields.append(pa.field(TOKENS, self.token_type))
+        if self.sequenced:
+            fields.append(pa.field(SEQUENCES, self.sequence_type))
         return fields
 
     def build_records(self, before: StateBatch, after: StateBatch,
@@ -104,6 +110,9 @@ class Images:
         if self.tokenized:
             arrays.append(pa.StructArray.from_arrays([images.columns[i] for i in self.tokenized],
                                                      fields=list(self.token_type)))
+        if self.sequenced:
+            arrays.append(pa.StructArray.from_arrays([images.columns[i] for i in self.sequenced],
+                                                     fields=list(self.sequence_type)))
         return pa.Table.from_arrays(arrays, schema=self.stored_schema())
 
     def to_state(self, records: pa.Table) -> StateBatch:
@@ -115,6 +124,10 @@ class Images:
             tokens = records.column(TOKENS).combine_chunks()
             for i in self.tokenized:
                 columns[i] = tokens.field(names[i])
+        if self.sequenced:
+            sequences = records.column(SEQUENCES).combine_chunks()
+            for i in self.sequenced:
+                columns[i] = sequences.field(names[i])
         written = np.ones((records.num_rows, len(names)), dtype=bool)
         unwritten = records.column(UNWRITTEN).to_pylist()
         position = {names[p]: p for p in self.value_positions}
@@ -138,16 +151,18 @@ class Images:
                 keys.take(np.nonzero(deleted)[0]))
 
 
-def with_tokens(rows: pa.Table, images: pa.Table) -> pa.Table:
-    """`rows` (columns of changelog `images`) with each tokenized column replaced by its token
-    lists, so that an OVERWRITE of them restores those states exactly (undo)."""
-    if TOKENS not in images.column_names:
-        return rows
-    tokens = images.column(TOKENS).combine_chunks()
-    for field in tokens.type:
-        if field.name in rows.column_names:
-            rows = rows.set_column(rows.column_names.index(field.name), field.name,
-                                   tokens.field(field.name))
+def with_states(rows: pa.Table, images: pa.Table) -> pa.Table:
+    """`rows` (columns of changelog `images`) with each column whose state is more than its
+    value replaced by that state (token lists, value-and-sequence structs), so that an
+    OVERWRITE of them restores those states exactly (undo)."""
+    for hidden in (TOKENS, SEQUENCES):
+        if hidden not in images.column_names:
+            continue
+        states = images.column(hidden).combine_chunks()
+        for field in states.type:
+            if field.name in rows.column_names:
+                rows = rows.set_column(rows.column_names.index(field.name), field.name,
+                                       states.field(field.name))
     return rows
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pyarrow as pa
+
 from merge_engine.modes import DeleteBehavior
 from merge_engine.schema import Schema
 from tally.errors import InvalidOptionError, SchemaError
@@ -15,6 +17,8 @@ CHANGELOG_IMAGE = "table.changelog.image"
 COLUMN_LOCK_ENABLED = "table.column-lock.enabled"
 KV_SYNC = "table.kv.sync"
 KV_BUFFER_SIZE = "table.kv.buffer-size"
+# Columns whose values order the writes of a key for the value-selection functions.
+SEQUENCE_FIELD = "table.sequence-field"
 DEFAULT_KV_BUFFER_SIZE = 64 << 20
 BUCKET_NUM = "bucket.num"
 
@@ -38,6 +42,7 @@ KNOWN_TABLE_OPTIONS = {
     COLUMN_LOCK_ENABLED,
     KV_SYNC,
     KV_BUFFER_SIZE,
+    SEQUENCE_FIELD,
     "table.partition.dynamic-creation.enabled",
     RETENTION_OFFSETS,
     RETENTION_MS,
@@ -57,6 +62,32 @@ def parse_bool_option(key: str, value) -> bool:
     if text not in ("true", "false"):
         raise InvalidOptionError(f"Invalid value for option '{key}': {value!r} (expected true or false)")
     return text == "true"
+
+
+def sequence_field_problem(descriptor: "TableDescriptor", names: tuple[str, ...]) -> str | None:
+    """Why `names` cannot be the sequence field of the table, or None."""
+    from aggfuncs import AggFunction
+    from aggfuncs.sequenced import orderable_sequence
+
+    schema = descriptor.schema
+    if not descriptor.is_aggregation:
+        return (f"a sequence field orders the writes of aggregation tables; set "
+                f"'{MERGE_ENGINE}' = '{AGGREGATION}'")
+    if not all(names) or len(set(names)) != len(names):
+        return "give distinct column names separated by commas"
+    for name in names:
+        if not schema.has_column(name):
+            return f"'{name}' is not a column; the columns are {schema.names}"
+        column = schema.column(name)
+        if name in schema.primary_key:
+            return f"'{name}' is a primary key column; a sequence column must be a value column"
+        if not orderable_sequence(column.type):
+            return (f"column '{name}' has type {column.type}; a sequence column must be an "
+                    "integer, decimal, date, time, timestamp, string or binary")
+        if column.agg not in (None, AggFunction.LAST_VALUE, AggFunction.LAST_VALUE_IGNORE_NULLS):
+            return (f"column '{name}' has the function {column.agg.value}; a sequence column "
+                    "takes no function (it holds the sequence of the latest write)")
+    return None
 
 
 class TableDescriptor:
@@ -130,6 +161,7 @@ class TableDescriptor:
                     raise InvalidOptionError(
                         f"Invalid value for option '{key}': {value!r} (expected a non-negative integer)")
         self.kv_buffer_size  # validates the value
+        self.sequence_fields  # validates the columns
         for key in (COLUMN_LOCK_ENABLED, KV_SYNC, RETENTION_IGNORE_LOCKS,
                     "table.agg.remove-record-on-empty",
                     "table.partition.dynamic-creation.enabled"):
@@ -179,6 +211,41 @@ class TableDescriptor:
         """Bytes of merged rows a tablet may hold in memory before writing them to RocksDB."""
         value = self.properties.get(KV_BUFFER_SIZE)
         return DEFAULT_KV_BUFFER_SIZE if value is None else parse_size(KV_BUFFER_SIZE, value)
+
+    @property
+    def sequence_fields(self) -> tuple[str, ...]:
+        """The columns of `table.sequence-field`, in the order they compare (none: arrival)."""
+        value = self.properties.get(SEQUENCE_FIELD)
+        if value is None:
+            return ()
+        names = tuple(n.strip() for n in str(value).split(","))
+        problem = sequence_field_problem(self, names)
+        if problem:
+            raise InvalidOptionError(f"Invalid value for option '{SEQUENCE_FIELD}': {value!r}: "
+                                     f"{problem}")
+        return names
+
+    def aggregators(self) -> list:
+        """One aggregator per column, in schema order: the schema's, with the value-selection
+        ones (and the sequence columns themselves) ordered by the sequence field if any."""
+        aggregators = self.schema.aggregators(self.is_aggregation)
+        fields = self.sequence_fields
+        if not fields:
+            return aggregators
+        from aggfuncs import AggFunction, make_aggregator
+        from aggfuncs.sequenced import SEQUENCED_FUNCTIONS, SequencedAggregator
+
+        sequence_type = pa.struct([pa.field(n, self.schema.column(n).type) for n in fields])
+        keys = set(self.schema.primary_key)
+        wrapped = []
+        for agg in aggregators:
+            if agg.column in fields:
+                # A sequence column shows the sequence of the latest write: its highest value.
+                agg = make_aggregator(AggFunction.LAST_VALUE, agg.column, agg.type)
+            if agg.column not in keys and agg.function in SEQUENCED_FUNCTIONS:
+                agg = SequencedAggregator(agg, sequence_type)
+            wrapped.append(agg)
+        return wrapped
 
     def bool_option(self, key: str, default: bool = False) -> bool:
         return parse_bool_option(key, self.properties.get(key, default))

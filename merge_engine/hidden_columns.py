@@ -1,8 +1,8 @@
 """The names of the hidden columns that travel beside a table's own columns.
 
 Writers may send `_unwritten`, `_contributions` and `_change_type` with their rows; changelog
-readers get `_offset`, `_change_type`, `_unwritten`, `_contributions` and `_tokens` with every
-image, and readers across buckets `_partition` and `_bucket` too. One place names them, so the engine, the client, the changelog and the test model can
+readers get `_offset`, `_change_type`, `_unwritten`, `_contributions`, `_tokens` and (tables
+with a sequence field) `_sequences` with every image, and readers across buckets `_partition` and `_bucket` too. One place names them, so the engine, the client, the changelog and the test model can
 never disagree on a spelling.
 """
 
@@ -12,7 +12,9 @@ CHANGE_CODE = "_change"         # the stored form of the change type (an int8 co
 UNWRITTEN = "_unwritten"        # per row, the columns an image leaves unwritten
 CONTRIBUTIONS = "_contributions"  # per row, how many contributions counted cells hold
 TOKENS = "_tokens"              # the tokens of string_agg states a joined string cannot tell apart
+SEQUENCES = "_sequences"        # the states (value and sequence) of sequence-ordered cells
 PARTITION = "_partition"        # changelog readers: the record's partition name (null: none)
 BUCKET = "_bucket"              # changelog readers: the record's bucket
 
-ALL = (OFFSET, CHANGE_TYPE, CHANGE_CODE, UNWRITTEN, CONTRIBUTIONS, TOKENS, PARTITION, BUCKET)
+ALL = (OFFSET, CHANGE_TYPE, CHANGE_CODE, UNWRITTEN, CONTRIBUTIONS, TOKENS, SEQUENCES, PARTITION,
+       BUCKET)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from aggfuncs import Segments
 from aggfuncs.base import valid_mask
 from merge_engine.changelog import contribution_lists
 from merge_engine.descriptor import TableDescriptor
@@ -58,7 +59,14 @@ def preaggregate(rows, descriptor: TableDescriptor, target_columns=None,
         states[i] = values
     values_of = [(aggregators[i], states[i]) for i in targets
                  if schema.names[i] not in schema.primary_key]
-    runs = exact_runs(key_groups, signs, values_of)
+    if descriptor.sequence_fields:
+        # Each row carries its own sequence, which a folded run could not: one run per row.
+        by_key = np.argsort(key_groups, kind="stable")
+        run_ids = np.empty(write.rows, dtype=np.int64)
+        run_ids[by_key] = np.arange(write.rows)
+        runs = Segments(run_ids, write.rows, by_key)
+    else:
+        runs = exact_runs(key_groups, signs, values_of)
     firsts = runs.order[runs.starts]  # every run holds at least one row
     counted = [i for i, agg in enumerate(aggregators)
                if descriptor.is_aggregation and agg.counts_contributions]

@@ -126,8 +126,7 @@ class RowCodec:
             elif kind == "var":
                 diff = pc.fill_null(pc.not_equal(x, y), False).to_numpy(zero_copy_only=False)
             else:
-                diff = np.array([p != q for p, q in zip(_pickled(x).to_pylist(),
-                                                        _pickled(y).to_pylist())], dtype=bool)
+                diff = _nested_differs(x, y)
             out |= (vx != vy) | (vx & vy & diff)
         return out
 
@@ -178,6 +177,50 @@ class RowCodec:
                 prefix[:, self.counts_offset:self.counts_offset + 8 * len(self.counted)])
             counts[:, self.counted] = raw.view("<i8")
         return StateBatch(columns, written.astype(bool), counts)
+
+
+def _nested_differs(x: pa.Array, y: pa.Array) -> np.ndarray:
+    """Per row, whether two aligned nested cells (both valid) differ, without pickling: structs
+    field by field (sequence-ordered cells), lists and maps by length then element by element."""
+    t = x.type
+    if pa.types.is_struct(t):
+        out = np.zeros(len(x), dtype=bool)
+        for j in range(t.num_fields):
+            out |= _cells_differ(pc.struct_field(x, [j]), pc.struct_field(y, [j]))
+        return out
+    if pa.types.is_map(t):
+        entries = pa.list_(pa.struct([t.key_field, t.item_field]))
+        x, y = x.cast(entries), y.cast(entries)
+    if pa.types.is_list(x.type) or pa.types.is_large_list(x.type):
+        lx = pc.fill_null(pc.list_value_length(x), 0).to_numpy(zero_copy_only=False)
+        ly = pc.fill_null(pc.list_value_length(y), 0).to_numpy(zero_copy_only=False)
+        out = lx != ly
+        rows = np.nonzero(~out)[0]
+        if len(rows):
+            index = pa.array(rows, type=pa.int64())
+            ex = pc.list_flatten(x.take(index))
+            ey = pc.list_flatten(y.take(index))
+            owner = np.repeat(np.arange(len(rows)), lx[rows].astype(np.int64))
+            hits = np.bincount(owner, weights=_cells_differ(ex, ey), minlength=len(rows))
+            out[rows] = hits > 0
+        return out
+    return np.array([p != q for p, q in zip(_pickled(x).to_pylist(),
+                                            _pickled(y).to_pylist())], dtype=bool)
+
+
+def _cells_differ(a: pa.Array, b: pa.Array) -> np.ndarray:
+    """Per row, whether two aligned arrays of one type would store different bytes."""
+    va, vb = _valid(a), _valid(b)
+    kind, width = _kind(a.type)
+    if kind == "bool":
+        diff = _bool_bytes(a)[:, 0] != _bool_bytes(b)[:, 0]
+    elif kind == "fixed":
+        diff = (_fixed_bytes(a, width, va) != _fixed_bytes(b, width, vb)).any(axis=1)
+    elif kind == "var":
+        diff = pc.fill_null(pc.not_equal(a, b), False).to_numpy(zero_copy_only=False)
+    else:
+        diff = _nested_differs(a, b)
+    return (va != vb) | (va & vb & diff)
 
 
 def _valid(column: pa.Array) -> np.ndarray:

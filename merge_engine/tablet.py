@@ -52,7 +52,7 @@ class KvTablet:
         self.descriptor = descriptor
         self.schema = descriptor.schema
         self.arrow_schema = self.schema.to_arrow()
-        self.aggregators = self.schema.aggregators(descriptor.is_aggregation)
+        self.aggregators = descriptor.aggregators()
         names = self.schema.names
         self.key_positions = {names.index(k) for k in self.schema.primary_key}
         self.value_positions = [i for i in range(len(names)) if i not in self.key_positions]

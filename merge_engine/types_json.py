@@ -30,6 +30,8 @@ def type_to_json(t: pa.DataType) -> dict:
         return {"type": kind, "item": type_to_json(t.value_type)}
     if pa.types.is_fixed_size_binary(t):
         return {"type": "fixed_size_binary", "width": t.byte_width}
+    if pa.types.is_map(t):
+        return {"type": "map", "key": type_to_json(t.key_type), "item": type_to_json(t.item_type)}
     raise SchemaError(f"Column type {t} is not supported by Tally")
 
 
@@ -49,6 +51,8 @@ def type_from_json(d: dict) -> pa.DataType:
             return pa.list_(type_from_json(d["item"]))
         if kind == "large_list":
             return pa.large_list(type_from_json(d["item"]))
+        if kind == "map":
+            return pa.map_(type_from_json(d["key"]), type_from_json(d["item"]))
         if kind == "fixed_size_binary":
             return pa.binary(d["width"])
     except (KeyError, TypeError, ValueError) as exc:

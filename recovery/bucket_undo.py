@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from merge_engine.changelog import DELETE, INSERT, UPDATE_AFTER, UPDATE_BEFORE, with_tokens
+from merge_engine.changelog import DELETE, INSERT, UPDATE_AFTER, UPDATE_BEFORE, with_states
 from merge_engine.hidden_columns import CHANGE_TYPE, CONTRIBUTIONS, UNWRITTEN
 from merge_engine.keys import encode_keys
 from merge_engine.modes import MergeMode
@@ -131,7 +131,7 @@ class BucketUndo:
     def _apply(self, records: pa.Table, pending: _Pending, result: UndoResult) -> None:
         if pending.restore:
             images = records.take(pa.array(pending.restore, type=pa.int64()))
-            rows = with_tokens(images.select(self.restored_names), images)
+            rows = with_states(images.select(self.restored_names), images)
             unwritten = [
                 [name for name in names if name in self.restored_names]
                 for names in images.column(UNWRITTEN).to_pylist()

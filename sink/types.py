@@ -65,6 +65,8 @@ def widens(src: pa.DataType, dst: pa.DataType) -> bool:
         return True
     if _is_list(src) and _is_list(dst):
         return widens(src.value_type, dst.value_type)
+    if pa.types.is_map(src) and pa.types.is_map(dst):
+        return widens(src.key_type, dst.key_type) and widens(src.item_type, dst.item_type)
     return False
 
 
@@ -102,4 +104,7 @@ def arrow_to_spark(data_type: pa.DataType):
                 64: T.DecimalType(20, 0)}[data_type.bit_width]
     if _is_list(data_type) and pa.types.is_unsigned_integer(data_type.value_type):
         return T.ArrayType(arrow_to_spark(data_type.value_type), True)
+    if pa.types.is_map(data_type):
+        return T.MapType(arrow_to_spark(data_type.key_type), arrow_to_spark(data_type.item_type),
+                         True)
     return from_arrow_type(data_type)

@@ -30,7 +30,7 @@ class AggregateRowMerger(RowMerger):
         counts = stored.counts().copy()
         signs = write.signs
         for i, agg in self.targets(write):
-            values = agg.cast_input(write.columns[agg.column])
+            values = self.with_sequence(agg, agg.cast_input(write.columns[agg.column]), write)
             states = agg.to_state(values) if mode is MergeMode.AGGREGATE \
                 else agg.from_merge_state(values)
             takes = self._taking_rows(agg, signs, n)
@@ -41,6 +41,7 @@ class AggregateRowMerger(RowMerger):
             else:
                 all_signs = np.concatenate([np.ones(m, dtype=np.int8), signs])
                 columns[i] = agg.fold_signed(all_states, all_written, segments, all_signs)
+            columns[i] = agg.settle(columns[i])
             if i in self.counted:
                 columns[i] = self._count(agg, i, counts, columns[i], states, takes, write,
                                          input_groups)

@@ -32,7 +32,8 @@ class OverwriteRowMerger(RowMerger):
         counts = stored.counts().copy()
         unwritten = self._unwritten_names(write, last)
         for i, agg in self.targets(write):
-            values = agg.overwrite(agg.cast_input(write.columns[agg.column]))
+            values = agg.overwrite(
+                self.with_sequence(agg, agg.cast_input(write.columns[agg.column]), write))
             columns[i] = values.take(take).cast(stored.columns[i].type)
             agg.check_cells(columns[i])
             if unwritten is None:

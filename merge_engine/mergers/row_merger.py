@@ -6,11 +6,14 @@ from __future__ import annotations
 from typing import Iterator
 
 import numpy as np
+import pyarrow as pa
 
 from aggfuncs import Aggregator
+from aggfuncs.base import cast_column
 from merge_engine.input import WriteInput
 from merge_engine.modes import MergeMode
 from merge_engine.state import StateBatch
+from tally.errors import InvalidInputError
 
 
 class RowMerger:
@@ -35,3 +38,26 @@ class RowMerger:
         for i, agg in enumerate(self.aggregators):
             if i not in self.key_positions and write.target[i]:
                 yield i, agg
+
+    def with_sequence(self, agg: Aggregator, values: pa.Array, write: WriteInput) -> pa.Array:
+        """A sequenced column's input with each row's sequence attached (its states); other
+        columns' inputs, and states given as such (undo's images), as they are."""
+        if not agg.sequenced or pa.types.is_struct(values.type):
+            return values
+        by_name = {a.column: a for a in self.aggregators}
+        parts = []
+        for i, name in enumerate(agg.sequence_type.names):
+            if name not in write.columns:
+                raise InvalidInputError(
+                    f"Column '{agg.column}' ({agg.name}) follows the sequence field "
+                    f"{agg.sequence_type.names}: a write to it must carry column '{name}'. "
+                    "Nothing was applied.")
+            column = cast_column(write.columns[name], agg.sequence_type[i].type, by_name[name])
+            if column.null_count:
+                row = int(np.nonzero(column.is_null().to_numpy(zero_copy_only=False))[0][0])
+                raise InvalidInputError(
+                    f"Sequence column '{name}' is null in row {row} of the write; a write to "
+                    f"column '{agg.column}' needs a sequence. Nothing was applied.")
+            parts.append(column)
+        sequence = pa.StructArray.from_arrays(parts, fields=list(agg.sequence_type))
+        return agg.attach(values, sequence)

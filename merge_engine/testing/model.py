@@ -15,8 +15,9 @@ import pyarrow as pa
 
 from aggfuncs import AggFunction
 from merge_engine.hidden_columns import CONTRIBUTIONS, UNWRITTEN
-from merge_engine.testing.model_functions import (FOLDS, bitmap_input, empty_value, is_empty,
-                                                  self_overlapping, sketch_input, tokens_of)
+from merge_engine.testing.model_functions import (FOLDS, bitmap_input, empty_value,
+                                                  fold_merge_map, is_empty, self_overlapping,
+                                                  sketch_input, tokens_of)
 from merge_engine.testing.records import ChangeRecord, as_records
 from merge_engine.testing.spec import TableSpec
 from merge_engine.testing.values import check_range, coerce_input, same_row
@@ -41,10 +42,12 @@ class RowState:
     unwritten: frozenset
     counts: tuple = ()  # contributions held by each sum/product cell (retraction needs them)
     tokens: tuple = ()  # the tokens of each string_agg cell whose delimiter overlaps itself
+    sequences: tuple = ()  # the sequence of each sequence-ordered cell's value (None: empty)
 
     def same_as(self, other: "RowState") -> bool:
         return (self.unwritten == other.unwritten and tuple(self.counts) == tuple(other.counts)
                 and tuple(self.tokens) == tuple(other.tokens)
+                and tuple(self.sequences) == tuple(other.sequences)
                 and same_row(self.values, other.values))
 
 
@@ -68,6 +71,10 @@ class ReferenceTable:
         # (contract: row state, shown in images as `_tokens`).
         self.tokenized = [n for n in self.value_names if self._function(n) is AggFunction.STRING_AGG
                           and self_overlapping(self.spec.column(n).delimiter)]
+        # Cells ordered by `table.sequence-field` keep their value's sequence (contract: row
+        # state, shown in images as `_sequences`).
+        self.sequence_fields = self.spec.sequence_fields
+        self.sequenced = self.spec.sequenced
         self._rows: dict[tuple, RowState] = {}
         self.changelog: list[ChangeRecord] = []
         self.log_start_offset = 0
@@ -175,7 +182,8 @@ class ReferenceTable:
             current = self._rows.get(key)
             tokens = tuple(rec.tokens) or tuple(self._split(n, rec.image[n]) for n in self.tokenized)
             state = RowState(dict(rec.image), frozenset(rec.unwritten),
-                             tuple(rec.contributions) or (0,) * len(self.counted), tokens)
+                             tuple(rec.contributions) or (0,) * len(self.counted), tokens,
+                             tuple(rec.sequences) or (None,) * len(self.sequenced))
             if strict:
                 self._check_replay(rec, current, state)
             if rec.change_type in ("+I", "+U"):
@@ -199,16 +207,25 @@ class ReferenceTable:
             old_unwritten = frozenset(self.value_names)
             counts = dict.fromkeys(self.counted, 0)
             tokens = dict.fromkeys(self.tokenized)
+            sequences = dict.fromkeys(self.sequenced)
         else:
             values, old_unwritten = dict(old.values), old.unwritten
             counts = dict(zip(self.counted, old.counts))
             tokens = dict(zip(self.tokenized, old.tokens))
+            sequences = dict(zip(self.sequenced, old.sequences))
         unwritten = set(old_unwritten)
         for name in targets:
             if name in self.key_names:
                 continue
             column = self.spec.column(name)
             function = self._function(name)
+            if name in sequences:
+                self._fold_sequenced(name, rows, targets, mode, values, sequences)
+                if mode != OVERWRITE or name not in (rows[-1].get(UNWRITTEN) or ()):
+                    unwritten.discard(name)
+                else:
+                    unwritten.add(name)
+                continue
             if mode == OVERWRITE:
                 last = rows[-1]
                 value = last.get(name)
@@ -218,6 +235,8 @@ class ReferenceTable:
                     value = None  # no elements: the empty state
                 if function is AggFunction.STRING_AGG:
                     value = self._set_tokens(name, tokens_of(column, value), tokens)
+                if function is AggFunction.MERGE_MAP:
+                    value = fold_merge_map(column, None, False, [value], False)  # normalised
                 values[name] = value
                 if name in (last.get(UNWRITTEN) or ()):
                     unwritten.add(name)
@@ -242,7 +261,43 @@ class ReferenceTable:
             if name in counts:
                 counts[name] += sum(v is not None for v in inputs)
         return RowState(values, frozenset(unwritten), tuple(counts[n] for n in self.counted),
-                        tuple(tokens[n] for n in self.tokenized))
+                        tuple(tokens[n] for n in self.tokenized),
+                        tuple(sequences[n] for n in self.sequenced))
+
+    def _fold_sequenced(self, name: str, rows: list[dict], targets: list[str], mode: str,
+                        values: dict, sequences: dict) -> None:
+        """A sequence-ordered cell: the value of the highest sequence (last_value, the later
+        write on a tie) or the lowest (first_value, the earlier on a tie); the ignore-nulls
+        forms only look at non-null values. OVERWRITE takes the last row, sequence and all."""
+        function = AggFunction.LAST_VALUE if name in self.sequence_fields else self._function(name)
+        ignore_nulls = function in (AggFunction.LAST_VALUE_IGNORE_NULLS,
+                                    AggFunction.FIRST_VALUE_IGNORE_NULLS)
+        missing = [f for f in self.sequence_fields if f not in targets]
+        if missing:
+            raise InvalidInputError(f"Column '{name}' follows the sequence field: a write to it "
+                                    f"must carry column '{missing[0]}'")
+        candidates = []
+        if sequences[name] is not None:
+            candidates.append((sequences[name], -1, values[name]))
+        for position, row in enumerate(rows):
+            sequence = tuple(row.get(f) for f in self.sequence_fields)
+            if any(s is None for s in sequence):
+                raise InvalidInputError(f"A write to column '{name}' needs a non-null sequence")
+            if not (ignore_nulls and row.get(name) is None):
+                candidates.append((sequence, position, row.get(name)))
+        if mode == OVERWRITE:
+            last = rows[-1]
+            value = last.get(name)
+            values[name] = value
+            sequences[name] = None if ignore_nulls and value is None else \
+                tuple(last.get(f) for f in self.sequence_fields)
+            return
+        if not candidates:
+            return
+        pick = max if function in (AggFunction.LAST_VALUE,
+                                   AggFunction.LAST_VALUE_IGNORE_NULLS) else min
+        sequence, _, value = pick(candidates, key=lambda c: (c[0], c[1]))
+        values[name], sequences[name] = value, sequence
 
     def _split(self, name: str, value) -> tuple | None:
         """The tokens of a stored string_agg value (exact when the delimiter does not overlap)."""
@@ -261,16 +316,20 @@ class ReferenceTable:
         unwritten = set(old.unwritten)
         counts = dict(zip(self.counted, old.counts))
         tokens = dict(zip(self.tokenized, old.tokens))
+        sequences = dict(zip(self.sequenced, old.sequences))
         for name in targets:
             if name not in self.key_names:
                 values[name] = empty_value(self._function(name))
                 unwritten.add(name)
+                if name in sequences:
+                    sequences[name] = None
                 if name in counts:
                     counts[name] = 0
                 if name in tokens:
                     tokens[name] = None
         return RowState(values, frozenset(unwritten), tuple(counts[n] for n in self.counted),
-                        tuple(tokens[n] for n in self.tokenized))
+                        tuple(tokens[n] for n in self.tokenized),
+                        tuple(sequences[n] for n in self.sequenced))
 
     # --- input handling ---------------------------------------------------------------------
 
@@ -341,7 +400,7 @@ class ReferenceTable:
     def _append(self, change_type: str, state: RowState) -> None:
         self.changelog.append(
             ChangeRecord(self.log_end_offset, change_type, dict(state.values), state.unwritten,
-                         tuple(state.counts), tuple(state.tokens))
+                         tuple(state.counts), tuple(state.tokens), tuple(state.sequences))
         )
         self.log_end_offset += 1
 

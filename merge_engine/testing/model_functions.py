@@ -311,6 +311,21 @@ def fold_bool_or(col: ColumnSpec, stored, written, inputs, merge_state):
     return _left_fold(lambda a, b: a or b, _present(stored, inputs))
 
 
+def fold_merge_map(col: ColumnSpec, stored, written, inputs, merge_state):
+    """Each input's entries in order: k -> v sets k, k -> null removes it. Keys sorted; a map
+    left without entries is null. (The stored map never holds a deletion: it is settled.)"""
+    if all(not v for v in inputs):
+        return stored  # null or empty maps bring nothing: untouched
+    held = dict(stored or [])
+    for entries in inputs:
+        for key, value in entries or ():
+            if value is None:
+                held.pop(key, None)
+            else:
+                held[key] = value
+    return sorted(held.items(), key=lambda entry: entry[0]) or None
+
+
 FOLDS: dict[AggFunction, Fold] = {
     AggFunction.SUM: fold_sum,
     AggFunction.PRODUCT: fold_product,
@@ -330,6 +345,7 @@ FOLDS: dict[AggFunction, Fold] = {
     AggFunction.HLL_SKETCH: fold_sketch,
     AggFunction.THETA_SKETCH: fold_sketch,
     AggFunction.KLL_SKETCH: fold_sketch,
+    AggFunction.MERGE_MAP: fold_merge_map,
 }
 
 

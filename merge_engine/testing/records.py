@@ -7,11 +7,12 @@ from typing import Any, Iterable
 
 import pyarrow as pa
 
-from merge_engine.hidden_columns import CHANGE_TYPE, CONTRIBUTIONS, OFFSET, TOKENS, UNWRITTEN
+from merge_engine.hidden_columns import (CHANGE_TYPE, CONTRIBUTIONS, OFFSET, SEQUENCES, TOKENS,
+                                          UNWRITTEN)
 from merge_engine.testing.values import same_row
 
 CHANGE_TYPES = ("+I", "-U", "+U", "-D")
-META_COLUMNS = (OFFSET, CHANGE_TYPE, UNWRITTEN, CONTRIBUTIONS, TOKENS)
+META_COLUMNS = (OFFSET, CHANGE_TYPE, UNWRITTEN, CONTRIBUTIONS, TOKENS, SEQUENCES)
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class ChangeRecord:
     unwritten: frozenset = frozenset()
     contributions: tuple = ()  # counts of the sum/product columns, in schema order
     tokens: tuple = ()  # tokens of the string_agg cells that keep them, in schema order
+    sequences: tuple = ()  # per sequence-ordered cell, its value's sequence (None: empty)
 
     def same_as(self, other: "ChangeRecord") -> bool:
         """Equal offsets, types, unwritten sets, counts, tokens and bitwise-equal images."""
@@ -33,6 +35,7 @@ class ChangeRecord:
             and self.unwritten == other.unwritten
             and tuple(self.contributions) == tuple(other.contributions)
             and tuple(self.tokens) == tuple(other.tokens)
+            and tuple(self.sequences) == tuple(other.sequences)
             and same_row(self.image, other.image)
         )
 
@@ -40,6 +43,7 @@ class ChangeRecord:
         hidden = f" unwritten={sorted(self.unwritten)}" if self.unwritten else ""
         hidden += f" contributions={list(self.contributions)}" if self.contributions else ""
         hidden += f" tokens={list(self.tokens)}" if self.tokens else ""
+        hidden += f" sequences={list(self.sequences)}" if self.sequences else ""
         return f"{self.offset} {self.change_type} {self.image!r}{hidden}"
 
 
@@ -63,6 +67,8 @@ def records_from_arrow(table: pa.Table | pa.RecordBatch, names: Iterable[str]) -
                 contributions=tuple(row.get(CONTRIBUTIONS) or ()),
                 tokens=tuple(None if t is None else tuple(t)
                              for t in (row.get(TOKENS) or {}).values()),
+                sequences=tuple(None if s is None else tuple(s["sequence"].values())
+                                for s in (row.get(SEQUENCES) or {}).values()),
             )
         )
     return out

@@ -19,6 +19,9 @@ from tally.errors import InvalidAggFunctionError
 
 MERGE_ENGINE = "table.merge-engine"
 DELETE_BEHAVIOR = "table.delete.behavior"
+SEQUENCE_FIELD = "table.sequence-field"
+SEQUENCED = (AggFunction.LAST_VALUE, AggFunction.LAST_VALUE_IGNORE_NULLS, AggFunction.FIRST_VALUE,
+             AggFunction.FIRST_VALUE_IGNORE_NULLS)
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,21 @@ class TableSpec:
         if given is not None:
             return str(given).strip().lower()
         return "ignore" if self.is_aggregation else "allow"
+
+    @property
+    def sequence_fields(self) -> tuple[str, ...]:
+        """The columns of `table.sequence-field` (none: writes are ordered by arrival)."""
+        given = self.properties.get(SEQUENCE_FIELD)
+        return () if given is None else tuple(n.strip() for n in str(given).split(","))
+
+    @property
+    def sequenced(self) -> list[str]:
+        """The value columns a sequence field orders: the sequence columns themselves (they
+        show the latest write's sequence) and the first/last value columns, in schema order."""
+        if not self.sequence_fields or not self.is_aggregation:
+            return []
+        return [c.name for c in self.value_columns
+                if c.name in self.sequence_fields or self.function_of(c.name) in SEQUENCED]
 
     def function_of(self, name: str) -> AggFunction:
         """The function a value column folds with (last_value_ignore_nulls when none is set)."""

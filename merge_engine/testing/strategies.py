@@ -21,7 +21,8 @@ from merge_engine.descriptor import KV_BUFFER_SIZE
 from merge_engine.hidden_columns import UNWRITTEN
 from merge_engine.testing.model_functions import empty_value
 from merge_engine.testing.ops import Delete, Put, Reopen
-from merge_engine.testing.spec import DELETE_BEHAVIOR, MERGE_ENGINE, ColumnSpec, TableSpec
+from merge_engine.testing.spec import (DELETE_BEHAVIOR, MERGE_ENGINE, SEQUENCE_FIELD, SEQUENCED,
+                                      ColumnSpec, TableSpec)
 from merge_engine.testing.values import int_range, make_decimal, round_float32
 
 MODES = ("AGGREGATE", "MERGE_STATE", "OVERWRITE")
@@ -32,6 +33,7 @@ ORDERED_TYPES = (pa.string(), pa.binary(), pa.date32(), pa.timestamp("us"))
 SELECTION_TYPES = (pa.int64(), pa.float64(), pa.string(), pa.bool_(), pa.decimal128(10, 2),
                    pa.date32(), pa.list_(pa.int64()))
 LIST_TYPES = (pa.list_(pa.int64()), pa.list_(pa.string()))
+MAP_TYPES = (pa.map_(pa.string(), pa.int64()), pa.map_(pa.int64(), pa.string()))
 
 # Every supported (function, type) pair the strategies draw from. None: a column without a
 # function (last_value_ignore_nulls on aggregation tables).
@@ -54,6 +56,7 @@ FUNCTION_TYPES: dict[F | None, tuple[pa.DataType, ...]] = {
     F.HLL_SKETCH: (pa.binary(),),
     F.THETA_SKETCH: (pa.binary(),),
     F.KLL_SKETCH: (pa.binary(),),
+    F.MERGE_MAP: MAP_TYPES,
     None: SELECTION_TYPES,
 }
 FUNCTIONS = tuple(FUNCTION_TYPES)
@@ -117,6 +120,11 @@ def values_of(arrow_type: pa.DataType, nulls: bool = True) -> st.SearchStrategy:
         base = st.datetimes(min_value=datetime.datetime(1, 1, 1))
     elif pa.types.is_list(arrow_type):
         base = st.lists(values_of(arrow_type.value_type), max_size=3)
+    elif pa.types.is_map(arrow_type):
+        # Few keys, so that maps overwrite and delete each other's entries; a null deletes.
+        keys = st.sampled_from(["", "a", "b", "\U0001F600"]) if pa.types.is_string(arrow_type.key_type) \
+            else st.integers(-2, 2)
+        base = st.lists(st.tuples(keys, values_of(arrow_type.item_type)), max_size=3)
     else:
         raise ValueError(f"no strategy for {arrow_type}")
     return st.one_of(st.none(), base) if nulls else base
@@ -246,6 +254,25 @@ def table_specs(draw, aggregation: bool | None = None, functions: Iterable[F | N
     return TableSpec(tuple(columns), tuple(k.name for k in keys), properties)
 
 
+@st.composite
+def sequenced_table_specs(draw, functions: Iterable[F | None] = SEQUENCED + (None, F.SUM),
+                          max_value_columns: int = 3) -> TableSpec:
+    """An aggregation table with `table.sequence-field`: an int64 key `k`, one or two sequence
+    columns (`s0` int64, `s1` string) and first/last value columns (and now and then others)."""
+    keys = [ColumnSpec("k", pa.int64(), nullable=False)]
+    sequence = [ColumnSpec("s0", pa.int64())]
+    if draw(st.integers(0, 3)) == 0:
+        sequence.append(ColumnSpec("s1", pa.string()))
+    n_values = draw(st.integers(1, max_value_columns))
+    values = [draw(value_columns(f"v{i}", functions)) for i in range(n_values)]
+    properties = {MERGE_ENGINE: "aggregation", SEQUENCE_FIELD: ",".join(c.name for c in sequence),
+                  DELETE_BEHAVIOR: draw(st.sampled_from(["allow", "ignore"]))}
+    buffer_size = draw(st.sampled_from([None, "0", "600"]))
+    if buffer_size is not None:
+        properties[KV_BUFFER_SIZE] = buffer_size
+    return TableSpec(tuple(keys + sequence + values), ("k",), properties)
+
+
 def single_column_specs(function: F | None, arrow_type: pa.DataType | None = None,
                         params: dict | None = None) -> st.SearchStrategy[TableSpec]:
     """An aggregation table with an int64 key `k` and one value column `v`."""
@@ -274,6 +301,8 @@ def target_columns(draw, spec: TableSpec) -> tuple | None:
     if draw(st.booleans()):
         return None
     chosen = draw(st.lists(st.sampled_from([c.name for c in spec.value_columns]), unique=True))
+    if spec.sequence_fields and draw(st.integers(0, 9)):
+        chosen += [f for f in spec.sequence_fields if f not in chosen]  # rarely left out: refused
     return tuple(n for n in spec.names if n in spec.primary_key or n in chosen)
 
 
@@ -294,6 +323,10 @@ def rows(draw, spec: TableSpec, targets: Iterable[str] | None = None, mode: str 
         scalar = (function is F.ARRAY_AGG and draw(st.booleans())) or \
             (function is F.STRING_AGG and draw(st.integers(0, 3)) == 0)
         columns[name] = input_values(column, function, mode, scalar)
+        if name in spec.sequence_fields:
+            # Few sequence values, so that writes of a key tie; now and then a refused null.
+            columns[name] = st.one_of(st.integers(0, 6), st.integers(0, 6), st.none()) \
+                if column.type == pa.int64() else values_of(column.type, nulls=False)
     n = draw(st.integers(min_size, max_size))
     out = []
     for _ in range(n):

@@ -156,6 +156,18 @@ def coerce_input(column: str, arrow_type: pa.DataType, value: Any) -> Any:
         if not isinstance(value, (list, tuple)):
             raise bad()
         return [coerce_input(column, arrow_type.value_type, v) for v in value]
+    if pa.types.is_map(arrow_type):
+        # A dict or (key, value) pairs, as to_pylist gives maps; keys must not be null.
+        pairs = value.items() if isinstance(value, dict) else value
+        if not isinstance(pairs, (list, tuple, type({}.items()))):
+            raise bad()
+        entries = []
+        for pair in pairs:
+            if not isinstance(pair, (list, tuple)) or len(pair) != 2 or pair[0] is None:
+                raise bad("expected (key, value) pairs with non-null keys")
+            entries.append((coerce_input(column, arrow_type.key_type, pair[0]),
+                            coerce_input(column, arrow_type.item_type, pair[1])))
+        return entries
     # Any other type: trust what Arrow would store (the model compares it with ==).
     return value
 

@@ -2,9 +2,9 @@
 `COLUMN=VALUE` for `tally lookup`.
 
 Types are Arrow's names as `tally describe` prints them (`int64`, `string`, `decimal128(18, 2)`,
-`timestamp[us, tz=UTC]`, `list<item: string>`), so a described table can be created again
+`timestamp[us, tz=UTC]`, `list<item: string>`, `map<string, int64>`), so a described table can be created again
 from its output, plus the SQL names Spark users know (`bigint`, `int`, `double`, `boolean`,
-`date`, `timestamp`, `decimal(18,2)`, `array<string>`).
+`date`, `timestamp`, `decimal(18,2)`, `array<string>`, `map<string, bigint>`).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ _DECIMAL = re.compile(r"(decimal|decimal128|decimal256)\s*[(\[]\s*(\d+)\s*,\s*(\
 _TIMESTAMP = re.compile(r"timestamp\s*\[\s*(s|ms|us|ns)\s*(?:,\s*tz\s*=\s*([^\]]+?))?\s*\]$")
 _TIME = re.compile(r"(time32|time64)\s*\[\s*(s|ms|us|ns)\s*\]$")
 _LIST = re.compile(r"(list|large_list|array)\s*<\s*(?:item\s*:\s*)?(.+?)\s*>$")
+_MAP = re.compile(r"map\s*<(.+)>$")
 _FIXED = re.compile(r"fixed_size_binary\s*\[\s*(\d+)\s*\]$")
 
 
@@ -57,6 +58,9 @@ def parse_type(text: str) -> pa.DataType:
         if m := _LIST.match(spec) or _LIST.match(lowered):
             item = parse_type(m.group(2))
             return pa.large_list(item) if m.group(1).lower() == "large_list" else pa.list_(item)
+        if m := _MAP.match(spec) or _MAP.match(lowered):
+            key, value = _split_pair(m.group(1), text)
+            return pa.map_(parse_type(key), parse_type(value))
         if m := _FIXED.match(lowered):
             return pa.binary(int(m.group(1)))
     except (ValueError, pa.ArrowException) as e:
@@ -65,6 +69,17 @@ def parse_type(text: str) -> pa.DataType:
         f"unknown column type {text!r}; use an Arrow type name (int64, string, "
         "decimal128(18, 2), timestamp[us, tz=UTC], list<string>, ...) or a SQL one (bigint, "
         "int, double, boolean, date, timestamp, decimal(18,2), array<string>)")
+
+
+def _split_pair(inner: str, text: str) -> tuple[str, str]:
+    """`K, V` of a map type, cut at the comma outside any nested <>, [] or ()."""
+    depth = 0
+    for i, ch in enumerate(inner):
+        depth += ch in "<[("
+        depth -= ch in ">])"
+        if ch == "," and depth == 0:
+            return inner[:i], inner[i + 1:]
+    raise InvalidOptionError(f"column type {text!r} is not valid: a map type is map<K, V>")
 
 
 def parse_columns(specs: list[str]) -> pa.Schema:

@@ -65,7 +65,7 @@ class TableMeta:
     def aggregators(self) -> list:
         """The table's aggregators, in schema order (what client-side validation uses)."""
         descriptor = self.descriptor
-        return descriptor.schema.aggregators(descriptor.is_aggregation)
+        return descriptor.aggregators()
 
     def partition_names(self) -> list[str | None]:
         return sorted(self.partitions, key=lambda p: (p is not None, p or ""))
