@@ -13,8 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from merge_engine.hidden_columns import (CHANGE_CODE, CHANGE_TYPE, CONTRIBUTIONS, OFFSET, TOKENS,
-                                          UNWRITTEN)
+from merge_engine.hidden_columns import (CHANGE_CODE, CHANGE_TYPE, CONTRIBUTIONS, EXPIRED, OFFSET,
+                                          TOKENS, UNWRITTEN, WRITTEN_MS)
 from merge_engine.keys import KeyArray, key_array
 from merge_engine.state import StateBatch
 
@@ -33,12 +33,14 @@ class Images:
     Images hold what readers see (each aggregator's `values`), the written bits (`_unwritten`),
     the contribution counts (`_contributions`) and, for columns whose state keeps tokens apart,
     those tokens (`_tokens`: a struct with one list<string> field per such column), so replay
-    and undo rebuild every state exactly.
+    and undo rebuild every state exactly. Tables with a row TTL (`timed`) add each image's
+    last-write time (`_written_ms`) and whether a -D is an expiry (`_expired`).
     """
 
     def __init__(self, arrow_schema: pa.Schema, aggregators, value_positions: list[int],
-                 counted: list[int]):
+                 counted: list[int], timed: bool = False):
         self.schema = arrow_schema
+        self.timed = timed
         self.aggregators = aggregators
         self.value_positions = value_positions
         self.counted = counted
@@ -74,14 +76,18 @@ class Images:
         fields.append(pa.field(CONTRIBUTIONS, pa.list_(pa.int64())))
         if self.tokenized:
             fields.append(pa.field(TOKENS, self.token_type))
+        if self.timed:
+            fields.append(pa.field(WRITTEN_MS, pa.int64()))
+            fields.append(pa.field(EXPIRED, pa.bool_()))
         return fields
 
-    def build_records(self, before: StateBatch, after: StateBatch,
-                      outcome: np.ndarray) -> pa.Table | None:
+    def build_records(self, before: StateBatch, after: StateBatch, outcome: np.ndarray,
+                      expired: np.ndarray | None = None) -> pa.Table | None:
         """The changelog records of one write in stored form, or None when nothing changed.
 
         `before` and `after` hold one row per key (aligned); `outcome` says per key whether it
         was inserted, updated, removed or left unchanged. Records follow the keys' order.
+        `expired`: per key, whether its removal is the row TTL's, not a delete (`_expired`).
         """
         counts = np.select([outcome == INSERTED, outcome == UPDATED, outcome == REMOVED],
                            [1, 2, 1], 0)
@@ -104,6 +110,10 @@ class Images:
         if self.tokenized:
             arrays.append(pa.StructArray.from_arrays([images.columns[i] for i in self.tokenized],
                                                      fields=list(self.token_type)))
+        if self.timed:
+            arrays.append(pa.array(images.times(), type=pa.int64()))
+            cause = np.zeros(len(key), dtype=bool) if expired is None else expired[key]
+            arrays.append(pa.array((change == 3) & cause, type=pa.bool_()))
         return pa.Table.from_arrays(arrays, schema=self.stored_schema())
 
     def to_state(self, records: pa.Table) -> StateBatch:
@@ -125,7 +135,10 @@ class Images:
         if self.counted and records.num_rows:
             flat = records.column(CONTRIBUTIONS).combine_chunks().flatten().to_numpy()
             counts[:, self.counted] = flat.reshape(records.num_rows, len(self.counted))
-        return StateBatch(columns, written, counts)
+        touched = None
+        if self.timed:
+            touched = pc.fill_null(records.column(WRITTEN_MS), 0).to_numpy().astype(np.int64)
+        return StateBatch(columns, written, counts, touched)
 
     def row_changes(self, records: pa.Table, primary_key) -> tuple[KeyArray, StateBatch, KeyArray]:
         """(upserted keys, their after-images as states, removed keys) of one write's records:

@@ -14,5 +14,9 @@ CONTRIBUTIONS = "_contributions"  # per row, how many contributions counted cell
 TOKENS = "_tokens"              # the tokens of string_agg states a joined string cannot tell apart
 PARTITION = "_partition"        # changelog readers: the record's partition name (null: none)
 BUCKET = "_bucket"              # changelog readers: the record's bucket
+# Tables with a row TTL (`table.kv.row-ttl`) only:
+WRITTEN_MS = "_written_ms"      # per image, when its key was last written (ms); undo writes it back
+EXPIRED = "_expired"            # true on the -D records the row TTL wrote (not a delete)
 
-ALL = (OFFSET, CHANGE_TYPE, CHANGE_CODE, UNWRITTEN, CONTRIBUTIONS, TOKENS, PARTITION, BUCKET)
+ALL = (OFFSET, CHANGE_TYPE, CHANGE_CODE, UNWRITTEN, CONTRIBUTIONS, TOKENS, PARTITION, BUCKET,
+       WRITTEN_MS, EXPIRED)

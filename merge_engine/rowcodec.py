@@ -3,7 +3,8 @@
 Layout of one row (all little-endian):
 
     version (1 byte) | written bits | null bits | fixed-width values | int64 contribution count
-    per sum/product column | uint32 length per variable-width column | variable-width bytes
+    per sum/product column | int64 last-write time (ms; tables with a row TTL only) | uint32
+    length per variable-width column | variable-width bytes
 
 Fixed-width columns (integers, floats, decimals, dates, times, timestamps, booleans) take their
 Arrow buffer bytes; strings and binaries their UTF-8/raw bytes; nested columns (array_agg's
@@ -51,9 +52,11 @@ def _gather_index(src_starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 class RowCodec:
     """Encodes StateBatches of one schema to row bytes and back."""
 
-    def __init__(self, arrow_schema: pa.Schema, counted: list[int] | None = None):
+    def __init__(self, arrow_schema: pa.Schema, counted: list[int] | None = None,
+                 timed: bool = False):
         self.schema = arrow_schema
         self.counted = list(counted or [])  # positions whose contribution counts are stored
+        self.timed = timed  # rows store when their key was last written (row TTL)
         self.types = [f.type for f in arrow_schema]
         self.kinds = [_kind(t) for t in self.types]
         self.ncols = len(self.types)
@@ -66,6 +69,8 @@ class RowCodec:
                 offset += width
         self.counts_offset = offset
         offset += 8 * len(self.counted)
+        self.time_offset = offset
+        offset += 8 if timed else 0
         self.var_columns = [i for i, (k, _) in enumerate(self.kinds) if k in ("var", "object")]
         self.lengths_offset = offset
         self.prefix = offset + 4 * len(self.var_columns)
@@ -96,6 +101,9 @@ class RowCodec:
         if self.counted:
             counts = np.ascontiguousarray(batch.counts()[:, self.counted].astype("<i8"))
             blocks.append(counts.view(np.uint8).reshape(n, -1))
+        if self.timed:
+            times = np.ascontiguousarray(batch.times().astype("<i8"))
+            blocks.append(times.view(np.uint8).reshape(n, 8))
         lengths = [pc.binary_length(part).to_numpy() for part in var_parts]
         if lengths:
             blocks.append(np.column_stack(lengths).astype("<u4").view(np.uint8).reshape(n, -1))
@@ -114,6 +122,8 @@ class RowCodec:
         out = (a.written != b.written).any(axis=1)
         if self.counted:
             out |= (a.counts()[:, self.counted] != b.counts()[:, self.counted]).any(axis=1)
+        if self.timed:  # a write refreshes its keys' TTL even when no value changes
+            out |= a.times() != b.times()
         for i, (x, y) in enumerate(zip(a.columns, b.columns)):
             if y.type != x.type:
                 y = y.cast(x.type)
@@ -138,7 +148,8 @@ class RowCodec:
         if n == 0:
             return StateBatch([pa.array([], type=t) for t in self.types],
                               np.zeros((0, self.ncols), dtype=bool),
-                              np.zeros((0, self.ncols), dtype=np.int64))
+                              np.zeros((0, self.ncols), dtype=np.int64),
+                              np.zeros(0, dtype=np.int64) if self.timed else None)
         lens = np.fromiter(map(len, rows), dtype=np.int64, count=n)
         buf = np.frombuffer(b"".join(rows), dtype=np.uint8)
         starts = np.cumsum(lens) - lens
@@ -177,7 +188,11 @@ class RowCodec:
             raw = np.ascontiguousarray(
                 prefix[:, self.counts_offset:self.counts_offset + 8 * len(self.counted)])
             counts[:, self.counted] = raw.view("<i8")
-        return StateBatch(columns, written.astype(bool), counts)
+        touched = None
+        if self.timed:
+            raw = np.ascontiguousarray(prefix[:, self.time_offset:self.time_offset + 8])
+            touched = raw.view("<i8")[:, 0].astype(np.int64)
+        return StateBatch(columns, written.astype(bool), counts, touched)
 
 
 def _valid(column: pa.Array) -> np.ndarray:
