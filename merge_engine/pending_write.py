@@ -24,11 +24,13 @@ class PendingWrite:
     def __init__(self, store: TabletStore, images: log.Images, end: int,
                  keep_bytes: int, now_ms: int | None = None) -> None:
         """`keep_bytes`: the most changed rows kept in memory (the row buffer's limit);
-        `now_ms`: the write's time (the tablet's clock), by default the wall clock."""
+        `now_ms`: the write's time by the tablet's clock (the row TTL's), by default the wall
+        clock. The changelog entry's time (retention) is always the wall clock's."""
         self._store, self._images = store, images
         self.batch = store.new_batch()
         self.end = end
-        self.now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        self._written = int(time.time() * 1000)
+        self.now_ms = self._written if now_ms is None else now_ms
         self._log_bytes = 0
         self._changed = False
         self._kept = RowsKept(keep_bytes)
@@ -41,7 +43,7 @@ class PendingWrite:
         if records is None:
             return
         data = log.serialize(records)
-        TabletStore.put_log_entry(self.batch, self.end, data, self.now_ms)
+        TabletStore.put_log_entry(self.batch, self.end, data, self._written)
         self.end += records.num_rows
         self._log_bytes += len(data)
         self._changed = True

@@ -75,6 +75,7 @@ REQUIRED_ROLE: dict[str, str] = {
     "install_lock_view": CLUSTER,
     "truncate_bucket_log": CLUSTER,
     "enforce_retention": CLUSTER,
+    "expire_rows": CLUSTER,
     "server_id": CLUSTER,
 }
 

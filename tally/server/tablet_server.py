@@ -29,6 +29,7 @@ from merge_engine.row_snapshot import scan_schema
 from tally.errors import InvalidInputError, NotFoundError, StaleMetadataError
 from tally.server.membership import HeartbeatSender
 from tally.server.retention import RetentionKeeper
+from tally.server.row_expiry import EXPIRY_INTERVAL, RowExpiry
 from tally.server.settings import (DEFAULT_MAX_BATCH_BYTES, DEFAULT_SCAN_BATCH_ROWS,
                                    HEARTBEAT_INTERVAL, STORAGE_PROBE_INTERVAL)
 from tally.server.storage_health import StorageHealth
@@ -100,17 +101,18 @@ class TabletServer:
                  heartbeat_interval: float = HEARTBEAT_INTERVAL,
                  retention_interval: float = 30.0, memory_budget: int | None = None,
                  clock: Callable[[], float] = time.time,
-                 storage_probe_interval: float = STORAGE_PROBE_INTERVAL) -> None:
+                 storage_probe_interval: float = STORAGE_PROBE_INTERVAL,
+                 expiry_interval: float = EXPIRY_INTERVAL) -> None:
         """`memory_budget`: bytes of write memory all hosted buckets share (None: no cap
         beyond each bucket's own; `tally serve` passes --memory-budget). `clock`: the time
-        lock expiry is judged by (tests move it; see server.clock). Every
+        lock expiry and the row TTL are judged by (tests move it; see server.clock). Every
         `storage_probe_interval` seconds, buckets whose disk refused a write are reopened
         once it has room (storage_health)."""
         self.clock = clock
         self.server_id = load_server_id(data_dir)
         self.address = address
         self.max_batch_bytes = max_batch_bytes
-        self.host = TabletHost(data_dir, memory_budget)
+        self.host = TabletHost(data_dir, memory_budget, clock)
         self._coordinator = coordinator
         self.write_checks: list[WriteCheck] = []
         self.actions = {"offsets": self.offsets, "drop_tablets": self.drop_tablets,
@@ -119,6 +121,7 @@ class TabletServer:
         self._heartbeat = HeartbeatSender(self.send_heartbeat, heartbeat_interval)
         self.locks = TabletLocks(self)
         self.retention = RetentionKeeper(self, retention_interval)
+        self.expiry = RowExpiry(self, expiry_interval)
         self.storage = StorageHealth(self.host, storage_probe_interval)
 
     def coordinator(self, action: str, body: dict):
@@ -128,6 +131,7 @@ class TabletServer:
     def start(self) -> None:
         self._heartbeat.start()
         self.retention.start()
+        self.expiry.start()
         self.storage.start()
 
     def send_heartbeat(self) -> None:
@@ -305,5 +309,6 @@ class TabletServer:
     def close(self) -> None:
         self._heartbeat.close()
         self.retention.close()
+        self.expiry.close()
         self.storage.close()
         self.host.close()

@@ -13,6 +13,8 @@ import logging
 import os
 import shutil
 import threading
+import time
+from typing import Callable
 
 from merge_engine import KvTablet, TableDescriptor
 from merge_engine.budget import MemoryBudget
@@ -49,8 +51,11 @@ class HostedTablet:
 class TabletHost:
     """Opens, caches and closes the KvTablets under one data directory."""
 
-    def __init__(self, data_dir: str, memory_budget: int | None = None) -> None:
+    def __init__(self, data_dir: str, memory_budget: int | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        """`clock`: the time the row TTL of hosted buckets is judged by (tests move it)."""
         self.root = os.path.join(data_dir, "tablets")
+        self.clock = clock
         self.budget = MemoryBudget(memory_budget) if memory_budget else None
         os.makedirs(self.root, exist_ok=True)
         self._tablets: dict[TabletKey, HostedTablet] = {}
@@ -80,7 +85,7 @@ class TabletHost:
             path = self.path(key)
             label = key.describe(routing, partition)
             tablet = KvTablet.open(path, TableDescriptor.from_json(descriptor_json), self.budget,
-                                   name=label)
+                                   name=label, clock=self.clock)
             hosted = HostedTablet(key, tablet, routing, partition)
             with self._lock:
                 self._tablets[key] = hosted
@@ -97,7 +102,7 @@ class TabletHost:
             old = hosted.tablet
             old.close()
             hosted.tablet = KvTablet.open(self.path(hosted.key), old.descriptor, self.budget,
-                                          name=hosted.label)
+                                          name=hosted.label, clock=self.clock)
 
     def all_hosted(self) -> list[HostedTablet]:
         with self._lock:
