@@ -81,6 +81,41 @@ class Images:
             fields.append(pa.field(EXPIRED, pa.bool_()))
         return fields
 
+    def conform(self, records: pa.Table) -> pa.Table:
+        """Records stored before columns were added (add_column), read with today's columns:
+        each added column null and listed in `_unwritten` (no write had targeted it), its
+        contribution count 0 and its tokens null. Records of today's columns are returned
+        as they are."""
+        missing = [f for f in self.schema if f.name not in records.column_names]
+        if not missing:
+            return records
+        n = records.num_rows
+        names = {f.name for f in missing}
+        unwritten = [list(u or ()) + [f.name for f in missing]
+                     for u in records.column(UNWRITTEN).to_pylist()]
+        added_counted = [i for i in self.counted if self.schema.names[i] in names]
+        contributions = [list(c or ()) + [0] * len(added_counted)
+                         for c in records.column(CONTRIBUTIONS).to_pylist()]
+        columns = {}
+        for f in self.schema:
+            columns[f.name] = records.column(f.name) if f.name not in names \
+                else pa.nulls(n, type=f.type)
+        columns[UNWRITTEN] = pa.array(unwritten, type=pa.list_(pa.string()))
+        columns[CONTRIBUTIONS] = pa.array(contributions, type=pa.list_(pa.int64()))
+        if self.tokenized:
+            old = records.column(TOKENS).combine_chunks() if TOKENS in records.column_names \
+                else None
+            fields = []
+            for field in self.token_type:
+                fields.append(old.field(field.name) if old is not None
+                              and old.type.get_field_index(field.name) >= 0
+                              else pa.nulls(n, type=field.type))
+            columns[TOKENS] = pa.StructArray.from_arrays(fields, fields=list(self.token_type))
+        schema = self.reader_schema()  # the row TTL's columns come as they are
+        arrays = [columns[f.name] if f.name in columns else records.column(f.name)
+                  for f in schema]
+        return pa.Table.from_arrays(arrays, schema=schema)
+
     def build_records(self, before: StateBatch, after: StateBatch, outcome: np.ndarray,
                       expired: np.ndarray | None = None) -> pa.Table | None:
         """The changelog records of one write in stored form, or None when nothing changed.

@@ -10,6 +10,10 @@ Fixed-width columns (integers, floats, decimals, dates, times, timestamps, boole
 Arrow buffer bytes; strings and binaries their UTF-8/raw bytes; nested columns (array_agg's
 lists) are pickled per value, the one slow path. A null cell holds zero bytes, so two equal rows
 encode to equal bytes: that is how a merge that changes nothing is detected.
+
+Version 1 rows have the columns the bucket was created with. Once columns are added
+(add_column), rows are written as version 2: the version byte, then the row's column count
+(uint16), then the same layout; merge_engine.row_layouts decodes rows of every width.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from merge_engine.state import StateBatch
 from tally.errors import StorageError
 
 VERSION = 1
+WIDTH_VERSION = 2  # the row says how many columns it has
 _NO_SEPARATOR = pa.scalar(b"", pa.large_binary())
 
 
@@ -53,7 +58,7 @@ class RowCodec:
     """Encodes StateBatches of one schema to row bytes and back."""
 
     def __init__(self, arrow_schema: pa.Schema, counted: list[int] | None = None,
-                 timed: bool = False):
+                 timed: bool = False, version: int = VERSION):
         self.schema = arrow_schema
         self.counted = list(counted or [])  # positions whose contribution counts are stored
         self.timed = timed  # rows store when their key was last written (row TTL)
@@ -62,7 +67,9 @@ class RowCodec:
         self.ncols = len(self.types)
         self.bitmap_bytes = (self.ncols + 7) // 8
         self.fixed_offsets: dict[int, int] = {}
-        offset = 1 + 2 * self.bitmap_bytes
+        self.version = version
+        self.header = 1 if version == VERSION else 3
+        offset = self.header + 2 * self.bitmap_bytes
         for i, (kind, width) in enumerate(self.kinds):
             if kind in ("fixed", "bool"):
                 self.fixed_offsets[i] = offset
@@ -82,8 +89,12 @@ class RowCodec:
         if n == 0:
             return []
         valid = np.column_stack([_valid(c) for c in batch.columns]) if self.ncols else None
+        head = np.full((n, 1), self.version, dtype=np.uint8)
+        if self.version == WIDTH_VERSION:
+            width = np.frombuffer(np.array([self.ncols], dtype="<u2").tobytes(), dtype=np.uint8)
+            head = np.hstack([head, np.tile(width, (n, 1))])
         blocks = [
-            np.full((n, 1), VERSION, dtype=np.uint8),
+            head,
             np.packbits(batch.written, axis=1, bitorder="little"),
             np.packbits(valid, axis=1, bitorder="little"),
         ]
@@ -156,11 +167,11 @@ class RowCodec:
         if (lens < self.prefix).any():
             raise StorageError("A stored row is shorter than its header: the tablet is corrupt")
         prefix = buf[starts[:, None] + np.arange(self.prefix)]
-        if (prefix[:, 0] != VERSION).any():
+        if (prefix[:, 0] != self.version).any():
             raise StorageError(f"Stored rows have an unknown format version {set(prefix[:, 0])}")
-        b = self.bitmap_bytes
-        written = np.unpackbits(prefix[:, 1:1 + b], axis=1, bitorder="little")[:, :self.ncols]
-        valid = np.unpackbits(prefix[:, 1 + b:1 + 2 * b], axis=1, bitorder="little")
+        b, h = self.bitmap_bytes, self.header
+        written = np.unpackbits(prefix[:, h:h + b], axis=1, bitorder="little")[:, :self.ncols]
+        valid = np.unpackbits(prefix[:, h + b:h + 2 * b], axis=1, bitorder="little")
         valid = valid[:, :self.ncols].astype(bool)
         lengths = prefix[:, self.lengths_offset:self.prefix].copy().view("<u4").astype(np.int64)
         cursor = starts + self.prefix

@@ -30,13 +30,14 @@ from merge_engine.input import WriteInput, prepare_write
 from merge_engine.keys import KeyArray, group_keys, key_array
 from merge_engine.mergers import AggregateRowMerger, DeleteMerger, OverwriteRowMerger
 from merge_engine.modes import DeleteBehavior, MergeMode
-from merge_engine.rowcodec import RowCodec
+from merge_engine.row_layouts import RowLayouts
 from merge_engine.row_ttl import Clock, RowTtl
 from merge_engine.row_snapshot import RowSnapshot
 from merge_engine.rows import BucketRows
 from merge_engine.pending_write import PendingWrite
 from merge_engine.state import StateBatch
-from merge_engine.storage import DESCRIPTOR, END_OFFSET, START_OFFSET, TabletStore
+from merge_engine.schema import Schema
+from merge_engine.storage import BASE_WIDTH, DESCRIPTOR, END_OFFSET, START_OFFSET, TabletStore
 from merge_engine.write_slices import SLICE_ROWS, key_slices
 from tally.errors import (DeleteDisabledError, InvalidInputError, OffsetOutOfRangeError,
                           StorageError, StorageWriteError)
@@ -67,7 +68,9 @@ class KvTablet:
         timed = self._ttl is not None
         self._images = log.Images(self.arrow_schema, self.aggregators, self.value_positions,
                                   self.counted, timed)
-        self.codec = RowCodec(self._images.state_schema(), self.counted, timed)
+        base_width = store.get_int(BASE_WIDTH, len(self.schema.columns))
+        self.codec = RowLayouts(self._images.state_schema(), self.counted, timed,
+                                self.aggregators, base_width)
         self.remove_on_empty = descriptor.bool_option("table.agg.remove-record-on-empty")
         merger_args = (self.aggregators, self.key_positions, self.counted)
         self._overwrite = OverwriteRowMerger(*merger_args)
@@ -107,12 +110,25 @@ class KvTablet:
                 BucketRows.initialise(batch)
                 store.commit(batch)
             elif saved.decode() != descriptor.schema.to_json():
-                raise StorageError(f"{store.name} was created with another schema; refusing "
-                                   f"to open it with {descriptor.schema!r}")
+                cls._add_columns(store, Schema.from_json(saved.decode()), descriptor.schema)
             return cls(str(path), descriptor, store, budget, clock)
         except BaseException:  # the replay may fail too (a full disk): let go of RocksDB
             store.close()
             raise
+
+    @staticmethod
+    def _add_columns(store: TabletStore, saved: Schema, schema: Schema) -> None:
+        """Open with columns added since (add_column): remember the width of the rows written
+        before the first addition (merge_engine.row_layouts), then the new schema. Any other
+        difference is refused."""
+        if not schema.extends(saved):
+            raise StorageError(f"{store.name} was created with another schema; refusing "
+                               f"to open it with {schema!r}")
+        batch = store.new_batch()
+        if store.get_bytes(BASE_WIDTH) is None:
+            TabletStore.put_int(batch, BASE_WIDTH, len(saved.columns))
+        batch.put(DESCRIPTOR, schema.to_json().encode())
+        store.commit(batch)
 
     # --- offsets ----------------------------------------------------------------------------
 
@@ -447,7 +463,7 @@ class KvTablet:
         for first, data in self._store.log_entries(start):
             if first >= end:
                 break
-            records = log.deserialize(data, first)
+            records = self._images.conform(log.deserialize(data, first))
             low, high = max(start - first, 0), min(end - first, records.num_rows)
             if high > low:
                 yield records.slice(low, high - low)
