@@ -116,6 +116,7 @@ class TabletServer:
         self._coordinator = coordinator
         self.write_checks: list[WriteCheck] = []
         self.actions = {"offsets": self.offsets, "drop_tablets": self.drop_tablets,
+                        "reopen_tablets": self.reopen_tablets,
                         "server_id": lambda body: self.server_id}
         self.binary_actions = {"lookup": self.lookup, "lookup_many": self.lookup_many}
         self._heartbeat = HeartbeatSender(self.send_heartbeat, heartbeat_interval)
@@ -302,6 +303,15 @@ class TabletServer:
                 out.append([int(hosted.tablet.log_start_offset),
                             int(hosted.tablet.log_end_offset)])
         return out
+
+    def reopen_tablets(self, body: dict) -> None:
+        """Reopen the open buckets of a table with its new descriptor (add_column)."""
+        from merge_engine import TableDescriptor
+
+        table_id = field(body, "table_id", int)
+        descriptor = TableDescriptor.from_json(field(body, "descriptor", str))
+        for hosted in self.host.hosted(table_id):
+            self.host.reopen(hosted, descriptor)
 
     def drop_tablets(self, body: dict) -> None:
         self.host.drop_table(field(body, "table_id", int))

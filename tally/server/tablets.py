@@ -93,15 +93,20 @@ class TabletHost:
             log.info("opened %s at %s", hosted.label, path)
             return hosted
 
-    def reopen(self, hosted: HostedTablet) -> None:
-        """Close a bucket and open it again (its disk refused a write: storage_health). When
-        the open fails, the bucket stays closed and failed, and the next repair tries again."""
+    def reopen(self, hosted: HostedTablet, descriptor: TableDescriptor | None = None) -> None:
+        """Close a bucket and open it again (its disk refused a write: storage_health), or with
+        a new `descriptor` (add_column). When the open fails, the bucket stays closed and
+        failed, and the next repair tries again."""
         with hosted.lock:
             if self.get(hosted.key) is not hosted:
                 return  # dropped meanwhile
             old = hosted.tablet
             old.close()
-            hosted.tablet = KvTablet.open(self.path(hosted.key), old.descriptor, self.budget,
+            if descriptor is not None:  # the routing's schema is what requests are checked by
+                hosted.routing = TableRouting.from_descriptor(
+                    hosted.routing.name, hosted.key.table_id, descriptor)
+            hosted.tablet = KvTablet.open(self.path(hosted.key), descriptor or old.descriptor,
+                                          self.budget,
                                           name=hosted.label, clock=self.clock)
 
     def all_hosted(self) -> list[HostedTablet]:
