@@ -13,8 +13,24 @@ import numpy as np
 import pyarrow as pa
 
 from merge_engine.rowcodec import VERSION, WIDTH_VERSION, RowCodec
+from merge_engine.schema import Schema
 from merge_engine.state import StateBatch
+from merge_engine.storage import BASE_WIDTH, DESCRIPTOR, TabletStore
 from tally.errors import StorageError
+
+
+def add_columns(store: TabletStore, saved: Schema, schema: Schema) -> None:
+    """A bucket saved with `saved` opens with `schema`, which added columns: remember the width
+    of the rows written before the first addition, then the new schema. Any other difference
+    is refused."""
+    if not schema.extends(saved):
+        raise StorageError(f"{store.name} was created with another schema; refusing "
+                           f"to open it with {schema!r}")
+    batch = store.new_batch()
+    if store.get_bytes(BASE_WIDTH) is None:
+        TabletStore.put_int(batch, BASE_WIDTH, len(saved.columns))
+    batch.put(DESCRIPTOR, schema.to_json().encode())
+    store.commit(batch)
 
 
 class RowLayouts:

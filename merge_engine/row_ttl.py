@@ -25,7 +25,9 @@ from typing import Callable
 
 import numpy as np
 
+from merge_engine import changelog as log
 from merge_engine.input import WriteInput
+from merge_engine.keys import KeyArray
 from merge_engine.state import StateBatch
 
 Clock = Callable[[], float]  # seconds since the epoch, like time.time
@@ -48,6 +50,36 @@ class RowTtl:
     @staticmethod
     def expired(states: StateBatch, cutoff: int) -> np.ndarray:
         return states.times() <= cutoff
+
+    def expire_loaded(self, pending, keys: KeyArray, before: StateBatch, present: np.ndarray,
+                      empty_rows: Callable[[np.ndarray], StateBatch]):
+        """Lazy expiry in a write (`pending`, a PendingWrite): the -D of each loaded row past
+        the TTL goes before the write's own records, and the write then finds its key new
+        (`empty_rows(positions)`). The loaded rows and whether each key has one."""
+        gone = present & self.expired(before, self.cutoff(pending.now_ms))
+        if not gone.any():
+            return before, present
+        idx = np.flatnonzero(gone)
+        old = before.take(idx)
+        pending.add(keys.take(idx), old, old, np.full(len(idx), log.REMOVED, dtype=np.int8),
+                    np.ones(len(idx), dtype=bool))
+        where = np.arange(len(before))
+        where[idx] = len(before) + np.arange(len(idx))
+        before = StateBatch.concat(before, empty_rows(idx)).take(where)
+        return before, present & ~gone
+
+    def expire_merged(self, after: StateBatch, outcome: np.ndarray, present: np.ndarray,
+                      now_ms: int):
+        """A merged row already past the TTL (only a restored `_written_ms` can be): a new key
+        is not stored, an existing one expires. The outcome, and which removals are expiries."""
+        stale = (outcome != log.UNCHANGED) & (outcome != log.REMOVED) \
+            & self.expired(after, self.cutoff(now_ms))
+        if not stale.any():
+            return outcome, None
+        outcome = outcome.copy()
+        outcome[stale & ~present] = log.UNCHANGED
+        outcome[stale & present] = log.REMOVED
+        return outcome, stale & present
 
     @staticmethod
     def stamp(after: StateBatch, before: StateBatch, write: WriteInput, group_ids: np.ndarray,

@@ -30,7 +30,7 @@ from merge_engine.input import WriteInput, prepare_write
 from merge_engine.keys import KeyArray, group_keys, key_array
 from merge_engine.mergers import AggregateRowMerger, DeleteMerger, OverwriteRowMerger
 from merge_engine.modes import DeleteBehavior, MergeMode
-from merge_engine.row_layouts import RowLayouts
+from merge_engine.row_layouts import RowLayouts, add_columns
 from merge_engine.row_ttl import Clock, RowTtl
 from merge_engine.row_snapshot import RowSnapshot
 from merge_engine.rows import BucketRows
@@ -110,25 +110,11 @@ class KvTablet:
                 BucketRows.initialise(batch)
                 store.commit(batch)
             elif saved.decode() != descriptor.schema.to_json():
-                cls._add_columns(store, Schema.from_json(saved.decode()), descriptor.schema)
+                add_columns(store, Schema.from_json(saved.decode()), descriptor.schema)
             return cls(str(path), descriptor, store, budget, clock)
         except BaseException:  # the replay may fail too (a full disk): let go of RocksDB
             store.close()
             raise
-
-    @staticmethod
-    def _add_columns(store: TabletStore, saved: Schema, schema: Schema) -> None:
-        """Open with columns added since (add_column): remember the width of the rows written
-        before the first addition (merge_engine.row_layouts), then the new schema. Any other
-        difference is refused."""
-        if not schema.extends(saved):
-            raise StorageError(f"{store.name} was created with another schema; refusing "
-                               f"to open it with {schema!r}")
-        batch = store.new_batch()
-        if store.get_bytes(BASE_WIDTH) is None:
-            TabletStore.put_int(batch, BASE_WIDTH, len(saved.columns))
-        batch.put(DESCRIPTOR, schema.to_json().encode())
-        store.commit(batch)
 
     # --- offsets ----------------------------------------------------------------------------
 
@@ -181,7 +167,9 @@ class KvTablet:
         for keys, part, group_ids, firsts in slices:
             before, present = self._load(keys, part, firsts)
             if self._ttl is not None:
-                before, present = self._expire_loaded(pending, keys, before, present, part, firsts)
+                before, present = self._ttl.expire_loaded(
+                    pending, keys, before, present,
+                    lambda rows, part=part, firsts=firsts: self._empty_rows(part, firsts[rows]))
             after = merger.merge(before, part, group_ids, mode)
             if self._ttl is not None:
                 RowTtl.stamp(after, before, part, group_ids, pending.now_ms)
@@ -192,7 +180,8 @@ class KvTablet:
                 outcome = self._remove_empty(after, outcome, present)
             expired = None
             if self._ttl is not None:
-                outcome, expired = self._expire_merged(after, outcome, present, pending.now_ms)
+                outcome, expired = self._ttl.expire_merged(after, outcome, present,
+                                                           pending.now_ms)
             pending.add(keys, before, after, outcome, expired)
         return self._commit(pending, writer)
 
@@ -213,7 +202,9 @@ class KvTablet:
         unique, _, firsts = self._group(write)
         before, present = self._load(unique, write, firsts)
         if self._ttl is not None:
-            before, present = self._expire_loaded(pending, unique, before, present, write, firsts)
+            before, present = self._ttl.expire_loaded(
+                pending, unique, before, present,
+                lambda rows: self._empty_rows(write, firsts[rows]))
         after, removed = self._deletes.delete(before, write.target)
         if self._ttl is not None:  # resetting columns is a write: it refreshes the key
             after.touched = np.full(len(after), pending.now_ms, dtype=np.int64)
@@ -233,35 +224,6 @@ class KvTablet:
         outcome[empty & present] = log.REMOVED
         outcome[empty & ~present] = log.UNCHANGED
         return outcome
-
-    def _expire_loaded(self, pending: PendingWrite, keys: KeyArray, before: StateBatch,
-                       present: np.ndarray, write: WriteInput, firsts: np.ndarray):
-        """Lazy expiry (merge_engine.row_ttl): the -D of each loaded row past the TTL goes
-        before the write's own records, and the write then finds its key new."""
-        gone = present & RowTtl.expired(before, self._ttl.cutoff(pending.now_ms))
-        if not gone.any():
-            return before, present
-        idx = np.flatnonzero(gone)
-        old = before.take(idx)
-        pending.add(keys.take(idx), old, old, np.full(len(idx), log.REMOVED, dtype=np.int8),
-                    np.ones(len(idx), dtype=bool))
-        where = np.arange(len(before))
-        where[idx] = len(before) + np.arange(len(idx))
-        before = StateBatch.concat(before, self._empty_rows(write, firsts[idx])).take(where)
-        return before, present & ~gone
-
-    def _expire_merged(self, after: StateBatch, outcome: np.ndarray, present: np.ndarray,
-                       now_ms: int):
-        """A merged row already past the TTL (only a restored `_written_ms` can be): a new key
-        is not stored, an existing one expires. The outcome, and which removals are expiries."""
-        stale = (outcome != log.UNCHANGED) & (outcome != log.REMOVED) \
-            & RowTtl.expired(after, self._ttl.cutoff(now_ms))
-        if not stale.any():
-            return outcome, None
-        outcome = outcome.copy()
-        outcome[stale & ~present] = log.UNCHANGED
-        outcome[stale & present] = log.REMOVED
-        return outcome, stale & present
 
     def _replayed(self, writer) -> int | None:
         """The recorded end offset if this (writer id, sequence) was already applied."""
