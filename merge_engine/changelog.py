@@ -13,8 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from merge_engine.hidden_columns import (CHANGE_CODE, CHANGE_TYPE, CONTRIBUTIONS, OFFSET,
-                                          SEQUENCES, TOKENS, UNWRITTEN)
+from merge_engine.hidden_columns import (CHANGE_CODE, CHANGE_TYPE, CONTRIBUTIONS, EXPIRED, OFFSET,
+                                          SEQUENCES, TOKENS, UNWRITTEN, WRITTEN_MS)
 from merge_engine.keys import KeyArray, key_array
 from merge_engine.state import StateBatch
 
@@ -33,12 +33,14 @@ class Images:
     Images hold what readers see (each aggregator's `values`), the written bits (`_unwritten`),
     the contribution counts (`_contributions`) and, for columns whose state keeps tokens apart,
     those tokens (`_tokens`: a struct with one list<string> field per such column), so replay
-    and undo rebuild every state exactly.
+    and undo rebuild every state exactly. Tables with a row TTL (`timed`) add each image's
+    last-write time (`_written_ms`) and whether a -D is an expiry (`_expired`).
     """
 
     def __init__(self, arrow_schema: pa.Schema, aggregators, value_positions: list[int],
-                 counted: list[int]):
+                 counted: list[int], timed: bool = False):
         self.schema = arrow_schema
+        self.timed = timed
         self.aggregators = aggregators
         self.value_positions = value_positions
         self.counted = counted
@@ -80,14 +82,47 @@ class Images:
             fields.append(pa.field(TOKENS, self.token_type))
         if self.sequenced:
             fields.append(pa.field(SEQUENCES, self.sequence_type))
+        if self.timed:
+            fields.append(pa.field(WRITTEN_MS, pa.int64()))
+            fields.append(pa.field(EXPIRED, pa.bool_()))
         return fields
 
-    def build_records(self, before: StateBatch, after: StateBatch,
-                      outcome: np.ndarray) -> pa.Table | None:
+    def conform(self, records: pa.Table) -> pa.Table:
+        """Records stored before columns were added (add_column), read with today's columns:
+        each added column null and listed in `_unwritten` (no write had targeted it), its
+        contribution count 0 and its tokens and sequence null. Records of today's columns are returned
+        as they are."""
+        missing = [f for f in self.schema if f.name not in records.column_names]
+        if not missing:
+            return records
+        n = records.num_rows
+        names = {f.name for f in missing}
+        unwritten = [list(u or ()) + [f.name for f in missing]
+                     for u in records.column(UNWRITTEN).to_pylist()]
+        added_counted = [i for i in self.counted if self.schema.names[i] in names]
+        contributions = [list(c or ()) + [0] * len(added_counted)
+                         for c in records.column(CONTRIBUTIONS).to_pylist()]
+        columns = {}
+        for f in self.schema:
+            columns[f.name] = records.column(f.name) if f.name not in names \
+                else pa.nulls(n, type=f.type)
+        columns[UNWRITTEN] = pa.array(unwritten, type=pa.list_(pa.string()))
+        columns[CONTRIBUTIONS] = pa.array(contributions, type=pa.list_(pa.int64()))
+        for hidden, struct_type in ((TOKENS, self.token_type), (SEQUENCES, self.sequence_type)):
+            if struct_type.num_fields:
+                columns[hidden] = _struct_with_nulls(records, hidden, struct_type)
+        schema = self.reader_schema()  # the row TTL's columns come as they are
+        arrays = [columns[f.name] if f.name in columns else records.column(f.name)
+                  for f in schema]
+        return pa.Table.from_arrays(arrays, schema=schema)
+
+    def build_records(self, before: StateBatch, after: StateBatch, outcome: np.ndarray,
+                      expired: np.ndarray | None = None) -> pa.Table | None:
         """The changelog records of one write in stored form, or None when nothing changed.
 
         `before` and `after` hold one row per key (aligned); `outcome` says per key whether it
         was inserted, updated, removed or left unchanged. Records follow the keys' order.
+        `expired`: per key, whether its removal is the row TTL's, not a delete (`_expired`).
         """
         counts = np.select([outcome == INSERTED, outcome == UPDATED, outcome == REMOVED],
                            [1, 2, 1], 0)
@@ -113,6 +148,10 @@ class Images:
         if self.sequenced:
             arrays.append(pa.StructArray.from_arrays([images.columns[i] for i in self.sequenced],
                                                      fields=list(self.sequence_type)))
+        if self.timed:
+            arrays.append(pa.array(images.times(), type=pa.int64()))
+            cause = np.zeros(len(key), dtype=bool) if expired is None else expired[key]
+            arrays.append(pa.array((change == 3) & cause, type=pa.bool_()))
         return pa.Table.from_arrays(arrays, schema=self.stored_schema())
 
     def to_state(self, records: pa.Table) -> StateBatch:
@@ -138,7 +177,10 @@ class Images:
         if self.counted and records.num_rows:
             flat = records.column(CONTRIBUTIONS).combine_chunks().flatten().to_numpy()
             counts[:, self.counted] = flat.reshape(records.num_rows, len(self.counted))
-        return StateBatch(columns, written, counts)
+        touched = None
+        if self.timed:
+            touched = pc.fill_null(records.column(WRITTEN_MS), 0).to_numpy().astype(np.int64)
+        return StateBatch(columns, written, counts, touched)
 
     def row_changes(self, records: pa.Table, primary_key) -> tuple[KeyArray, StateBatch, KeyArray]:
         """(upserted keys, their after-images as states, removed keys) of one write's records:
@@ -164,6 +206,16 @@ def with_states(rows: pa.Table, images: pa.Table) -> pa.Table:
                 rows = rows.set_column(rows.column_names.index(field.name), field.name,
                                        states.field(field.name))
     return rows
+
+
+def _struct_with_nulls(records: pa.Table, hidden: str, struct_type: pa.StructType) -> pa.Array:
+    """Hidden struct column `hidden` of `records` with today's fields: a field of a column
+    added since those records were written is null."""
+    n = records.num_rows
+    old = records.column(hidden).combine_chunks() if hidden in records.column_names else None
+    fields = [old.field(f.name) if old is not None and old.type.get_field_index(f.name) >= 0
+              else pa.nulls(n, type=f.type) for f in struct_type]
+    return pa.StructArray.from_arrays(fields, fields=list(struct_type))
 
 
 def contribution_lists(counts: np.ndarray, counted: list[int]) -> pa.Array:

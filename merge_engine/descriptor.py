@@ -8,6 +8,7 @@ import pyarrow as pa
 
 from merge_engine.modes import DeleteBehavior
 from merge_engine.schema import Schema
+from tally.durations import parse_duration_ms
 from tally.errors import InvalidOptionError, SchemaError
 from tally.sizes import parse_size
 
@@ -20,6 +21,8 @@ KV_BUFFER_SIZE = "table.kv.buffer-size"
 # Columns whose values order the writes of a key for the value-selection functions.
 SEQUENCE_FIELD = "table.sequence-field"
 DEFAULT_KV_BUFFER_SIZE = 64 << 20
+# A key not written for longer than this expires (merge_engine/row_ttl.py); unset: never.
+ROW_TTL = "table.kv.row-ttl"
 BUCKET_NUM = "bucket.num"
 
 # Changelog retention (the policy: merge_engine/log_retention.py).
@@ -43,6 +46,7 @@ KNOWN_TABLE_OPTIONS = {
     KV_SYNC,
     KV_BUFFER_SIZE,
     SEQUENCE_FIELD,
+    ROW_TTL,
     "table.partition.dynamic-creation.enabled",
     RETENTION_OFFSETS,
     RETENTION_MS,
@@ -162,6 +166,7 @@ class TableDescriptor:
                         f"Invalid value for option '{key}': {value!r} (expected a non-negative integer)")
         self.kv_buffer_size  # validates the value
         self.sequence_fields  # validates the columns
+        self.row_ttl_ms  # validates the value
         for key in (COLUMN_LOCK_ENABLED, KV_SYNC, RETENTION_IGNORE_LOCKS,
                     "table.agg.remove-record-on-empty",
                     "table.partition.dynamic-creation.enabled"):
@@ -246,6 +251,19 @@ class TableDescriptor:
                 agg = SequencedAggregator(agg, sequence_type)
             wrapped.append(agg)
         return wrapped
+
+    @property
+    def row_ttl_ms(self) -> int | None:
+        """How long (ms) a key lives after its last write, or None (rows never expire)."""
+        value = self.properties.get(ROW_TTL)
+        if value is None:
+            return None
+        ttl = parse_duration_ms(ROW_TTL, value)
+        if ttl <= 0:
+            raise InvalidOptionError(
+                f"Invalid value for option '{ROW_TTL}': {value!r} (expected a positive duration; "
+                "leave the option out for rows that never expire)")
+        return ttl
 
     def bool_option(self, key: str, default: bool = False) -> bool:
         return parse_bool_option(key, self.properties.get(key, default))

@@ -15,6 +15,9 @@ TOKENS = "_tokens"              # the tokens of string_agg states a joined strin
 SEQUENCES = "_sequences"        # the states (value and sequence) of sequence-ordered cells
 PARTITION = "_partition"        # changelog readers: the record's partition name (null: none)
 BUCKET = "_bucket"              # changelog readers: the record's bucket
+# Tables with a row TTL (`table.kv.row-ttl`) only:
+WRITTEN_MS = "_written_ms"      # per image, when its key was last written (ms); undo writes it back
+EXPIRED = "_expired"            # true on the -D records the row TTL wrote (not a delete)
 
 ALL = (OFFSET, CHANGE_TYPE, CHANGE_CODE, UNWRITTEN, CONTRIBUTIONS, TOKENS, SEQUENCES, PARTITION,
-       BUCKET)
+       BUCKET, WRITTEN_MS, EXPIRED)

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from aggfuncs import SKETCH_FUNCTIONS, AggFunction
-from merge_engine.hidden_columns import CHANGE_TYPE, CONTRIBUTIONS, UNWRITTEN
+from merge_engine.hidden_columns import CHANGE_TYPE, CONTRIBUTIONS, UNWRITTEN, WRITTEN_MS
 from merge_engine.schema import Schema
 from tally.errors import InvalidInputError
 
@@ -29,6 +29,7 @@ class WriteInput:
     unwritten: list | None = None
     signs: np.ndarray | None = None  # +1 contributes, -1 retracts (a `_change_type` of -U/-D)
     contributions: list | None = None  # per row, counts of the counted columns (or None)
+    written_ms: list | None = None  # per row, a restored image's last-write time (row TTL)
 
     def key_columns(self, schema: Schema) -> list[pa.Array]:
         return [self.columns[k] for k in schema.primary_key]
@@ -131,7 +132,8 @@ def prepare_write(rows, schema: Schema, aggregators, target_columns=None,
     `keys_only` is for deletes: only the primary key is read and other schema columns are
     ignored. Hidden input columns: `_unwritten` and `_contributions` restore an image's
     bookkeeping (OVERWRITE; `_contributions` also carries partial counts in MERGE_STATE);
-    `_change_type` marks retractions (-U, -D) in AGGREGATE and MERGE_STATE writes.
+    `_change_type` marks retractions (-U, -D) in AGGREGATE and MERGE_STATE writes;
+    `_written_ms` (OVERWRITE, tables with a row TTL) restores an image's last-write time.
     """
     data = _to_table(rows)
     targets = _target_names(schema, target_columns)
@@ -139,7 +141,7 @@ def prepare_write(rows, schema: Schema, aggregators, target_columns=None,
     by_name = {a.column: a for a in aggregators}
     columns: dict[str, pa.Array] = {}
     hidden = {UNWRITTEN: allow_unwritten, CONTRIBUTIONS: allow_unwritten or allow_retractions,
-              CHANGE_TYPE: allow_retractions}
+              CHANGE_TYPE: allow_retractions, WRITTEN_MS: allow_unwritten}
     allowed = set(schema.names if keys_only else targets) | {h for h, ok in hidden.items() if ok}
     if isinstance(data, list):
         names = set().union(*(r.keys() for r in data)) if data else set()
@@ -168,7 +170,8 @@ def prepare_write(rows, schema: Schema, aggregators, target_columns=None,
     target = np.array([name in targets for name in schema.names], dtype=bool)
     unwritten = [v or () for v in extra[UNWRITTEN]] if UNWRITTEN in extra else None
     signs = _signs(extra[CHANGE_TYPE]) if CHANGE_TYPE in extra else None
-    return WriteInput(columns, target, n, unwritten, signs, extra.get(CONTRIBUTIONS))
+    return WriteInput(columns, target, n, unwritten, signs, extra.get(CONTRIBUTIONS),
+                      extra.get(WRITTEN_MS))
 
 
 def _signs(change_types: list) -> np.ndarray | None:

@@ -22,24 +22,28 @@ from merge_engine.storage import END_OFFSET, TabletStore
 
 class PendingWrite:
     def __init__(self, store: TabletStore, images: log.Images, end: int,
-                 keep_bytes: int) -> None:
-        """`keep_bytes`: the most changed rows kept in memory (the row buffer's limit)."""
+                 keep_bytes: int, now_ms: int | None = None) -> None:
+        """`keep_bytes`: the most changed rows kept in memory (the row buffer's limit);
+        `now_ms`: the write's time by the tablet's clock (the row TTL's), by default the wall
+        clock. The changelog entry's time (retention) is always the wall clock's."""
         self._store, self._images = store, images
         self.batch = store.new_batch()
         self.end = end
-        self._now = int(time.time() * 1000)
+        self._written = int(time.time() * 1000)
+        self.now_ms = self._written if now_ms is None else now_ms
         self._log_bytes = 0
         self._changed = False
         self._kept = RowsKept(keep_bytes)
 
     def add(self, keys: KeyArray, before: StateBatch, after: StateBatch,
-            outcome: np.ndarray) -> None:
-        """Merged keys (aligned with their before and after states) and each key's outcome."""
-        records = self._images.build_records(before, after, outcome)
+            outcome: np.ndarray, expired: np.ndarray | None = None) -> None:
+        """Merged keys (aligned with their before and after states) and each key's outcome;
+        `expired` marks the removals that are the row TTL's."""
+        records = self._images.build_records(before, after, outcome, expired)
         if records is None:
             return
         data = log.serialize(records)
-        TabletStore.put_log_entry(self.batch, self.end, data, self._now)
+        TabletStore.put_log_entry(self.batch, self.end, data, self._written)
         self.end += records.num_rows
         self._log_bytes += len(data)
         self._changed = True

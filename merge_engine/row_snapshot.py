@@ -55,8 +55,12 @@ class RowSnapshot:
     """The rows of one bucket as of changelog offset `offset` (every record below it)."""
 
     def __init__(self, offset: int, buffer: RowBuffer, iterator, codec, aggregators,
-                 arrow_schema: pa.Schema, value_positions: list[int], name: str) -> None:
+                 arrow_schema: pa.Schema, value_positions: list[int], name: str,
+                 expired_up_to: int | None = None) -> None:
+        """`expired_up_to`: rows last written at or before this time (ms) are past the row TTL
+        and never returned (None: the table has no row TTL)."""
         self.offset = offset
+        self._expired_up_to = expired_up_to
         self._buffer = buffer
         self._iterator = iterator
         self._codec = codec
@@ -125,6 +129,8 @@ class RowSnapshot:
     def _visible(self, states: StateBatch, schema: pa.Schema, unwritten: bool) -> pa.RecordBatch:
         """Rows as readers see them, only the columns of `schema` (values are computed only
         for those: some functions' values cost more than their states)."""
+        if self._expired_up_to is not None:
+            states = states.take(np.flatnonzero(states.times() > self._expired_up_to))
         names = self._schema.names
         arrays = []
         for field in schema:

@@ -3,12 +3,17 @@
 Layout of one row (all little-endian):
 
     version (1 byte) | written bits | null bits | fixed-width values | int64 contribution count
-    per sum/product column | uint32 length per variable-width column | variable-width bytes
+    per sum/product column | int64 last-write time (ms; tables with a row TTL only) | uint32
+    length per variable-width column | variable-width bytes
 
 Fixed-width columns (integers, floats, decimals, dates, times, timestamps, booleans) take their
 Arrow buffer bytes; strings and binaries their UTF-8/raw bytes; nested columns (array_agg's
 lists) are pickled per value, the one slow path. A null cell holds zero bytes, so two equal rows
 encode to equal bytes: that is how a merge that changes nothing is detected.
+
+Version 1 rows have the columns the bucket was created with. Once columns are added
+(add_column), rows are written as version 2: the version byte, then the row's column count
+(uint16), then the same layout; merge_engine.row_layouts decodes rows of every width.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from merge_engine.state import StateBatch
 from tally.errors import StorageError
 
 VERSION = 1
+WIDTH_VERSION = 2  # the row says how many columns it has
 _NO_SEPARATOR = pa.scalar(b"", pa.large_binary())
 
 
@@ -51,21 +57,27 @@ def _gather_index(src_starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 class RowCodec:
     """Encodes StateBatches of one schema to row bytes and back."""
 
-    def __init__(self, arrow_schema: pa.Schema, counted: list[int] | None = None):
+    def __init__(self, arrow_schema: pa.Schema, counted: list[int] | None = None,
+                 timed: bool = False, version: int = VERSION):
         self.schema = arrow_schema
         self.counted = list(counted or [])  # positions whose contribution counts are stored
+        self.timed = timed  # rows store when their key was last written (row TTL)
         self.types = [f.type for f in arrow_schema]
         self.kinds = [_kind(t) for t in self.types]
         self.ncols = len(self.types)
         self.bitmap_bytes = (self.ncols + 7) // 8
         self.fixed_offsets: dict[int, int] = {}
-        offset = 1 + 2 * self.bitmap_bytes
+        self.version = version
+        self.header = 1 if version == VERSION else 3
+        offset = self.header + 2 * self.bitmap_bytes
         for i, (kind, width) in enumerate(self.kinds):
             if kind in ("fixed", "bool"):
                 self.fixed_offsets[i] = offset
                 offset += width
         self.counts_offset = offset
         offset += 8 * len(self.counted)
+        self.time_offset = offset
+        offset += 8 if timed else 0
         self.var_columns = [i for i, (k, _) in enumerate(self.kinds) if k in ("var", "object")]
         self.lengths_offset = offset
         self.prefix = offset + 4 * len(self.var_columns)
@@ -77,8 +89,12 @@ class RowCodec:
         if n == 0:
             return []
         valid = np.column_stack([_valid(c) for c in batch.columns]) if self.ncols else None
+        head = np.full((n, 1), self.version, dtype=np.uint8)
+        if self.version == WIDTH_VERSION:
+            width = np.frombuffer(np.array([self.ncols], dtype="<u2").tobytes(), dtype=np.uint8)
+            head = np.hstack([head, np.tile(width, (n, 1))])
         blocks = [
-            np.full((n, 1), VERSION, dtype=np.uint8),
+            head,
             np.packbits(batch.written, axis=1, bitorder="little"),
             np.packbits(valid, axis=1, bitorder="little"),
         ]
@@ -96,6 +112,9 @@ class RowCodec:
         if self.counted:
             counts = np.ascontiguousarray(batch.counts()[:, self.counted].astype("<i8"))
             blocks.append(counts.view(np.uint8).reshape(n, -1))
+        if self.timed:
+            times = np.ascontiguousarray(batch.times().astype("<i8"))
+            blocks.append(times.view(np.uint8).reshape(n, 8))
         lengths = [pc.binary_length(part).to_numpy() for part in var_parts]
         if lengths:
             blocks.append(np.column_stack(lengths).astype("<u4").view(np.uint8).reshape(n, -1))
@@ -114,6 +133,8 @@ class RowCodec:
         out = (a.written != b.written).any(axis=1)
         if self.counted:
             out |= (a.counts()[:, self.counted] != b.counts()[:, self.counted]).any(axis=1)
+        if self.timed:  # a write refreshes its keys' TTL even when no value changes
+            out |= a.times() != b.times()
         for i, (x, y) in enumerate(zip(a.columns, b.columns)):
             if y.type != x.type:
                 y = y.cast(x.type)
@@ -137,18 +158,19 @@ class RowCodec:
         if n == 0:
             return StateBatch([pa.array([], type=t) for t in self.types],
                               np.zeros((0, self.ncols), dtype=bool),
-                              np.zeros((0, self.ncols), dtype=np.int64))
+                              np.zeros((0, self.ncols), dtype=np.int64),
+                              np.zeros(0, dtype=np.int64) if self.timed else None)
         lens = np.fromiter(map(len, rows), dtype=np.int64, count=n)
         buf = np.frombuffer(b"".join(rows), dtype=np.uint8)
         starts = np.cumsum(lens) - lens
         if (lens < self.prefix).any():
             raise StorageError("A stored row is shorter than its header: the tablet is corrupt")
         prefix = buf[starts[:, None] + np.arange(self.prefix)]
-        if (prefix[:, 0] != VERSION).any():
+        if (prefix[:, 0] != self.version).any():
             raise StorageError(f"Stored rows have an unknown format version {set(prefix[:, 0])}")
-        b = self.bitmap_bytes
-        written = np.unpackbits(prefix[:, 1:1 + b], axis=1, bitorder="little")[:, :self.ncols]
-        valid = np.unpackbits(prefix[:, 1 + b:1 + 2 * b], axis=1, bitorder="little")
+        b, h = self.bitmap_bytes, self.header
+        written = np.unpackbits(prefix[:, h:h + b], axis=1, bitorder="little")[:, :self.ncols]
+        valid = np.unpackbits(prefix[:, h + b:h + 2 * b], axis=1, bitorder="little")
         valid = valid[:, :self.ncols].astype(bool)
         lengths = prefix[:, self.lengths_offset:self.prefix].copy().view("<u4").astype(np.int64)
         cursor = starts + self.prefix
@@ -176,7 +198,11 @@ class RowCodec:
             raw = np.ascontiguousarray(
                 prefix[:, self.counts_offset:self.counts_offset + 8 * len(self.counted)])
             counts[:, self.counted] = raw.view("<i8")
-        return StateBatch(columns, written.astype(bool), counts)
+        touched = None
+        if self.timed:
+            raw = np.ascontiguousarray(prefix[:, self.time_offset:self.time_offset + 8])
+            touched = raw.view("<i8")[:, 0].astype(np.int64)
+        return StateBatch(columns, written.astype(bool), counts, touched)
 
 
 def _nested_differs(x: pa.Array, y: pa.Array) -> np.ndarray:

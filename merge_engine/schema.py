@@ -126,6 +126,29 @@ class Schema:
     def has_agg_functions(self) -> bool:
         return any(c.agg is not None for c in self.columns)
 
+    def with_column(self, name: str, arrow_type: pa.DataType, function: AggFunction | str | None = None,
+                    **params) -> "Schema":
+        """This schema plus one nullable value column at the end, with the next stable id
+        (never reused: one past the highest id so far). Validated exactly as at creation (the
+        builder's column construction, then the schema's checks)."""
+        if not isinstance(name, str) or not name:
+            raise SchemaError(f"A column name must be a non-empty string, got {name!r}")
+        agg = None if function is None else AggFunction.parse(function, name)
+        if agg is None and params:
+            raise SchemaError(f"Column '{name}' has parameters {sorted(params)} but no "
+                              "aggregation function")
+        next_id = max((c.id for c in self.columns), default=-1) + 1
+        column = _make_column(next_id, name, arrow_type, True, agg, params, is_key=False)
+        return Schema(self.columns + (column,), self.primary_key, self.partition_key)
+
+    def extends(self, older: "Schema") -> bool:
+        """Whether this schema is `older` plus columns added at the end (add_column)."""
+        n = len(older.columns)
+        return (self.primary_key == older.primary_key
+                and self.partition_key == older.partition_key
+                and len(self.columns) >= n
+                and [c.to_json() for c in self.columns[:n]] == [c.to_json() for c in older.columns])
+
     def index(self, name: str) -> int:
         return self.names.index(self.column(name).name)
 
@@ -212,14 +235,19 @@ class SchemaBuilder:
         return self
 
     def build(self) -> Schema:
-        columns = []
-        for i, (name, arrow_type, nullable, agg, params) in enumerate(self._columns):
-            if not isinstance(arrow_type, pa.DataType):
-                raise SchemaError(f"Column '{name}' needs a pyarrow type, got {arrow_type!r}")
-            type_to_json(arrow_type)  # rejects unsupported types early, naming the type
-            if agg is not None:
-                # Normalise option strings ('true', ';') into typed parameters once, here.
-                params = make_aggregator(agg, name, arrow_type, params).explicit_params()
-            is_key = name in self._primary_key
-            columns.append(Column(i, name, arrow_type, nullable and not is_key, agg, params))
+        columns = [_make_column(i, name, arrow_type, nullable, agg, params,
+                                is_key=name in self._primary_key)
+                   for i, (name, arrow_type, nullable, agg, params) in enumerate(self._columns)]
         return Schema(columns, self._primary_key, self._partition_key)
+
+
+def _make_column(column_id: int, name: str, arrow_type, nullable: bool, agg, params: dict,
+                 is_key: bool) -> Column:
+    """One column as a table's creation builds it (and add_column, with the same checks)."""
+    if not isinstance(arrow_type, pa.DataType):
+        raise SchemaError(f"Column '{name}' needs a pyarrow type, got {arrow_type!r}")
+    type_to_json(arrow_type)  # rejects unsupported types early, naming the type
+    if agg is not None:
+        # Normalise option strings ('true', ';') into typed parameters once, here.
+        params = make_aggregator(agg, name, arrow_type, params).explicit_params()
+    return Column(column_id, name, arrow_type, nullable and not is_key, agg, params)

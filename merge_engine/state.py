@@ -14,11 +14,13 @@ class StateBatch:
     Per cell: `written[i, j]` says whether a write ever targeted it (key columns always are);
     `contributions[i, j]` counts the contributions a sum or product cell holds (retractions
     subtract), so it knows when it is empty again. Only those columns' counts are stored; the
-    others stay 0. None means all zeros."""
+    others stay 0. None means all zeros. `touched` (tables with a row TTL only): per row, when
+    its key was last written (ms since the epoch), which decides when it expires."""
 
     columns: list[pa.Array]
     written: np.ndarray
     contributions: np.ndarray | None = None
+    touched: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.written)
@@ -31,13 +33,16 @@ class StateBatch:
     def take(self, indices: np.ndarray) -> "StateBatch":
         index = pa.array(np.asarray(indices, dtype=np.int64), type=pa.int64())
         counts = None if self.contributions is None else self.contributions[indices]
-        return StateBatch([c.take(index) for c in self.columns], self.written[indices], counts)
+        touched = None if self.touched is None else self.touched[indices]
+        return StateBatch([c.take(index) for c in self.columns], self.written[indices], counts,
+                          touched)
 
     def slice(self, start: int, stop: int) -> "StateBatch":
         """Rows start..stop-1, without copying the columns."""
         counts = None if self.contributions is None else self.contributions[start:stop]
+        touched = None if self.touched is None else self.touched[start:stop]
         return StateBatch([c.slice(start, stop - start) for c in self.columns],
-                          self.written[start:stop], counts)
+                          self.written[start:stop], counts, touched)
 
     @staticmethod
     def concat(*batches: "StateBatch") -> "StateBatch":
@@ -49,10 +54,20 @@ class StateBatch:
         counts = None
         if any(b.contributions is not None for b in batches):
             counts = np.concatenate([b.counts() for b in batches])
-        return StateBatch(columns, np.concatenate([b.written for b in batches]), counts)
+        touched = None
+        if any(b.touched is not None for b in batches):
+            touched = np.concatenate([b.times() for b in batches])
+        return StateBatch(columns, np.concatenate([b.written for b in batches]), counts, touched)
+
+    def times(self) -> np.ndarray:
+        """`touched`, with 0 (the epoch: long expired) for a batch that has none."""
+        if self.touched is None:
+            return np.zeros(len(self), dtype=np.int64)
+        return self.touched
 
     @property
     def nbytes(self) -> int:
         """Memory held by the batch (Arrow buffers plus the bookkeeping matrices)."""
         counts = 0 if self.contributions is None else self.contributions.nbytes
-        return sum(c.nbytes for c in self.columns) + self.written.nbytes + counts
+        touched = 0 if self.touched is None else self.touched.nbytes
+        return sum(c.nbytes for c in self.columns) + self.written.nbytes + counts + touched

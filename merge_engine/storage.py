@@ -32,6 +32,7 @@ END_OFFSET = META + b"end"
 START_OFFSET = META + b"start"
 KV_APPLIED = META + b"applied"  # the rows hold every changelog record below this offset
 DESCRIPTOR = META + b"descriptor"
+BASE_WIDTH = META + b"base-width"  # columns of the rows written before a column was added
 
 _U64 = struct.Struct(">Q")
 _WRITER_STATE = struct.Struct(">qq")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import time
 import weakref
 from typing import Iterator
 
@@ -29,12 +30,14 @@ from merge_engine.input import WriteInput, prepare_write
 from merge_engine.keys import KeyArray, group_keys, key_array
 from merge_engine.mergers import AggregateRowMerger, DeleteMerger, OverwriteRowMerger
 from merge_engine.modes import DeleteBehavior, MergeMode
-from merge_engine.rowcodec import RowCodec
+from merge_engine.row_layouts import RowLayouts, add_columns
+from merge_engine.row_ttl import Clock, RowTtl
 from merge_engine.row_snapshot import RowSnapshot
 from merge_engine.rows import BucketRows
 from merge_engine.pending_write import PendingWrite
 from merge_engine.state import StateBatch
-from merge_engine.storage import DESCRIPTOR, END_OFFSET, START_OFFSET, TabletStore
+from merge_engine.schema import Schema
+from merge_engine.storage import BASE_WIDTH, DESCRIPTOR, END_OFFSET, START_OFFSET, TabletStore
 from merge_engine.write_slices import SLICE_ROWS, key_slices
 from tally.errors import (DeleteDisabledError, InvalidInputError, OffsetOutOfRangeError,
                           StorageError, StorageWriteError)
@@ -46,7 +49,7 @@ class KvTablet:
     slice_rows = SLICE_ROWS  # rows merged at a time in a large write (whole keys)
 
     def __init__(self, path: str, descriptor: TableDescriptor, store: TabletStore,
-                 budget: MemoryBudget | None = None):
+                 budget: MemoryBudget | None = None, clock: Clock | None = None):
         self.path = path
         self.name = store.name  # what errors call the bucket (its path unless named)
         self.descriptor = descriptor
@@ -59,9 +62,15 @@ class KvTablet:
         # Sum and product cells also store how many contributions they hold (retraction).
         self.counted = [i for i in self.value_positions
                         if descriptor.is_aggregation and self.aggregators[i].counts_contributions]
+        ttl = descriptor.row_ttl_ms
+        self._clock = clock or time.time  # judges row expiry and stamps changelog entries
+        self._ttl = None if ttl is None else RowTtl(ttl, self._clock)
+        timed = self._ttl is not None
         self._images = log.Images(self.arrow_schema, self.aggregators, self.value_positions,
-                                  self.counted)
-        self.codec = RowCodec(self._images.state_schema(), self.counted)
+                                  self.counted, timed)
+        base_width = store.get_int(BASE_WIDTH, len(self.schema.columns))
+        self.codec = RowLayouts(self._images.state_schema(), self.counted, timed,
+                                self.aggregators, base_width)
         self.remove_on_empty = descriptor.bool_option("table.agg.remove-record-on-empty")
         merger_args = (self.aggregators, self.key_positions, self.counted)
         self._overwrite = OverwriteRowMerger(*merger_args)
@@ -82,10 +91,11 @@ class KvTablet:
 
     @classmethod
     def open(cls, path: str, descriptor: TableDescriptor, budget: MemoryBudget | None = None,
-             name: str | None = None) -> "KvTablet":
+             name: str | None = None, clock: Clock | None = None) -> "KvTablet":
         """Open (or create) the bucket at `path`; its schema must match the one it was made with.
         Buckets opened with one `budget` share its memory cap (MemoryBudget). `name` is what
-        errors call the bucket (default: its path), e.g. "bucket 3 of db.t" on a server."""
+        errors call the bucket (default: its path), e.g. "bucket 3 of db.t" on a server.
+        `clock` (seconds, like time.time) times writes and judges the row TTL; tests move it."""
         if not descriptor.schema.primary_key:
             raise StorageError("A KvTablet needs a primary-key table")
         use_bucket_allocator()
@@ -100,9 +110,8 @@ class KvTablet:
                 BucketRows.initialise(batch)
                 store.commit(batch)
             elif saved.decode() != descriptor.schema.to_json():
-                raise StorageError(f"{store.name} was created with another schema; refusing "
-                                   f"to open it with {descriptor.schema!r}")
-            return cls(str(path), descriptor, store, budget)
+                add_columns(store, Schema.from_json(saved.decode()), descriptor.schema)
+            return cls(str(path), descriptor, store, budget, clock)
         except BaseException:  # the replay may fail too (a full disk): let go of RocksDB
             store.close()
             raise
@@ -157,13 +166,23 @@ class KvTablet:
         slices = key_slices(write, *self._group(write), size=self.slice_rows)
         for keys, part, group_ids, firsts in slices:
             before, present = self._load(keys, part, firsts)
+            if self._ttl is not None:
+                before, present = self._ttl.expire_loaded(
+                    pending, keys, before, present,
+                    lambda rows, part=part, firsts=firsts: self._empty_rows(part, firsts[rows]))
             after = merger.merge(before, part, group_ids, mode)
+            if self._ttl is not None:
+                RowTtl.stamp(after, before, part, group_ids, pending.now_ms)
             outcome = np.where(present, np.where(self.codec.differs(before, after),
                                                  log.UPDATED, log.UNCHANGED),
                                log.INSERTED).astype(np.int8)
             if self.remove_on_empty and mode is not MergeMode.OVERWRITE:
                 outcome = self._remove_empty(after, outcome, present)
-            pending.add(keys, before, after, outcome)
+            expired = None
+            if self._ttl is not None:
+                outcome, expired = self._ttl.expire_merged(after, outcome, present,
+                                                           pending.now_ms)
+            pending.add(keys, before, after, outcome, expired)
         return self._commit(pending, writer)
 
     def _delete(self, keys, mode, target_columns, writer) -> int:
@@ -182,7 +201,13 @@ class KvTablet:
             return self._commit(pending, writer)
         unique, _, firsts = self._group(write)
         before, present = self._load(unique, write, firsts)
+        if self._ttl is not None:
+            before, present = self._ttl.expire_loaded(
+                pending, unique, before, present,
+                lambda rows: self._empty_rows(write, firsts[rows]))
         after, removed = self._deletes.delete(before, write.target)
+        if self._ttl is not None:  # resetting columns is a write: it refreshes the key
+            after.touched = np.full(len(after), pending.now_ms, dtype=np.int64)
         changed = self.codec.differs(before, after)
         outcome = np.select([present & removed, present & changed], [log.REMOVED, log.UPDATED],
                             log.UNCHANGED).astype(np.int8)
@@ -235,7 +260,8 @@ class KvTablet:
         return StateBatch(columns, written, np.zeros(written.shape, dtype=np.int64))
 
     def _pending(self) -> PendingWrite:
-        return PendingWrite(self._store, self._images, self._end, self.descriptor.kv_buffer_size)
+        return PendingWrite(self._store, self._images, self._end, self.descriptor.kv_buffer_size,
+                            int(self._clock() * 1000))
 
     def _commit(self, pending: PendingWrite, writer) -> int:
         """The write's one atomic RocksDB write batch: its changelog, offsets and writer
@@ -304,7 +330,9 @@ class KvTablet:
             raise InvalidInputError(f"lookup takes a dict of the primary key columns, got {key!r}")
         write = prepare_write([key], self.schema, self.aggregators, keys_only=True)
         state = self._rows.lookup(key_array(write.key_columns(self.schema)))
-        return None if state is None else self._images.visible(state).to_pylist()[0]
+        if state is None or (self._ttl is not None and self._expired(state)[0]):
+            return None
+        return self._images.visible(state).to_pylist()[0]
 
     def lookup_many(self, keys, unwritten: bool = False) -> tuple[pa.Table, np.ndarray]:
         """The rows of many keys (a table or list of dicts of the primary-key columns), one row
@@ -319,6 +347,8 @@ class KvTablet:
             encoded = key_array(write.key_columns(self.schema))
             states, present = self._rows.current(
                 encoded, lambda new: self._empty_rows(write, new))
+            if self._ttl is not None:
+                present = present & ~self._expired(states)
         rows = self._images.visible(states).cast(self.arrow_schema)
         if unwritten:
             lists = log.unwritten_lists(states.written, self.value_positions,
@@ -331,20 +361,56 @@ class KvTablet:
         (merge_engine.row_snapshot). The tablet's close releases it."""
         with self._lock:
             self._check_open()
+            cutoff = None if self._ttl is None else self._ttl.cutoff(self._ttl.now_ms())
             snapshot = RowSnapshot(self._end, self._rows.buffer_copy(),
                                    self._store.row_iterator(), self.codec, self.aggregators,
-                                   self.arrow_schema, self.value_positions, self.name)
+                                   self.arrow_schema, self.value_positions, self.name, cutoff)
             self._snapshots.add(snapshot)
         return snapshot
 
     def to_arrow(self) -> pa.Table:
         """Every row, ordered by primary key (buffered rows are flushed first)."""
         self.flush()
-        tables = [self._images.visible(self.codec.decode(chunk))
+        tables = [self._images.visible(self._live(self.codec.decode(chunk)))
                   for chunk in self._store.scan_rows()]
         if not tables:
             return self.arrow_schema.empty_table()
         return pa.concat_tables(tables).cast(self.arrow_schema)
+
+    def _expired(self, states: StateBatch) -> np.ndarray:
+        return RowTtl.expired(states, self._ttl.cutoff(self._ttl.now_ms()))
+
+    def _live(self, states: StateBatch) -> StateBatch:
+        """`states` without the rows past the row TTL (reads never return those)."""
+        if self._ttl is None:
+            return states
+        return states.take(np.flatnonzero(~self._expired(states)))
+
+    def expire_rows(self) -> int:
+        """The sweep of the row TTL (merge_engine.row_ttl): write the -D (`_expired`) of every
+        row past it; returns how many. One commit per stored chunk of rows."""
+        if self._ttl is None:
+            return 0
+        expired = 0
+        with self._lock:
+            self._check_open()
+            self._rows.flush(self._end)  # then every row is in RocksDB, the iterator's view
+            pending = self._pending()
+            cutoff = self._ttl.cutoff(pending.now_ms)
+            key_at = [self.schema.names.index(k) for k in self.schema.primary_key]
+            for chunk in self._store.scan_rows():
+                states = self.codec.decode(chunk)
+                gone = np.flatnonzero(RowTtl.expired(states, cutoff))
+                if not len(gone):
+                    continue
+                old = states.take(gone)
+                keys = key_array([old.columns[i] for i in key_at])
+                pending.add(keys, old, old, np.full(len(gone), log.REMOVED, dtype=np.int8),
+                            np.ones(len(gone), dtype=bool))
+                self._commit(pending, None)
+                pending = self._pending()
+                expired += len(gone)
+        return expired
 
     def changelog(self, start: int | None = None, end: int | None = None) -> pa.Table:
         """Changelog records with offsets in [start, end); start defaults to the log start
@@ -366,7 +432,7 @@ class KvTablet:
         for first, data in self._store.log_entries(start):
             if first >= end:
                 break
-            records = log.deserialize(data, first)
+            records = self._images.conform(log.deserialize(data, first))
             low, high = max(start - first, 0), min(end - first, records.num_rows)
             if high > low:
                 yield records.slice(low, high - low)

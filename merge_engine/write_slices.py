@@ -33,7 +33,8 @@ def rows_of(write: WriteInput, rows: np.ndarray) -> WriteInput:
         len(rows),
         None if write.unwritten is None else [write.unwritten[i] for i in rows.tolist()],
         None if write.signs is None else write.signs[rows],
-        None if write.contributions is None else [write.contributions[i] for i in rows.tolist()])
+        None if write.contributions is None else [write.contributions[i] for i in rows.tolist()],
+        None if write.written_ms is None else [write.written_ms[i] for i in rows.tolist()])
 
 
 def key_slices(write: WriteInput, keys: KeyArray, group_ids: np.ndarray, firsts: np.ndarray,

@@ -6,6 +6,11 @@ key's image at the baseline, which is written back; `+U` is skipped without mark
 `-U` came just before it, or the key was first changed before the baseline). Every undo write is
 an OVERWRITE, so writing the same images again changes nothing: an undo that crashes halfway is
 finished by running it again from the same baseline.
+
+On a table with a row TTL, a -D the TTL wrote (`_expired`) is skipped without marking its key:
+an expiry is not a change to undo, so a key that expired in the range stays gone (a later +I of
+it is undone as usual). Images are written back with their `_written_ms`, so a restored row
+expires when it would have without the undone writes (merge_engine.row_ttl).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from merge_engine.changelog import DELETE, INSERT, UPDATE_AFTER, UPDATE_BEFORE, with_states
-from merge_engine.hidden_columns import CHANGE_TYPE, CONTRIBUTIONS, UNWRITTEN
+from merge_engine.hidden_columns import CHANGE_TYPE, CONTRIBUTIONS, EXPIRED, UNWRITTEN, WRITTEN_MS
 from merge_engine.keys import encode_keys
 from merge_engine.modes import MergeMode
 from tally.errors import RecoveryError
@@ -116,8 +121,10 @@ class BucketUndo:
     def _first_changes(self, records: pa.Table, seen: set[bytes]) -> _Pending:
         keys = encode_keys([records.column(k).combine_chunks() for k in self.schema.primary_key])
         pending = _Pending()
+        expired = records.column(EXPIRED).to_pylist() if EXPIRED in records.column_names \
+            else [False] * records.num_rows
         for i, (key, change) in enumerate(zip(keys, records.column(CHANGE_TYPE).to_pylist())):
-            if key in seen or change == UPDATE_AFTER:
+            if key in seen or change == UPDATE_AFTER or expired[i]:
                 continue
             seen.add(key)
             if change == INSERT:
@@ -138,6 +145,8 @@ class BucketUndo:
             ]
             rows = rows.append_column(UNWRITTEN, pa.array(unwritten, type=pa.list_(pa.string())))
             rows = rows.append_column(CONTRIBUTIONS, images.column(CONTRIBUTIONS))
+            if WRITTEN_MS in images.column_names:
+                rows = rows.append_column(WRITTEN_MS, images.column(WRITTEN_MS))
             self.bucket.put(rows, mode=MergeMode.OVERWRITE, target_columns=self.target_columns)
             result.keys_restored += len(pending.restore)
         if pending.delete:

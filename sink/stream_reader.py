@@ -107,7 +107,8 @@ def changelog_arrow_schema(options: StreamOptions) -> pa.Schema:
 
     conn = _connect(options)
     try:
-        return changelog_schema(conn.table_meta(options.table, refresh=True).routing)
+        meta = conn.table_meta(options.table, refresh=True)
+        return changelog_schema(meta.routing, descriptor=meta.descriptor)
     finally:
         conn.close()
 
@@ -314,5 +315,5 @@ def _spark_arrow(data_type) -> pa.DataType:
 def _reader_schema(table, spark_schema) -> pa.Schema:
     from tally.client.changelog_reader import changelog_schema
 
-    schema = changelog_schema(table.meta.routing)
+    schema = changelog_schema(table.meta.routing, descriptor=table.meta.descriptor)
     return pa.schema([schema.field(n) for n in spark_schema.fieldNames()])

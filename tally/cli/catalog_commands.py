@@ -146,6 +146,23 @@ def _names(text: str) -> list[str]:
     return [n.strip() for n in text.split(",") if n.strip()]
 
 
+def cmd_add_column(args: argparse.Namespace) -> int:
+    from tally.cli.column_types import parse_columns
+
+    field = parse_columns([args.column])[0]
+    params = {}
+    for pair in args.param or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise InvalidOptionError(f"a parameter is given as -p KEY=VALUE, got {pair!r}")
+        params[key.strip()] = value.strip()
+    with open_connection(args) as conn:
+        column_id = conn.admin.add_column(args.table, field.name, field.type, agg=args.agg,
+                                          **params)
+    print(f"added column {field.name} to {args.table} (column id {column_id})")
+    return 0
+
+
 def cmd_drop(args: argparse.Namespace) -> int:
     with open_connection(args) as conn:
         conn.admin.drop_table(args.table, ignore_if_not_exists=args.if_exists)
@@ -188,6 +205,18 @@ def add_commands(commands, common: argparse.ArgumentParser) -> None:
                              "otherwise: status 1)")
     add_connection_arguments(create)
     create.set_defaults(func=cmd_create)
+
+    add_column = commands.add_parser(
+        "add-column", parents=[common],
+        help="add a nullable column to a live table (existing rows read null)")
+    add_column.add_argument("table", help="'<database>.<table>'")
+    add_column.add_argument("column", metavar="NAME:TYPE", help="e.g. pages:string")
+    add_column.add_argument("--agg", metavar="FUNCTION",
+                            help="its aggregation function (default: last_value_ignore_nulls)")
+    add_column.add_argument("-p", "--param", action="append", metavar="KEY=VALUE",
+                            help="a parameter of the function, e.g. delimiter=; (repeatable)")
+    add_connection_arguments(add_column)
+    add_column.set_defaults(func=cmd_add_column)
 
     drop = commands.add_parser("drop", parents=[common], help="drop a table and its data")
     drop.add_argument("table", help="'<database>.<table>'")

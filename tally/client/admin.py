@@ -60,6 +60,25 @@ class Admin:
         self._conn.invalidate(name)
         return int(answer["table_id"])
 
+    def add_column(self, name: str, column: str, arrow_type, agg=None, **params) -> int:
+        """Add a nullable column to a live table (docs/tables.md, adding a column): existing
+        rows read null; writers, sinks and readers see it once they refresh the table's
+        metadata. `agg`: its aggregation function (an aggregation table's default otherwise),
+        `params` the function's parameters, validated as at table creation. Returns the new
+        column's stable id."""
+        import pyarrow as pa
+
+        from merge_engine.types_json import type_to_json
+        from tally.errors import SchemaError
+
+        if not isinstance(arrow_type, pa.DataType):
+            raise SchemaError(f"Column '{column}' needs a pyarrow type, got {arrow_type!r}")
+        function = getattr(agg, "value", agg)
+        answer = self._call("add_column", name=name, column=column,
+                            type=type_to_json(arrow_type), agg=function, params=params)
+        self._conn.invalidate(name)
+        return int(answer["column_id"])
+
     def drop_table(self, name: str, ignore_if_not_exists: bool = False) -> None:
         self._call("drop_table", name=name, ignore_if_not_exists=ignore_if_not_exists)
         self._conn.invalidate(name)

@@ -21,8 +21,8 @@ from typing import Iterator
 
 import pyarrow as pa
 
-from merge_engine.hidden_columns import (BUCKET, CHANGE_TYPE, CONTRIBUTIONS, OFFSET, PARTITION,
-                                          UNWRITTEN)
+from merge_engine.hidden_columns import (BUCKET, CHANGE_TYPE, CONTRIBUTIONS, EXPIRED, OFFSET,
+                                          PARTITION, UNWRITTEN)
 from tally.errors import InvalidInputError, OffsetOutOfRangeError
 
 log = logging.getLogger(__name__)
@@ -33,10 +33,11 @@ DEFAULT_BATCH_RECORDS = 10_000
 Positions = dict[tuple[str | None, int], int]
 
 
-def changelog_schema(routing, include_state: bool = False) -> pa.Schema:
+def changelog_schema(routing, include_state: bool = False, descriptor=None) -> pa.Schema:
     """What a changelog reader yields: the change type, offset, partition and bucket of each
     record, then the row image (with `include_state`, also which columns the image leaves
-    unwritten and the contribution counts of counted columns)."""
+    unwritten and the contribution counts of counted columns); for a table with a row TTL
+    (`descriptor` tells), `_expired`, true on the -D records of expired rows."""
     fields = [pa.field(CHANGE_TYPE, pa.string(), nullable=False),
               pa.field(OFFSET, pa.int64(), nullable=False),
               pa.field(PARTITION, pa.string()),
@@ -45,6 +46,8 @@ def changelog_schema(routing, include_state: bool = False) -> pa.Schema:
     if include_state:
         fields += [pa.field(UNWRITTEN, pa.list_(pa.string())),
                    pa.field(CONTRIBUTIONS, pa.list_(pa.int64()))]
+    if descriptor is not None and descriptor.row_ttl_ms is not None:
+        fields.append(pa.field(EXPIRED, pa.bool_()))
     return pa.schema(fields)
 
 
@@ -194,7 +197,7 @@ class ChangelogReader:
         self.batch_records = batch_records
         admin = table.connection.admin
         meta = table.connection.table_meta(table.name, refresh=True, table_id=table.table_id)
-        self.schema = changelog_schema(meta.routing, include_state)
+        self.schema = changelog_schema(meta.routing, include_state, meta.descriptor)
         if consumer is not None:
             registered = admin.consumer(table.name, consumer, table_id=table.table_id)
             if registered is not None:

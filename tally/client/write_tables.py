@@ -18,7 +18,7 @@ def write_table(meta, rows, target_columns, mode, keys_only: bool = False,
     With `retract`, every row takes back its contribution (sent with a `_change_type` of -U).
     """
     from merge_engine import MergeMode
-    from merge_engine.hidden_columns import CHANGE_TYPE, CONTRIBUTIONS, UNWRITTEN
+    from merge_engine.hidden_columns import CHANGE_TYPE, CONTRIBUTIONS, UNWRITTEN, WRITTEN_MS
     from merge_engine.input import prepare_write
 
     descriptor = meta.descriptor
@@ -33,6 +33,8 @@ def write_table(meta, rows, target_columns, mode, keys_only: bool = False,
                                       pa.list_(pa.string()))
     if write.contributions is not None:
         columns[CONTRIBUTIONS] = pa.array(write.contributions, pa.list_(pa.int64()))
+    if write.written_ms is not None:  # undo restoring images of a table with a row TTL
+        columns[WRITTEN_MS] = pa.array(write.written_ms, pa.int64())
     if retract or write.signs is not None:
         signs = write.signs if write.signs is not None else [1] * write.rows
         columns[CHANGE_TYPE] = pa.array(["-U" if retract or s < 0 else "+U" for s in signs],

@@ -35,6 +35,7 @@ REQUIRED_ROLE: dict[str, str] = {
     "create_database": ADMIN,
     "drop_database": ADMIN,
     "create_table": ADMIN,
+    "add_column": ADMIN,
     "drop_table": ADMIN,
     "drop_partition": ADMIN,
     "truncate_log": ADMIN,
@@ -76,6 +77,8 @@ REQUIRED_ROLE: dict[str, str] = {
     "install_lock_view": CLUSTER,
     "truncate_bucket_log": CLUSTER,
     "enforce_retention": CLUSTER,
+    "expire_rows": CLUSTER,
+    "reopen_tablets": CLUSTER,
     "server_id": CLUSTER,
 }
 

@@ -24,7 +24,8 @@ import dataclasses
 import re
 import time
 
-from tally.errors import AlreadyExistsError, InvalidInputError, NotFoundError
+from tally.errors import (AlreadyExistsError, InvalidInputError, NotFoundError,
+                          VersionConflictError)
 from tally.meta import MetadataStore, join_path, node_name, text_of
 
 # matched whole (fullmatch): with `match`, `$` also matches before a trailing newline
@@ -167,6 +168,17 @@ class Catalog:
             self.store.delete(self._id_path(table_id), recursive=True)
             raise AlreadyExistsError(f"table '{full}' already exists") from None
         return record
+
+    def set_descriptor(self, full: str, table_id: int, old_json: str, new_json: str) -> None:
+        """Replace a table's descriptor (add_column), only if it is still table `table_id`
+        with descriptor `old_json`: a concurrent change or re-creation makes it an error."""
+        def change(value: dict) -> dict:
+            if int(value["table_id"]) != table_id or value["descriptor"] != old_json:
+                raise VersionConflictError(f"table '{full}' changed meanwhile; nothing was changed, "
+                                    "retry the call")
+            return dict(value, descriptor=new_json)
+
+        self.store.update(self._table_path(full), change)
 
     def drop_table(self, full: str) -> TableRecord:
         record = self.get_table(full)

@@ -25,6 +25,7 @@ from tally.errors import (AlreadyExistsError, InvalidInputError, NotFoundError,
                           PermissionDeniedError, SchemaError, TableRecreatedError, TallyError,
                           UnavailableError)
 from tally.meta import MetadataStore
+from tally.server.column_addition import ColumnAddition
 from tally.server.catalog import (DEFAULT_DATABASE, Catalog, PartitionRecord, TableRecord,
                                   split_table_name)
 from tally.server.consumer_registry import ConsumerRegistry
@@ -92,6 +93,7 @@ class Coordinator:
         self.locking = CoordinatorLocks(self)  # adds the lock, commit and retention actions
         self.reports = MetricReports(self)  # adds undo_report; shows the lock holders
         self.consumers = ConsumerRegistry(self)  # adds the changelog consumers' actions
+        ColumnAddition(self)  # adds add_column
 
     # --- databases and tables -----------------------------------------------------------
 

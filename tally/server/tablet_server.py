@@ -30,6 +30,7 @@ from tally.errors import InvalidInputError, NotFoundError, StaleMetadataError
 from tally.server.membership import HeartbeatSender
 from tally.server.metrics import ServerMetrics
 from tally.server.retention import RetentionKeeper
+from tally.server.row_expiry import EXPIRY_INTERVAL, RowExpiry
 from tally.server.settings import (DEFAULT_MAX_BATCH_BYTES, DEFAULT_SCAN_BATCH_ROWS,
                                    HEARTBEAT_INTERVAL, STORAGE_PROBE_INTERVAL)
 from tally.server.storage_health import StorageHealth
@@ -102,10 +103,11 @@ class TabletServer:
                  retention_interval: float = 30.0, memory_budget: int | None = None,
                  clock: Callable[[], float] = time.time,
                  storage_probe_interval: float = STORAGE_PROBE_INTERVAL,
-                 metrics: ServerMetrics | None = None) -> None:
+                 metrics: ServerMetrics | None = None,
+                 expiry_interval: float = EXPIRY_INTERVAL) -> None:
         """`memory_budget`: bytes of write memory all hosted buckets share (None: no cap
         beyond each bucket's own; `tally serve` passes --memory-budget). `clock`: the time
-        lock expiry is judged by (tests move it; see server.clock). Every
+        lock expiry and the row TTL are judged by (tests move it; see server.clock). Every
         `storage_probe_interval` seconds, buckets whose disk refused a write are reopened
         once it has room (storage_health). `metrics`: the process's (a registry of its own
         when None)."""
@@ -114,16 +116,18 @@ class TabletServer:
         self.server_id = load_server_id(data_dir)
         self.address = address
         self.max_batch_bytes = max_batch_bytes
-        self.host = TabletHost(data_dir, memory_budget, self.metrics)
+        self.host = TabletHost(data_dir, memory_budget, self.metrics, clock)
         self.metrics.watch_memory(self.host)
         self._coordinator = coordinator
         self.write_checks: list[WriteCheck] = []
         self.actions = {"offsets": self.offsets, "drop_tablets": self.drop_tablets,
+                        "reopen_tablets": self.reopen_tablets,
                         "server_id": lambda body: self.server_id}
         self.binary_actions = {"lookup": self.lookup, "lookup_many": self.lookup_many}
         self._heartbeat = HeartbeatSender(self.send_heartbeat, heartbeat_interval)
         self.locks = TabletLocks(self)
         self.retention = RetentionKeeper(self, retention_interval)
+        self.expiry = RowExpiry(self, expiry_interval)
         self.storage = StorageHealth(self.host, storage_probe_interval)
 
     def coordinator(self, action: str, body: dict):
@@ -133,6 +137,7 @@ class TabletServer:
     def start(self) -> None:
         self._heartbeat.start()
         self.retention.start()
+        self.expiry.start()
         self.storage.start()
 
     def send_heartbeat(self) -> None:
@@ -305,11 +310,21 @@ class TabletServer:
                             int(hosted.tablet.log_end_offset)])
         return out
 
+    def reopen_tablets(self, body: dict) -> None:
+        """Reopen the open buckets of a table with its new descriptor (add_column)."""
+        from merge_engine import TableDescriptor
+
+        table_id = field(body, "table_id", int)
+        descriptor = TableDescriptor.from_json(field(body, "descriptor", str))
+        for hosted in self.host.hosted(table_id):
+            self.host.reopen(hosted, descriptor)
+
     def drop_tablets(self, body: dict) -> None:
         self.host.drop_table(field(body, "table_id", int))
 
     def close(self) -> None:
         self._heartbeat.close()
         self.retention.close()
+        self.expiry.close()
         self.storage.close()
         self.host.close()

@@ -14,6 +14,7 @@ import os
 import shutil
 import threading
 import time
+from typing import Callable
 
 from merge_engine import KvTablet, TableDescriptor
 from merge_engine.budget import MemoryBudget
@@ -50,10 +51,13 @@ class HostedTablet:
 class TabletHost:
     """Opens, caches and closes the KvTablets under one data directory."""
 
-    def __init__(self, data_dir: str, memory_budget: int | None = None, metrics=None) -> None:
-        """`metrics`: the server's ServerMetrics, told of every bucket opened (None: nobody)."""
+    def __init__(self, data_dir: str, memory_budget: int | None = None, metrics=None,
+                 clock: Callable[[], float] = time.time) -> None:
+        """`metrics`: the server's ServerMetrics, told of every bucket opened (None: nobody).
+        `clock`: the time the row TTL of hosted buckets is judged by (tests move it)."""
         self.root = os.path.join(data_dir, "tablets")
         self.metrics = metrics
+        self.clock = clock
         self.budget = MemoryBudget(memory_budget) if memory_budget else None
         os.makedirs(self.root, exist_ok=True)
         self._tablets: dict[TabletKey, HostedTablet] = {}
@@ -84,7 +88,7 @@ class TabletHost:
             label = key.describe(routing, partition)
             started = time.perf_counter()
             tablet = KvTablet.open(path, TableDescriptor.from_json(descriptor_json), self.budget,
-                                   name=label)
+                                   name=label, clock=self.clock)
             hosted = HostedTablet(key, tablet, routing, partition)
             if self.metrics is not None:
                 self.metrics.opened(hosted, started)
@@ -94,17 +98,21 @@ class TabletHost:
             log.info("opened %s at %s", hosted.label, path)
             return hosted
 
-    def reopen(self, hosted: HostedTablet) -> None:
-        """Close a bucket and open it again (its disk refused a write: storage_health). When
-        the open fails, the bucket stays closed and failed, and the next repair tries again."""
+    def reopen(self, hosted: HostedTablet, descriptor: TableDescriptor | None = None) -> None:
+        """Close a bucket and open it again (its disk refused a write: storage_health), or with
+        a new `descriptor` (add_column). When the open fails, the bucket stays closed and
+        failed, and the next repair tries again."""
         with hosted.lock:
             if self.get(hosted.key) is not hosted:
                 return  # dropped meanwhile
             old = hosted.tablet
             old.close()
+            if descriptor is not None:  # the routing's schema is what requests are checked by
+                hosted.routing = TableRouting.from_descriptor(
+                    hosted.routing.name, hosted.key.table_id, descriptor)
             started = time.perf_counter()
-            hosted.tablet = KvTablet.open(self.path(hosted.key), old.descriptor, self.budget,
-                                          name=hosted.label)
+            hosted.tablet = KvTablet.open(self.path(hosted.key), descriptor or old.descriptor,
+                                          self.budget, name=hosted.label, clock=self.clock)
             if self.metrics is not None:
                 self.metrics.opened(hosted, started)
 

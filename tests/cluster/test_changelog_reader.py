@@ -255,3 +255,30 @@ def test_roles_for_consumers(tmp_path):
             assert [p.consumer for p in reader.admin.consumer_positions(table.name)] == ["r"]
             with pytest.raises(PermissionDeniedError):
                 reader.admin.remove_consumer(table.name, "r")
+
+
+def test_row_ttl_through_the_servers(cluster, conn):
+    """Rows past `table.kv.row-ttl` (judged by the servers' clock, moved here) are gone from
+    lookups and scans before any -D is written; the sweep writes their -D, marked `_expired`,
+    which a changelog reader delivers like any record."""
+    table = make_table(conn, partitioned=False, **{"table.kv.row-ttl": "1h"})
+    write(table, [{"k": k, "a": k} for k in range(6)])
+    reader = table.changelog_reader()
+    assert reader.poll().num_rows == 6
+    cluster.clock.advance(3600 - 60)
+    try:
+        write(table, [{"k": 0, "a": 10}])            # refreshes key 0 only
+        cluster.clock.advance(120)                   # past the TTL for keys 1..5
+        assert table.to_arrow().to_pylist() == [{"k": 0, "a": 10}]
+        assert table.lookup({"k": 3}) is None
+        assert table.lookup({"k": 0}) == {"k": 0, "a": 10}
+        for handle in cluster.tablet_servers:
+            FlightChannel(handle.address).action("expire_rows", {})
+        records = reader.poll().to_pylist()
+        expired = sorted(r["k"] for r in records if r["_change_type"] == "-D")
+        assert expired == [1, 2, 3, 4, 5]
+        assert all(r["_expired"] for r in records if r["_change_type"] == "-D")
+        assert not any(r["_expired"] for r in records if r["_change_type"] != "-D")
+    finally:
+        cluster.clock.advance(-(3600 + 60))
+    assert table.to_arrow().to_pylist() == [{"k": 0, "a": 10}]

@@ -454,3 +454,17 @@ def test_a_changelog_piped_to_a_file_draws_progress_on_the_terminal_only(shop, m
     assert main(["changelog", "shop.orders", "--format", "csv"]) == OK
     assert piped.getvalue() == expected and len(expected.splitlines()) == 8
     assert "reading shop.orders's changelog" in terminal.getvalue()
+
+
+def test_add_column(capsys, conn):
+    assert main(["create", "grow.t", "k:int64", "n:int64", "-o", "primary-key=k",
+                 "-o", "fields.n.agg=sum"]) == OK
+    capsys.readouterr()
+    status, out, _ = run(capsys, "add-column", "grow.t", "tags:string", "--agg", "string_agg",
+                         "-p", "delimiter=;")
+    assert status == OK and out.strip() == "added column tags to grow.t (column id 2)"
+    column = conn.admin.describe_table("grow.t").descriptor.schema.column("tags")
+    assert (column.agg.value, column.params["delimiter"]) == ("string_agg", ";")
+    status, _, err = run(capsys, "add-column", "grow.t", "m:string", "--agg", "sum")
+    assert status != OK and len(err.strip().splitlines()) == 1 and "sum column 'm'" in err
+    assert conn.admin.describe_table("grow.t").descriptor.schema.names == ["k", "n", "tags"]
