@@ -1,5 +1,8 @@
 """KvTablet: one bucket of a primary-key table, rows in RocksDB plus an Arrow changelog.
 
+Reads, the changelog's reading and truncation, and the row TTL's sweep are parts of the class
+kept in modules of their own (tablet_reads, tablet_log, tablet_expiry).
+
 A write runs in four steps: validate the input and group its rows by key; then, a slice of
 keys at a time (merge_engine.write_slices), take those keys' current rows (BucketRows: the
 in-memory row buffer, then RocksDB) and merge them with the RowMerger of the mode; then commit
@@ -16,7 +19,6 @@ import functools
 import threading
 import time
 import weakref
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -25,25 +27,25 @@ from merge_engine import changelog as log
 from merge_engine.allocator import use_bucket_allocator
 from merge_engine.budget import MemoryBudget
 from merge_engine.descriptor import KV_SYNC, TableDescriptor
-from merge_engine.hidden_columns import UNWRITTEN
 from merge_engine.input import WriteInput, prepare_write
-from merge_engine.keys import KeyArray, group_keys, key_array
+from merge_engine.keys import KeyArray, group_keys
 from merge_engine.mergers import AggregateRowMerger, DeleteMerger, OverwriteRowMerger
 from merge_engine.modes import DeleteBehavior, MergeMode
 from merge_engine.row_layouts import RowLayouts, add_columns
 from merge_engine.row_ttl import Clock, RowTtl
-from merge_engine.row_snapshot import RowSnapshot
-from merge_engine.rows import BucketRows
 from merge_engine.pending_write import PendingWrite
-from merge_engine.state import StateBatch
+from merge_engine.rows import BucketRows
 from merge_engine.schema import Schema
+from merge_engine.state import StateBatch
 from merge_engine.storage import BASE_WIDTH, DESCRIPTOR, END_OFFSET, START_OFFSET, TabletStore
+from merge_engine.tablet_expiry import TabletExpiry
+from merge_engine.tablet_log import TabletLog
+from merge_engine.tablet_reads import TabletReads
 from merge_engine.write_slices import SLICE_ROWS, key_slices
-from tally.errors import (DeleteDisabledError, InvalidInputError, OffsetOutOfRangeError,
-                          StorageError, StorageWriteError)
+from tally.errors import DeleteDisabledError, InvalidInputError, StorageError, StorageWriteError
 
 
-class KvTablet:
+class KvTablet(TabletReads, TabletLog, TabletExpiry):
     """One bucket. Thread-safe: writes are serialised, reads run alongside them."""
 
     slice_rows = SLICE_ROWS  # rows merged at a time in a large write (whole keys)
@@ -320,162 +322,6 @@ class KvTablet:
         """What the changelog records of [start, end) do to the rows, a stored entry at a time."""
         return (self._images.row_changes(records, self.schema.primary_key)
                 for records in self.iter_changelog(start, end))
-
-    # --- reads ------------------------------------------------------------------------------
-
-    def lookup(self, key: dict) -> dict | None:
-        """The row of `key` (a dict of the primary-key columns), or None."""
-        self._check_open()
-        if not isinstance(key, dict):
-            raise InvalidInputError(f"lookup takes a dict of the primary key columns, got {key!r}")
-        write = prepare_write([key], self.schema, self.aggregators, keys_only=True)
-        state = self._rows.lookup(key_array(write.key_columns(self.schema)))
-        if state is None or (self._ttl is not None and self._expired(state)[0]):
-            return None
-        return self._images.visible(state).to_pylist()[0]
-
-    def lookup_many(self, keys, unwritten: bool = False) -> tuple[pa.Table, np.ndarray]:
-        """The rows of many keys (a table or list of dicts of the primary-key columns), one row
-        per key in input order, and whether each key has a row (where not, its row is
-        meaningless). Duplicate keys are fine. `unwritten` adds the hidden `_unwritten`
-        column."""
-        with self._lock:  # one offset for every key, and no close underneath
-            self._check_open()
-            write = prepare_write(keys, self.schema, self.aggregators, keys_only=True)
-            if write.rows == 0:
-                return self.arrow_schema.empty_table(), np.zeros(0, dtype=bool)
-            encoded = key_array(write.key_columns(self.schema))
-            states, present = self._rows.current(
-                encoded, lambda new: self._empty_rows(write, new))
-            if self._ttl is not None:
-                present = present & ~self._expired(states)
-        rows = self._images.visible(states).cast(self.arrow_schema)
-        if unwritten:
-            lists = log.unwritten_lists(states.written, self.value_positions,
-                                        self.arrow_schema.names)
-            rows = rows.append_column(pa.field(UNWRITTEN, pa.list_(pa.string())), lists)
-        return rows, present
-
-    def snapshot(self) -> RowSnapshot:
-        """The rows as of the log end offset now, to read without holding the tablet's lock
-        (merge_engine.row_snapshot). The tablet's close releases it."""
-        with self._lock:
-            self._check_open()
-            cutoff = None if self._ttl is None else self._ttl.cutoff(self._ttl.now_ms())
-            snapshot = RowSnapshot(self._end, self._rows.buffer_copy(),
-                                   self._store.row_iterator(), self.codec, self.aggregators,
-                                   self.arrow_schema, self.value_positions, self.name, cutoff)
-            self._snapshots.add(snapshot)
-        return snapshot
-
-    def to_arrow(self) -> pa.Table:
-        """Every row, ordered by primary key (buffered rows are flushed first)."""
-        self.flush()
-        tables = [self._images.visible(self._live(self.codec.decode(chunk)))
-                  for chunk in self._store.scan_rows()]
-        if not tables:
-            return self.arrow_schema.empty_table()
-        return pa.concat_tables(tables).cast(self.arrow_schema)
-
-    def _expired(self, states: StateBatch) -> np.ndarray:
-        return RowTtl.expired(states, self._ttl.cutoff(self._ttl.now_ms()))
-
-    def _live(self, states: StateBatch) -> StateBatch:
-        """`states` without the rows past the row TTL (reads never return those)."""
-        if self._ttl is None:
-            return states
-        return states.take(np.flatnonzero(~self._expired(states)))
-
-    def expire_rows(self) -> int:
-        """The sweep of the row TTL (merge_engine.row_ttl): write the -D (`_expired`) of every
-        row past it; returns how many. One commit per stored chunk of rows."""
-        if self._ttl is None:
-            return 0
-        expired = 0
-        with self._lock:
-            self._check_open()
-            self._rows.flush(self._end)  # then every row is in RocksDB, the iterator's view
-            pending = self._pending()
-            cutoff = self._ttl.cutoff(pending.now_ms)
-            key_at = [self.schema.names.index(k) for k in self.schema.primary_key]
-            for chunk in self._store.scan_rows():
-                states = self.codec.decode(chunk)
-                gone = np.flatnonzero(RowTtl.expired(states, cutoff))
-                if not len(gone):
-                    continue
-                old = states.take(gone)
-                keys = key_array([old.columns[i] for i in key_at])
-                pending.add(keys, old, old, np.full(len(gone), log.REMOVED, dtype=np.int8),
-                            np.ones(len(gone), dtype=bool))
-                self._commit(pending, None)
-                pending = self._pending()
-                expired += len(gone)
-        return expired
-
-    def changelog(self, start: int | None = None, end: int | None = None) -> pa.Table:
-        """Changelog records with offsets in [start, end); start defaults to the log start
-        offset (0 until the log is truncated), end to the log end."""
-        schema = self._images.reader_schema()
-        tables = list(self.iter_changelog(start, end))
-        return pa.concat_tables(tables) if tables else schema.empty_table()
-
-    def iter_changelog(self, start: int | None = None, end: int | None = None) -> Iterator[pa.Table]:
-        """The records of [start, end) one stored batch at a time: bounded memory for undo."""
-        self._check_open()
-        start = self._start if start is None else start
-        end = self._end if end is None else end
-        if not (self._start <= start <= end <= self._end):
-            raise OffsetOutOfRangeError(
-                f"Changelog range [{start}, {end}) is outside the bucket's log "
-                f"[{self._start}, {self._end}) of {self.name}"
-            )
-        for first, data in self._store.log_entries(start):
-            if first >= end:
-                break
-            records = self._images.conform(log.deserialize(data, first))
-            low, high = max(start - first, 0), min(end - first, records.num_rows)
-            if high > low:
-                yield records.slice(low, high - low)
-
-    def records_to_state(self, records: pa.Table) -> StateBatch:
-        """Row states of changelog records, written bits included (for replay and undo)."""
-        return self._images.to_state(records)
-
-    # --- log truncation (its policy: merge_engine/log_retention.py) -------------------------
-
-    def log_entry_spans(self) -> list[tuple[int, int, int]]:
-        """(first offset, end offset, written-at ms) of every stored changelog batch, oldest
-        first. The first may start below the log start offset (truncate_log keeps a batch that
-        straddles it)."""
-        with self._lock:
-            self._check_open()
-            entries = list(self._store.log_entry_times())
-            ends = [first for first, _ in entries[1:]] + [self._end]
-            return [(first, end, written) for (first, written), end in zip(entries, ends)]
-
-    def truncate_log(self, before: int) -> int:
-        """Drop changelog records below offset `before`; returns the new log start offset.
-
-        Whole stored batches below `before` are deleted; a batch straddling it is kept but
-        its records below `before` are no longer served.
-        """
-        with self._lock:
-            self._check_open()
-            if not isinstance(before, int) or not 0 <= before <= self._end:
-                raise OffsetOutOfRangeError(
-                    f"Cannot truncate {self.name} before offset {before!r}: the log ends at "
-                    f"{self._end}")
-            if before <= self._start:
-                return self._start
-            self._rows.flush(self._end)  # the records to go may be the only copy of buffered rows
-            batch = self._store.new_batch()
-            for first, following, _ in self.log_entry_spans():
-                if following <= before:
-                    TabletStore.delete_log_entry(batch, first)
-            TabletStore.put_int(batch, START_OFFSET, before)
-            self._store.commit(batch)
-            self._start = before
-            return before
 
     # --- lifecycle --------------------------------------------------------------------------
 
