@@ -15,9 +15,12 @@ batches. Read options:
   partition key only those partitions, on the bucket key only those buckets. The DataFrame is
   the table's rows that match it; Spark's own `filter(...)` then applies on top.
 - `unwritten`: "true" adds the hidden `_unwritten` column. `batch-size`: rows per Arrow batch.
-- `sketch-estimates`: "true" reads hll_sketch and theta_sketch columns as their distinct-count
-  estimates (bigint, rounded as Spark's `hll_sketch_estimate` rounds) instead of their bytes;
-  kll_sketch columns stay bytes (Spark's `kll_sketch_get_quantile_*` read them).
+- `sketch-estimates`: "true" reads sketch columns as what they estimate instead of their
+  bytes: hll_sketch and theta_sketch as distinct counts (bigint, rounded as Spark's
+  `hll_sketch_estimate` rounds), kll_sketch as the quantile at normalized rank `kll-quantile`
+  (default 0.5, the median; inclusive ranks as Spark's `kll_sketch_get_quantile_*`; double,
+  or bigint for a sketch of bigint items). Without it sketch columns are their bytes, which
+  Spark's own sketch functions read.
 
 Spark's `df.filter(...)` is not pushed into the read: PySpark 4.3 turns filter pushdown off by
 default (and a reader that accepts pushed filters then fails every read), and with it on, the
@@ -35,7 +38,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StructField, StructType
 
-from aggfuncs import AggFunction, hll_sketch_estimate, theta_sketch_estimate
+from aggfuncs import AggFunction, hll_sketch_estimate, kll_sketch_quantile, theta_sketch_estimate
 from sink.options import (TABLE, TOKEN, TOKEN_FILE, TLS_CA, TLS_CERT, TLS_KEY, URL,
                           connection_options, lowered)
 from sink.types import arrow_to_spark, spark_to_arrow
@@ -45,12 +48,36 @@ from tally.wire.messages import MAX_SCAN_BATCH_ROWS
 from tally.wire.tls import TlsFiles
 
 COLUMNS, FILTER, UNWRITTEN_OPTION, BATCH_SIZE = "columns", "filter", "unwritten", "batch-size"
-SKETCH_ESTIMATES = "sketch-estimates"
+SKETCH_ESTIMATES, KLL_QUANTILE = "sketch-estimates", "kll-quantile"
 READ_KEYS = {URL, TABLE, TOKEN, TOKEN_FILE, TLS_CA, TLS_CERT, TLS_KEY, COLUMNS, FILTER,
-             UNWRITTEN_OPTION, BATCH_SIZE, SKETCH_ESTIMATES}
+             UNWRITTEN_OPTION, BATCH_SIZE, SKETCH_ESTIMATES, KLL_QUANTILE}
 SPARK_KEYS = {"path"}
-ESTIMATES = {AggFunction.HLL_SKETCH: hll_sketch_estimate,
-             AggFunction.THETA_SKETCH: theta_sketch_estimate}
+ESTIMATED_FUNCTIONS = (AggFunction.HLL_SKETCH, AggFunction.THETA_SKETCH, AggFunction.KLL_SKETCH)
+
+
+@dataclasses.dataclass(frozen=True)
+class SketchEstimate:
+    """How one sketch column is read with `sketch-estimates`: its function, the item type of a
+    KLL sketch and the rank read from it."""
+
+    function: AggFunction
+    items: str | None = None
+    rank: float = 0.5
+
+    @property
+    def arrow_type(self) -> pa.DataType:
+        if self.function is AggFunction.KLL_SKETCH and self.items != "BIGINT":
+            return pa.float64()
+        return pa.int64()
+
+    def of(self, values: pa.Array) -> pa.Array:
+        if self.function is AggFunction.HLL_SKETCH:
+            found = [hll_sketch_estimate(v) for v in values.to_pylist()]
+        elif self.function is AggFunction.THETA_SKETCH:
+            found = [theta_sketch_estimate(v) for v in values.to_pylist()]
+        else:
+            found = [kll_sketch_quantile(v, self.rank, self.items) for v in values.to_pylist()]
+        return pa.array(found, type=self.arrow_type)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +93,7 @@ class ReadOptions:
     unwritten: bool = False
     batch_size: int = 65536
     estimates: bool = False
+    kll_rank: float = 0.5
 
     @classmethod
     def parse(cls, options) -> "ReadOptions":
@@ -99,11 +127,12 @@ class ReadOptions:
             if not 1 <= batch_size <= MAX_SCAN_BATCH_ROWS:
                 raise InvalidOptionError(f"Option '{BATCH_SIZE}' must be an integer from 1 to "
                                          f"{MAX_SCAN_BATCH_ROWS:,}, not {raw[BATCH_SIZE]!r}")
+        estimates = parse_bool_option(SKETCH_ESTIMATES, raw.get(SKETCH_ESTIMATES, "false"))
         return cls(url=url, table=table, token=token, tls=tls, columns=columns, filter=where,
                    unwritten=parse_bool_option(UNWRITTEN_OPTION,
                                                raw.get(UNWRITTEN_OPTION, "false")),
-                   batch_size=batch_size,
-                   estimates=parse_bool_option(SKETCH_ESTIMATES, raw.get(SKETCH_ESTIMATES, "false")))
+                   batch_size=batch_size, estimates=estimates,
+                   kll_rank=_kll_rank(raw.get(KLL_QUANTILE), estimates))
 
 
 def _open_table(options: ReadOptions, table_id: int | None = None):
@@ -118,20 +147,35 @@ def _open_table(options: ReadOptions, table_id: int | None = None):
     return Table(conn, options.table, table_id)
 
 
-def estimated_columns(options: ReadOptions) -> dict[str, str]:
-    """{column: function} of the columns read as estimates (none unless `sketch-estimates`)."""
+def _kll_rank(value, estimates: bool) -> float:
+    if value is None:
+        return 0.5
+    if not estimates:
+        raise InvalidOptionError(f"Option '{KLL_QUANTILE}' only applies with "
+                                 f"'{SKETCH_ESTIMATES}' = true (without it kll_sketch columns "
+                                 "are read as their bytes)")
+    try:
+        rank = float(str(value).strip())
+    except ValueError:
+        rank = -1.0
+    if not 0.0 <= rank <= 1.0:
+        raise InvalidOptionError(f"Option '{KLL_QUANTILE}' must be a normalized rank from 0 to "
+                                 f"1 (0.5 is the median), not {value!r}")
+    return rank
+
+
+def estimated_columns(options: ReadOptions) -> dict[str, SketchEstimate]:
+    """{column: how it is read} of the sketch columns read as estimates (none unless
+    `sketch-estimates`)."""
     if not options.estimates:
         return {}
     from sink import remote
 
     conn = remote.shared_connection(options.url, options.token, options.tls)
-    schema = conn.admin.describe_table(options.table).descriptor.schema
-    return {c.name: c.agg.value for c in schema.columns if c.agg in ESTIMATES}
-
-
-def _estimates(values: pa.Array, function: str) -> pa.Array:
-    estimate = ESTIMATES[AggFunction(function)]
-    return pa.array([estimate(v) for v in values.to_pylist()], type=pa.int64())
+    descriptor = conn.admin.describe_table(options.table).descriptor
+    return {agg.column: SketchEstimate(agg.function, agg.params.get("items"), options.kll_rank)
+            for agg in descriptor.schema.aggregators(descriptor.is_aggregation)
+            if agg.function in ESTIMATED_FUNCTIONS}
 
 
 def read_schema(options: dict) -> StructType:
@@ -145,8 +189,8 @@ def read_schema(options: dict) -> StructType:
         raise InvalidOptionError(f"Option '{COLUMNS}' names unknown column(s) {unknown} of "
                                  f"{parsed.table}; it has {arrow.names}")
     estimated = estimated_columns(parsed)
-    fields = [StructField(c, arrow_to_spark(pa.int64() if c in estimated else arrow.field(c).type),
-                          arrow.field(c).nullable)
+    fields = [StructField(c, arrow_to_spark(estimated[c].arrow_type if c in estimated
+                                            else arrow.field(c).type), arrow.field(c).nullable)
               for c in names]
     if parsed.unwritten:
         fields.append(StructField(UNWRITTEN, arrow_to_spark(pa.list_(pa.string())), True))
@@ -202,6 +246,6 @@ class TallyBatchReader(DataSourceReader):
         schema = self.arrow_schema
         for batch in scan.read_part(partition.part):
             yield pa.RecordBatch.from_arrays(
-                [(_estimates(batch.column(f.name), self.estimated[f.name])
+                [(self.estimated[f.name].of(batch.column(f.name))
                   if f.name in self.estimated else batch.column(f.name)).cast(f.type)
                  for f in schema], schema=schema)

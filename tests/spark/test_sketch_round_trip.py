@@ -86,9 +86,41 @@ def test_spark_sketches_merge_in_tally_and_spark_reads_the_estimates(spark, regi
         assert theta_sketch_estimate(cell["users_theta"]) == row["theta"]
         assert kll_sketch_quantile(cell["latency"], 1.0) == row["max_ms"]
         assert kll_sketch_quantile(cell["size"], 0.0, items="bigint") == row["min_bytes"]
-    # Asked for estimates, the read itself gives the distinct counts.
-    read = (spark.read.format("tally").option("url", cluster.url).option("table", table.name)
-            .option("sketch-estimates", "true").load())
-    assert dict(read.dtypes)["users"] == "bigint" and dict(read.dtypes)["latency"] == "binary"
-    assert {r["g"]: (r["users"], r["users_theta"]) for r in read.collect()} == \
-        {g: (row["hll"], row["theta"]) for g, row in estimates.items()}
+    # Asked for estimates, the read itself gives the distinct counts, and the KLL quantile at
+    # the rank asked for (the median by default) as Spark's own quantile function reads it.
+    def read(**options):
+        reader = spark.read.format("tally").option("url", cluster.url) \
+            .option("table", table.name).option("sketch-estimates", "true")
+        for key, value in options.items():
+            reader = reader.option(key.replace("_", "-"), value)
+        return reader.load()
+
+    medians = read()
+    assert dict(medians.dtypes)["users"] == "bigint"
+    assert dict(medians.dtypes)["latency"] == "double" and dict(medians.dtypes)["size"] == "bigint"
+    spark_medians = {r["g"]: (r["ms"], r["b"]) for r in stored.select(
+        "g", F.kll_sketch_get_quantile_double("latency", F.lit(0.5)).alias("ms"),
+        F.kll_sketch_get_quantile_bigint("size", F.lit(0.5)).alias("b")).collect()}
+    assert {r["g"]: (r["users"], r["users_theta"], r["latency"], r["size"])
+            for r in medians.collect()} == \
+        {g: (row["hll"], row["theta"], *spark_medians[g]) for g, row in estimates.items()}
+    p90 = {r["g"]: r["latency"] for r in read(kll_quantile="0.9").collect()}
+    assert p90 == {g: pytest.approx(kll_sketch_quantile(table.lookup({"g": g})["latency"], 0.9))
+                   for g in (0, 1)}
+    with pytest.raises(Exception, match="kll-quantile.*normalized rank"):
+        read(kll_quantile="1.5").collect()
+
+
+def test_kll_quantile_is_a_rank_and_needs_sketch_estimates():
+    from sink.batch_reader import ReadOptions
+    from tally.errors import InvalidOptionError
+
+    base = {"url": "grpc://127.0.0.1:1", "table": "db.t"}
+    with pytest.raises(InvalidOptionError, match="only applies with 'sketch-estimates'"):
+        ReadOptions.parse({**base, "kll-quantile": "0.5"})
+    for bad in ("-0.1", "1.01", "median", "nan"):
+        with pytest.raises(InvalidOptionError, match="normalized rank from 0 to 1"):
+            ReadOptions.parse({**base, "sketch-estimates": "true", "kll-quantile": bad})
+    assert ReadOptions.parse({**base, "sketch-estimates": "true",
+                              "kll-quantile": "0.99"}).kll_rank == 0.99
+    assert ReadOptions.parse({**base, "sketch-estimates": "true"}).kll_rank == 0.5
