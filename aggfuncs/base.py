@@ -254,6 +254,20 @@ def with_nulls(data: np.ndarray, valid: np.ndarray, arrow_type: pa.DataType) -> 
     return pa.array(data, type=arrow_type, mask=mask)
 
 
+def fold_cells(states: pa.Array, written: np.ndarray, segments: Segments,
+               combine: Callable[[list], Any], arrow_type: pa.DataType) -> pa.Array:
+    """Per group, `combine` of its written, non-null cells as Python values, for states merged
+    by a library object (bitmaps, sketches) rather than by Arrow kernels. A stored cell with
+    only nulls after it stays byte for byte (the null rule, keep_untouched)."""
+    keep = written & valid_mask(states)
+    values = states.to_pylist()
+    out = [None] * segments.count
+    for g in np.nonzero(segments.any(keep))[0]:
+        rows = segments.order[segments.starts[g]:segments.starts[g] + segments.lengths[g]]
+        out[g] = combine([values[i] for i in rows if keep[i]])
+    return keep_untouched(pa.array(out, type=arrow_type), states, keep, segments)
+
+
 def keep_untouched(result: pa.Array, states: pa.Array, keep: np.ndarray,
                    segments: Segments) -> pa.Array:
     """`result`, except for groups whose only eligible row is their first (the stored state):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from aggfuncs.base import Aggregator, keep_untouched, valid_mask
+from aggfuncs.base import Aggregator, fold_cells
 from aggfuncs.functions import AggFunction
 from aggfuncs.segments import Segments
 from tally.errors import InvalidInputError
@@ -68,15 +68,8 @@ class _BitmapAggregator(Aggregator):
                 f"portable {self.bits}-bit roaring bitmap") from None
 
     def fold(self, states: pa.Array, written: np.ndarray, segments: Segments) -> pa.Array:
-        keep = written & valid_mask(states)
-        values = states.to_pylist()
-        out = [None] * segments.count
-        for g in np.nonzero(segments.any(keep))[0]:
-            rows = segments.order[segments.starts[g]:segments.starts[g] + segments.lengths[g]]
-            bitmaps = [self.load(values[i]) for i in rows if keep[i]]
-            out[g] = self._bytes(self.bitmap_class().union(*bitmaps))
-        # A stored bitmap with only nulls after it stays byte for byte (the null rule).
-        return keep_untouched(pa.array(out, type=self.type), states, keep, segments)
+        return fold_cells(states, written, segments, lambda cells: self._bytes(
+            self.bitmap_class().union(*[self.load(c) for c in cells])), self.type)
 
 
 class Rbm32Aggregator(_BitmapAggregator):

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from aggfuncs.base import Aggregator, keep_untouched, valid_mask
+from aggfuncs.base import Aggregator, fold_cells
 from aggfuncs.functions import AggFunction
 from aggfuncs.segments import Segments
 from aggfuncs.sketch_images import canonical_hll, canonical_kll
@@ -134,14 +134,8 @@ class SketchAggregator(Aggregator):
         return values
 
     def fold(self, states: pa.Array, written: np.ndarray, segments: Segments) -> pa.Array:
-        keep = written & valid_mask(states)
-        values = states.to_pylist()
-        out = [None] * segments.count
-        for g in np.nonzero(segments.any(keep))[0]:
-            rows = segments.order[segments.starts[g]:segments.starts[g] + segments.lengths[g]]
-            out[g] = self.merge([self.load(values[i]) for i in rows if keep[i]])
-        # A stored image with only nulls after it stays byte for byte (the null rule).
-        return keep_untouched(pa.array(out, type=self.type), states, keep, segments)
+        return fold_cells(states, written, segments,
+                          lambda cells: self.merge([self.load(c) for c in cells]), self.type)
 
 
 def _numeric_or_text(arrow_type: pa.DataType) -> bool:
