@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
 
 from tally.errors import AlreadyExistsError, TallyError
 from tally.meta import MetadataStore, join_path, node_name, text_of
@@ -146,36 +145,3 @@ class EphemeralRegistration:
 
 def live_path(server_id: str) -> str:
     return join_path(LIVE.strip("/"), node_name(server_id))
-
-
-class HeartbeatSender:
-    """A tablet server's heartbeat loop to the coordinator.
-
-    `send()` performs one heartbeat and returns the coordinator's answer; failures are logged and
-    retried on the next tick (a restarting coordinator is normal).
-    """
-
-    def __init__(self, send: Callable[[], None], interval: float = 1.0) -> None:
-        self._send = send
-        self._interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            try:
-                self._send()
-            except TallyError as e:
-                log.debug("heartbeat failed: %s", e)
-            except Exception:  # never let the heartbeat thread die silently
-                log.exception("heartbeat failed")
-            if self._stop.wait(self._interval):
-                return
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)

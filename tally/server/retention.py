@@ -18,7 +18,7 @@ import logging
 from locks.lease import offsets_from_json
 from merge_engine.log_retention import enforce_retention, has_retention
 from tally.errors import StorageError, TallyError
-from tally.server.membership import HeartbeatSender
+from tally.server.periodic import PeriodicDuty
 from tally.wire.messages import field
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ class RetentionKeeper:
         self.server = server
         server.actions["truncate_bucket_log"] = self.truncate
         server.actions["enforce_retention"] = lambda body: self.enforce()
-        self._loop = HeartbeatSender(self.enforce, interval)
+        self._loop = PeriodicDuty(self.enforce, interval, "log retention")
 
     def start(self) -> None:
         self._loop.start()

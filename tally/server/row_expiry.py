@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from tally.errors import StorageError
-from tally.server.membership import HeartbeatSender
+from tally.server.periodic import PeriodicDuty
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ class RowExpiry:
     def __init__(self, server, interval: float = EXPIRY_INTERVAL) -> None:
         self.server = server
         server.actions["expire_rows"] = lambda body: self.sweep()
-        self._loop = HeartbeatSender(self.sweep, interval)
+        self._loop = PeriodicDuty(self.sweep, interval, "row expiry")
 
     def start(self) -> None:
         self._loop.start()

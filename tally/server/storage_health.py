@@ -21,7 +21,7 @@ import shutil
 
 from merge_engine.storage import reopen_bytes
 from tally.errors import StorageError
-from tally.server.membership import HeartbeatSender
+from tally.server.periodic import PeriodicDuty
 from tally.server.tablets import HostedTablet, TabletHost, TabletKey
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ class StorageHealth:
 
     def __init__(self, host: TabletHost, interval: float) -> None:
         self._host = host
-        self._loop = HeartbeatSender(self.repair, interval)
+        self._loop = PeriodicDuty(self.repair, interval, "storage repair")
         self._logged: set[TabletKey] = set()  # failed buckets already in the log
 
     def start(self) -> None:

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 from locks.tablet_check import TabletLocks
 from merge_engine.row_snapshot import scan_schema
 from tally.errors import InvalidInputError, NotFoundError, StaleMetadataError
-from tally.server.membership import HeartbeatSender
+from tally.server.periodic import PeriodicDuty
 from tally.server.metrics import ServerMetrics
 from tally.server.retention import RetentionKeeper
 from tally.server.row_expiry import EXPIRY_INTERVAL, RowExpiry
@@ -124,7 +124,7 @@ class TabletServer:
                         "reopen_tablets": self.reopen_tablets,
                         "server_id": lambda body: self.server_id}
         self.binary_actions = {"lookup": self.lookup, "lookup_many": self.lookup_many}
-        self._heartbeat = HeartbeatSender(self.send_heartbeat, heartbeat_interval)
+        self._heartbeat = PeriodicDuty(self.send_heartbeat, heartbeat_interval, "heartbeat")
         self.locks = TabletLocks(self)
         self.retention = RetentionKeeper(self, retention_interval)
         self.expiry = RowExpiry(self, expiry_interval)
