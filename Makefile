@@ -27,7 +27,7 @@ test:
 	bash scripts/setup.sh zookeeper $(JAVA_PKG)
 	touch $(VENV)/.installed
 	$(VENV)/bin/lint-imports --no-cache --no-logo
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests
 
 bench: venv
 	$(VENV)/bin/tally bench
