@@ -7,7 +7,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 # The Spark sink's tests and the demo run a JVM.
 JAVA_PKG := openjdk-17-jre-headless
 
-.PHONY: demo test venv bench
+.PHONY: demo test venv bench api-docs
 
 venv: $(VENV)/.installed
 
@@ -31,3 +31,7 @@ test:
 
 bench: venv
 	$(VENV)/bin/tally bench
+
+# The API reference of the public face, as HTML in docs/api/ (generated, not committed).
+api-docs: venv
+	$(PY) scripts/api_docs.py docs/api

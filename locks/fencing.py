@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from locks.lease import secret_matches
 from tally.errors import (ColumnLockConflict, LeaseLostError, PermissionDeniedError,
                           UnrecoveredLockError)
+from tally.timestamps import iso
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,10 @@ class HeldLock:
     expires_at: float
     attempts: dict = field(default_factory=dict)  # bucket -> newest registered attempt
     secret_hash: str = ""
+
+    def __repr__(self) -> str:
+        return (f"HeldLock(owner {self.owner_id!r}, columns {list(self.column_names)}, token "
+                f"{self.token}, expires {iso(self.expires_at)}, attempts {self.attempts})")
 
 
 @dataclass

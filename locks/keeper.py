@@ -8,11 +8,14 @@ of writing on. An unreachable coordinator is not a loss: the next period tries a
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Callable
 
 from locks.lease import Lease
 from tally.errors import LeaseLostError, TallyError
+
+log = logging.getLogger(__name__)
 
 
 class LeaseKeeper:
@@ -36,6 +39,8 @@ class LeaseKeeper:
                 return
             except TallyError:
                 continue  # the coordinator is unreachable for now: try again next period
+            except Exception:  # never die silently: a dead keeper lets the lease lapse
+                log.exception("renewing the lease of owner '%s' failed", self.lease.owner_id)
 
     def check(self) -> None:
         if self.lost is not None:

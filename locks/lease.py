@@ -9,6 +9,8 @@ import json
 import secrets
 from typing import Any
 
+from tally.timestamps import duration, iso
+
 Offsets = dict[tuple[str | None, int], int]
 
 
@@ -72,6 +74,11 @@ class Lease:
     tenure: int = 0
     secret: str = dataclasses.field(default="", repr=False)  # never in logs or tracebacks
 
+    def __repr__(self) -> str:
+        return (f"Lease({self.table!r}, owner {self.owner_id!r}, columns {list(self.columns)}, "
+                f"token {self.token}, tenure {self.tenure}, expires {iso(self.expires_at)}, "
+                f"ttl {duration(self.ttl)}, initial offsets {self.initial_offsets})")
+
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
         d["columns"] = list(self.columns)
@@ -107,6 +114,13 @@ class LockRecord:
     attempts: dict = dataclasses.field(default_factory=dict)
     tenure: int = 0  # the token of the acquisition that began this tenure
     secret_hash: str = ""  # of the secret of the lease this record was last granted as
+
+    def __repr__(self) -> str:
+        return (f"LockRecord(owner {self.owner_id!r}, table id {self.table_id}, columns "
+                f"{list(self.column_names)}, token {self.token}, tenure {self.tenure}, created "
+                f"{iso(self.created_at)}, expires {iso(self.expires_at)}, ttl "
+                f"{duration(self.ttl)}, initial offsets {self.initial_offsets}, attempts "
+                f"{self.attempts})")
 
     def live(self, now: float) -> bool:
         return self.expires_at > now

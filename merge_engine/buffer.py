@@ -3,10 +3,11 @@
 Why it exists: reading and writing RocksDB one key at a time costs about as much as all the
 merging put together, and a hot key set is read back by the very next put. So a put commits only
 its changelog batch (which holds every changed row's full after-image) and keeps the merged rows
-here; they reach RocksDB in one sorted write batch when the buffer outgrows
-`table.kv.buffer-size`, before the changelog is truncated, and at close. The changelog is the
-write-ahead log: RocksDB records up to which offset its rows are applied, and a bucket reopened
-after a crash replays the changelog from there into a fresh buffer. KV state and changelog
+here; they reach RocksDB in key order, in write batches of a bounded size, when the buffer
+outgrows `table.kv.buffer-size`, before the changelog is truncated, and at close. The changelog
+is the write-ahead log: RocksDB records up to which offset its rows are applied (in a flush's
+last batch), and a bucket reopened after a crash replays the changelog from there into a fresh
+buffer. KV state and changelog
 therefore never disagree; on disk the rows may just lag the log.
 
 Rows stay in Arrow form (StateBatch runs, one per put) so the next put takes them without
@@ -18,7 +19,7 @@ whole, never changed in place, and a run is appended before the index points at 
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Iterator, NamedTuple
 
 import numpy as np
 
@@ -181,12 +182,20 @@ class RowBuffer:
     def drain(self) -> tuple[KeyArray | None, StateBatch | None, KeyArray | None]:
         """(live keys in key order, their rows, removed keys): what a flush writes (None
         for a buffer that never held a key)."""
+        return next(self.chunks(max(len(self), 1)), (None, None, None))
+
+    def chunks(self, size: int) -> Iterator[tuple[KeyArray, StateBatch | None, KeyArray]]:
+        """drain() a slice of `size` keys at a time, in key order (nothing for a buffer that
+        never held a key): a flush then holds one slice's rows and encoded bytes at once."""
         index = self._index
         if index.keys is None:
-            return None, None, None
-        live = index.ids >= 0
-        rows = self.states(index.ids[live]) if live.any() else None
-        return index.keys.take(live), rows, index.keys.take(~live)
+            return
+        for start in range(0, len(index.ids), size):
+            ids = index.ids[start:start + size]
+            keys = index.keys.take(slice(start, start + len(ids)))
+            live = ids >= 0
+            rows = self.states(ids[live]) if live.any() else None
+            yield keys.take(live), rows, keys.take(~live)
 
     def __repr__(self) -> str:
         return f"RowBuffer({len(self)} keys, {len(self._runs)} runs, ~{self.size_bytes} bytes)"

@@ -99,7 +99,7 @@ class Images:
         images = StateBatch.concat(before, after).take(index)
         arrays = [pa.array(change.astype(np.int8))]
         arrays += [agg.values(c) for agg, c in zip(self.aggregators, images.columns)]
-        arrays.append(_unwritten_lists(images.written, self.value_positions, self.schema.names))
+        arrays.append(unwritten_lists(images.written, self.value_positions, self.schema.names))
         arrays.append(contribution_lists(images.counts(), self.counted))
         if self.tokenized:
             arrays.append(pa.StructArray.from_arrays([images.columns[i] for i in self.tokenized],
@@ -159,7 +159,7 @@ def contribution_lists(counts: np.ndarray, counted: list[int]) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, type=pa.int64()))
 
 
-def _unwritten_lists(written: np.ndarray, value_positions: list[int], names: list[str]):
+def unwritten_lists(written: np.ndarray, value_positions: list[int], names: list[str]):
     if not value_positions:
         return pa.array([[] for _ in range(len(written))], type=pa.list_(pa.string()))
     missing = ~written[:, value_positions]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from aggfuncs import AggFunction
+from aggfuncs import DEFAULT_FUNCTION, AggFunction
 from merge_engine.schema import Schema
 from tally.errors import InvalidOptionError
 
@@ -78,3 +78,39 @@ def descriptor_from_options(cls, arrow_schema, primary_key, partition_key, optio
         builder.agg_column(f.name, f.type, fn, f.nullable, **given)
     builder.primary_key(*primary_key).partition_key(*partition_key)
     return cls(builder.build(), properties=properties)
+
+
+def check_against_table(schema: Schema, options: dict, table: str) -> None:
+    """Refuse `fields.*` options that contradict an existing table: a `fields.<col>.agg` (or a
+    `fields.<col>.<fn>.<param>`) naming another function than the column has, or a column the
+    table lacks. Such options only take effect when a table is created, so without this check a
+    writer that asked for max on a sum column would silently keep summing. Keys and column
+    names are matched case-insensitively (Spark lower-cases option keys)."""
+    names = [c.name for c in schema.columns]
+    by_length = sorted(names, key=len, reverse=True)
+    for key, value in options.items():
+        if not str(key).lower().startswith("fields."):
+            continue
+        body = str(key)[len("fields."):]
+        column = next((n for n in by_length if body.lower().startswith(n.lower() + ".")), None)
+        if column is None:
+            raise InvalidOptionError(
+                f"Option '{key}' names no column of the existing table '{table}' (its columns: "
+                f"{names})")
+        tail = body[len(column) + 1:].lower()
+        if tail == "agg":
+            asked = AggFunction.parse(str(value), column)
+        elif "." in tail:
+            asked = AggFunction.parse(tail.split(".", 1)[0], column)
+        else:
+            continue  # a parameter of whichever function the column has
+        if column in schema.primary_key:
+            raise InvalidOptionError(
+                f"Option '{key}' gives the primary-key column '{column}' of the existing table "
+                f"'{table}' the function {asked.value}; key columns have no function")
+        has = schema.column(column).agg or DEFAULT_FUNCTION
+        if asked is not has:
+            raise InvalidOptionError(
+                f"Option '{key}' asks for {asked.value}, but column '{column}' of the existing "
+                f"table '{table}' aggregates with {has.value}; a table's functions are fixed "
+                "when it is created: drop the option, or write to a table created with it")

@@ -25,6 +25,10 @@ RETENTION_IGNORE_LOCKS = "table.log.retention.ignore-locks"
 # How long retention keeps the changelog an expired, unrecovered lock tenure needs for its undo.
 EXPIRED_LOCK_RETENTION = "table.log.retention.expired-lock-ms"
 DEFAULT_EXPIRED_LOCK_RETENTION_MS = 7 * 24 * 3600 * 1000
+# How long a changelog consumer's registered position holds retention back after the consumer
+# last registered it (the bound on what an idle or abandoned consumer can keep).
+CONSUMER_RETENTION = "table.log.retention.consumer-ms"
+DEFAULT_CONSUMER_RETENTION_MS = 7 * 24 * 3600 * 1000
 
 # Every `table.*` option Tally understands; anything else under `table.` is a typo to report.
 KNOWN_TABLE_OPTIONS = {
@@ -39,6 +43,7 @@ KNOWN_TABLE_OPTIONS = {
     RETENTION_MS,
     RETENTION_IGNORE_LOCKS,
     EXPIRED_LOCK_RETENTION,
+    CONSUMER_RETENTION,
     "table.agg.remove-record-on-empty",
 }
 
@@ -118,7 +123,7 @@ class TableDescriptor:
                 "before and after images only: aggregation tables need them for undo recovery."
             )
         self.delete_behavior  # validates the value
-        for key in (RETENTION_OFFSETS, RETENTION_MS, EXPIRED_LOCK_RETENTION):
+        for key in (RETENTION_OFFSETS, RETENTION_MS, EXPIRED_LOCK_RETENTION, CONSUMER_RETENTION):
             if key in self.properties:
                 value = self.properties[key]
                 if not str(value).strip().isdigit():
@@ -161,6 +166,13 @@ class TableDescriptor:
         """How long after its expiry an unrecovered lock still holds back retention."""
         value = self.properties.get(EXPIRED_LOCK_RETENTION)
         return DEFAULT_EXPIRED_LOCK_RETENTION_MS if value is None else int(value)
+
+    @property
+    def consumer_retention_ms(self) -> int:
+        """How long after a consumer last registered its position that position still holds
+        back retention."""
+        value = self.properties.get(CONSUMER_RETENTION)
+        return DEFAULT_CONSUMER_RETENTION_MS if value is None else int(value)
 
     @property
     def kv_buffer_size(self) -> int:

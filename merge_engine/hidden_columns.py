@@ -2,7 +2,7 @@
 
 Writers may send `_unwritten`, `_contributions` and `_change_type` with their rows; changelog
 readers get `_offset`, `_change_type`, `_unwritten`, `_contributions` and `_tokens` with every
-image. One place names them, so the engine, the client, the changelog and the test model can
+image, and readers across buckets `_partition` and `_bucket` too. One place names them, so the engine, the client, the changelog and the test model can
 never disagree on a spelling.
 """
 
@@ -12,5 +12,7 @@ CHANGE_CODE = "_change"         # the stored form of the change type (an int8 co
 UNWRITTEN = "_unwritten"        # per row, the columns an image leaves unwritten
 CONTRIBUTIONS = "_contributions"  # per row, how many contributions counted cells hold
 TOKENS = "_tokens"              # the tokens of string_agg states a joined string cannot tell apart
+PARTITION = "_partition"        # changelog readers: the record's partition name (null: none)
+BUCKET = "_bucket"              # changelog readers: the record's bucket
 
-ALL = (OFFSET, CHANGE_TYPE, CHANGE_CODE, UNWRITTEN, CONTRIBUTIONS, TOKENS)
+ALL = (OFFSET, CHANGE_TYPE, CHANGE_CODE, UNWRITTEN, CONTRIBUTIONS, TOKENS, PARTITION, BUCKET)

@@ -3,7 +3,8 @@
 `table.log.retention.offsets` keeps at most N most recent records, `table.log.retention.ms` drops
 the stored batches written more than N ms ago. The cut never goes above a `floor`, the oldest
 offset a live lock or an uncommitted epoch still needs for its undo, unless
-`table.log.retention.ignore-locks` is true. The tablet only supplies the mechanism
+`table.log.retention.ignore-locks` is true, nor above the lowest position a registered changelog
+consumer has not read yet (for `table.log.retention.consumer-ms` after it registered). The tablet only supplies the mechanism
 (KvTablet.log_entry_spans, KvTablet.truncate_log); a tablet server runs this policy periodically
 (tally/server/retention.py, which also fetches the floor from the coordinator).
 """
@@ -43,11 +44,15 @@ def retention_offset(tablet: KvTablet, now_ms: int | None = None) -> int:
 
 
 def enforce_retention(tablet: KvTablet, floor: int | None = None,
-                      now_ms: int | None = None) -> int:
+                      now_ms: int | None = None, consumer_floor: int | None = None) -> int:
     """Truncate `tablet`'s log to what the retention options allow, but never above `floor`
-    unless `table.log.retention.ignore-locks` is true. Returns the log start offset."""
+    unless `table.log.retention.ignore-locks` is true, nor above `consumer_floor` (the lowest
+    position of the changelog consumers that still hold retention). Returns the log start
+    offset."""
     cut = retention_offset(tablet, now_ms)
     if floor is not None and not tablet.descriptor.bool_option(RETENTION_IGNORE_LOCKS):
         cut = min(cut, floor)
+    if consumer_floor is not None:
+        cut = min(cut, consumer_floor)
     start = tablet.log_start_offset
     return tablet.truncate_log(cut) if cut > start else start

@@ -1,11 +1,11 @@
 """BucketRows: a bucket's current rows, the RowBuffer in front of RocksDB's row keys.
 
-KvTablet decides what a write changes and commits its one write batch; this class decides where
-the changed rows live. A put's rows join the buffer after its changelog batch commits, or, when
-the buffer would outgrow its limit, the whole buffer goes into that same write batch (with the
-offset the rows are then applied up to). Reads look in the buffer first, then in RocksDB. See merge_engine/buffer.py for
-why the rows wait in memory and how a crash is recovered (replay of the changelog).
-"""
+KvTablet decides what a write changes and commits its changelog; this class decides where the
+changed rows live. A put's rows join the buffer after its changelog batch commits; when the
+buffer then outgrows its limit it is written to RocksDB in batches of its own, the offset the
+rows are applied up to in the last one. Reads look in the buffer first, then in RocksDB. See
+merge_engine/buffer.py for why the rows wait in memory and how a crash is recovered (replay of
+the changelog)."""
 
 from __future__ import annotations
 
@@ -20,9 +20,12 @@ from merge_engine.keys import KeyArray
 from merge_engine.rowcodec import RowCodec
 from merge_engine.state import StateBatch
 from merge_engine.storage import KV_APPLIED, ROW, TabletStore
-from tally.errors import StorageError
+from tally.errors import StorageError, StorageWriteError
 
-ENCODE_ROWS = 65536  # rows encoded at a time when buffered rows go to RocksDB
+# Rows per RocksDB write batch when rows go to RocksDB: a bound on what a flush holds at once.
+# At 65,536 the multi-gets of later puts of new keys ran 2-3x slower (measured on the ingest
+# benchmark's rows; the cause inside RocksDB is not known); at this size they do not.
+BATCH_ROWS = 262144
 
 
 # Rows are flushed once the changelog since the last flush reaches this many buffer sizes, so a
@@ -32,17 +35,47 @@ REPLAY_FACTOR = 4
 
 @dataclasses.dataclass(frozen=True)
 class StagedRows:
-    """What one write changes in the rows, between staging and its commit."""
+    """What one committed write changes in the rows: per merged slice (keys, their rows or
+    None, removed keys), or None when the rows were not kept (RowsKept) and are read back
+    from the write's changelog."""
 
-    flushed: bool               # the write batch carries every buffered row
-    keys: KeyArray
-    rows: StateBatch | None
-    removed: KeyArray
+    flush: bool                 # the buffer goes to RocksDB once the write's rows joined it
+    parts: list[tuple[KeyArray, StateBatch | None, KeyArray]] | None
     log_bytes: int
+
+
+class RowsKept:
+    """A write's changed rows, kept a merged slice at a time while its changelog is built.
+
+    Rows beyond `limit` bytes (the buffer size) would be flushed right after the commit anyway,
+    and their full after-images are in the changelog: such a write drops its rows and they are
+    read back from the committed log, a stored entry at a time. Keeping them doubled the
+    working set of a write of a million new keys (rows and changelog at once)."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._bytes = 0
+        self.parts: list[tuple[KeyArray, StateBatch | None, KeyArray]] | None = []
+
+    def add(self, keys: KeyArray, rows: StateBatch | None, removed: KeyArray) -> None:
+        if self.parts is None:
+            return
+        self._bytes += (rows.nbytes if rows is not None else 0) + \
+            ENTRY_BYTES * (len(keys) + len(removed))
+        if self._bytes > self._limit:
+            self.parts = None
+        else:
+            self.parts.append((keys, rows, removed))
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
 
 
 class BucketRows:
     """Rows by encoded key. Writes are serialised by the tablet; reads may run alongside."""
+
+    batch_rows = BATCH_ROWS  # rows per write batch of a flush (tests make it small)
 
     def __init__(self, store: TabletStore, codec: RowCodec, buffer_limit: int):
         self._store = store
@@ -97,46 +130,70 @@ class BucketRows:
         stored = self._store.get_rows(key.to_list())[0]
         return None if stored is None else self._codec.decode([stored])
 
+    def buffer_copy(self) -> RowBuffer:
+        """The buffered rows as they are now, unchanged by later writes (for a snapshot)."""
+        return self._buffer.copy()
+
     @property
     def buffered_bytes(self) -> int:
         return self._buffer.size_bytes
 
     # --- writes -----------------------------------------------------------------------------
 
-    def stage(self, batch: WriteBatch, applied: int, keys: KeyArray, rows: StateBatch | None,
-              removed: KeyArray, log_bytes: int) -> "StagedRows":
-        """Prepare a write's changed rows (`keys` aligned with `rows`) and removed keys; the
-        caller commits `batch` (the write's changelog of `log_bytes` and its offsets), then
-        hands the result to `committed`. If the rows would outgrow the buffer, or leave more
-        changelog than REPLAY_FACTOR buffers to replay after a crash, every buffered row goes
-        into `batch` too, applied up to offset `applied` (the write's end). Readers keep seeing
-        the current buffer until `committed`, so a write that fails to commit shows nothing."""
-        growth = (rows.nbytes if rows is not None else 0) + ENTRY_BYTES * (len(keys) + len(removed))
-        flush = bool(growth) and (self._buffer.size_bytes + growth > self._limit
-                                  or self._log_bytes + log_bytes > REPLAY_FACTOR * self._limit)
-        if flush:
-            pending = self._buffer.copy()
-            pending.add(keys, rows, removed)
-            self._write(batch, pending, applied)
-        return StagedRows(flush, keys, rows, removed, log_bytes)
+    def stage(self, kept: RowsKept, log_bytes: int) -> StagedRows:
+        """What a write's rows do once its changelog batch (`log_bytes` of it) is committed:
+        join the buffer, and flush it when it would outgrow its limit or leave more changelog
+        than REPLAY_FACTOR buffers to replay after a crash."""
+        flush = kept.parts is None or (
+            kept.nbytes > 0 and (self._buffer.size_bytes + kept.nbytes > self._limit
+                                 or self._log_bytes + log_bytes > REPLAY_FACTOR * self._limit))
+        return StagedRows(flush, kept.parts, log_bytes)
 
-    def committed(self, staged: "StagedRows") -> None:
-        """The staged write's batch is in RocksDB: its rows join the buffer (or, when they went
-        to RocksDB with every buffered row, the buffer starts empty)."""
-        if staged.flushed:
-            self._buffer, self._log_bytes = RowBuffer(), 0
+    def committed(self, staged: StagedRows, start: int, end: int,
+                  logged: Callable[[], Iterable[tuple[KeyArray, StateBatch, KeyArray]]]) -> None:
+        """The staged write's changelog, offsets [start, end), is in RocksDB: its rows join the
+        buffer, which is then flushed if staged so. Rows that were not kept are read back
+        from the changelog (`logged()`, a stored entry at a time) and written straight to
+        RocksDB after the buffer's own flush.
+
+        Either way rows reach RocksDB after the commit, in batches of their own, never in the
+        changelog's batch: a crash before the last of them leaves the applied offset where it
+        was, and the reopened bucket replays the write from its changelog."""
+        if staged.parts is None:
+            try:
+                self.flush(start)
+                self._write_changes(logged(), end)
+            except StorageWriteError:
+                # The write is committed: until a reopen replays it, reads find its rows here.
+                self._add_all(logged())
+                raise
             return
         self._log_bytes += staged.log_bytes
-        self._buffer.add(staged.keys, staged.rows, staged.removed)
-        if self._buffer.wants_compaction(self._limit):
+        for keys, rows, removed in staged.parts:
+            self._buffer.add(keys, rows, removed)
+        if staged.flush:
+            self.flush(end)
+        elif self._buffer.wants_compaction(self._limit):
             self._buffer = self._buffer.compacted()
 
     def flush(self, applied: int) -> None:
-        """Write the buffered rows to RocksDB, applied up to offset `applied` (the log end)."""
+        """Write the buffered rows to RocksDB, applied up to offset `applied` (the log end).
+
+        A slice of `batch_rows` keys per write batch (its rows as Python bytes and in the
+        batch at once took several times the buffer's size), the applied offset in the last:
+        until then a crash replays every buffered row from the changelog, and readers keep
+        seeing the buffer, whose rows are the ones being written."""
         if len(self._buffer) == 0 and self.applied_offset() == applied:
             return
-        batch = self._store.new_batch()
-        self._write(batch, self._buffer, applied)
+        batch = None
+        for keys, rows, removed in self._buffer.chunks(self.batch_rows):
+            if batch is not None:
+                self._store.commit(batch)
+            batch = self._store.new_batch()
+            self._put_rows(batch, keys, rows, removed)
+        if batch is None:
+            batch = self._store.new_batch()
+        TabletStore.put_int(batch, KV_APPLIED, applied)
         self._store.commit(batch)
         self._buffer, self._log_bytes = RowBuffer(), 0
 
@@ -151,27 +208,43 @@ class BucketRows:
                log_end: int) -> None:
         """Rebuild the buffer from changelog changes past the last flush, oldest first: per
         write, (upserted keys, their after-images, removed keys). Then flush."""
+        self._add_all(changes)
+        self.flush(log_end)
+
+    def _add_all(self, changes: Iterable[tuple[KeyArray, StateBatch, KeyArray]]) -> None:
         for keys, rows, removed in changes:
             self._buffer.add(keys, rows, removed)
             if self._buffer.wants_compaction(self._limit):
                 self._buffer = self._buffer.compacted()
-        self.flush(log_end)
 
-    def _write(self, batch: WriteBatch, buffer: RowBuffer, applied: int) -> None:
-        keys, rows, removed = buffer.drain()
+    def _write_changes(self, changes: Iterable[tuple[KeyArray, StateBatch, KeyArray]],
+                       applied: int) -> None:
+        """Write changes (each an entry of the changelog past the rows' applied offset, oldest
+        first) to RocksDB, a batch each, then the applied offset in the last batch. The buffer
+        is empty: readers see each row before or after, as RocksDB has it."""
+        batch = None
+        for keys, rows, removed in changes:
+            for start in range(0, max(len(keys), 1), self.batch_rows):
+                if batch is not None:
+                    self._store.commit(batch)
+                batch = self._store.new_batch()
+                stop = min(start + self.batch_rows, len(keys))
+                self._put_rows(batch, keys.take(slice(start, stop)),
+                               rows.slice(start, stop) if stop > start else None,
+                               removed if start == 0 else removed.take(slice(0, 0)))
+        if batch is None:
+            batch = self._store.new_batch()
+        TabletStore.put_int(batch, KV_APPLIED, applied)
+        self._store.commit(batch)
+
+    def _put_rows(self, batch: WriteBatch, keys: KeyArray, rows: StateBatch | None,
+                  removed: KeyArray) -> None:
         if rows is not None:
             put = batch.put
-            # Encoded a slice at a time: the rows of one large write as Python bytes objects
-            # at once took several times the write's own size on top of the write batch.
-            for start in range(0, len(rows), ENCODE_ROWS):
-                stop = min(start + ENCODE_ROWS, len(rows))
-                chunk = keys.take(np.arange(start, stop)).to_list()
-                for key, value in zip(chunk, self._codec.encode(rows.slice(start, stop))):
-                    put(ROW + key, value)
-        if removed is not None:
-            for key in removed.to_list():
-                batch.delete(ROW + key)
-        TabletStore.put_int(batch, KV_APPLIED, applied)
+            for key, value in zip(keys.to_list(), self._codec.encode(rows)):
+                put(ROW + key, value)
+        for key in removed.to_list():
+            batch.delete(ROW + key)
 
     @staticmethod
     def initialise(batch: WriteBatch) -> None:

@@ -48,6 +48,17 @@ class Column:
         )
 
 
+def _column_text(column: Column, is_key: bool) -> str:
+    """`name type [NOT NULL] [function(parameter=value, ...)]`: every parameter given."""
+    text = f"{column.name} {column.type}"
+    if not column.nullable and not is_key:
+        text += " NOT NULL"
+    if column.agg is not None:
+        params = ", ".join(f"{k}={v!r}" for k, v in sorted(column.params.items()))
+        text += f" {column.agg.value}" + (f"({params})" if params else "")
+    return text
+
+
 class Schema:
     """An immutable, validated list of columns plus primary and partition keys."""
 
@@ -165,10 +176,11 @@ class Schema:
         return hash(self.to_json())
 
     def __repr__(self) -> str:
-        cols = ", ".join(
-            f"{c.name} {c.type}{' ' + c.agg.value if c.agg else ''}" for c in self.columns
-        )
-        return f"Schema({cols}; primary key {list(self.primary_key)})"
+        cols = ", ".join(_column_text(c, c.name in self.primary_key) for c in self.columns)
+        keys = f"primary key {list(self.primary_key)}"
+        if self.partition_key:
+            keys += f", partition key {list(self.partition_key)}"
+        return f"Schema({cols}; {keys})"
 
 
 class SchemaBuilder:

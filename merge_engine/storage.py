@@ -146,6 +146,11 @@ class TabletStore:
         if values:
             yield values
 
+    def row_iterator(self):
+        """A RocksDB iterator (positioned nowhere yet) that reads the database as it is now,
+        whatever is written later: what a RowSnapshot reads its stored rows from."""
+        return self.db.iter()
+
     # --- changelog --------------------------------------------------------------------------
 
     def log_entries(self, start: int) -> Iterator[tuple[int, bytes]]:

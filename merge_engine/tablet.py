@@ -4,14 +4,17 @@ A write runs in four steps: validate the input and group its rows by key; then, 
 keys at a time (merge_engine.write_slices), take those keys' current rows (BucketRows: the
 in-memory row buffer, then RocksDB) and merge them with the RowMerger of the mode; then commit
 the changelog records, the new offsets and the writer's sequence in one atomic RocksDB write
-batch (merge_engine.pending_write), after which the changed rows join the row buffer. The changelog is the write-ahead log: a reopened bucket replays it past the last flush
-of the row buffer (see merge_engine/rows.py and merge_engine/buffer.py).
+batch (merge_engine.pending_write), after which the changed rows join the row buffer, which is
+flushed to RocksDB in batches of its own when full. The changelog is the write-ahead log: a
+reopened bucket replays it past the last flush of the row buffer (BucketRows, RowBuffer).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
+import weakref
 from typing import Iterator
 
 import numpy as np
@@ -21,11 +24,13 @@ from merge_engine import changelog as log
 from merge_engine.allocator import use_bucket_allocator
 from merge_engine.budget import MemoryBudget
 from merge_engine.descriptor import KV_SYNC, TableDescriptor
+from merge_engine.hidden_columns import UNWRITTEN
 from merge_engine.input import WriteInput, prepare_write
 from merge_engine.keys import KeyArray, group_keys, key_array
 from merge_engine.mergers import AggregateRowMerger, DeleteMerger, OverwriteRowMerger
 from merge_engine.modes import DeleteBehavior, MergeMode
 from merge_engine.rowcodec import RowCodec
+from merge_engine.row_snapshot import RowSnapshot
 from merge_engine.rows import BucketRows
 from merge_engine.pending_write import PendingWrite
 from merge_engine.state import StateBatch
@@ -69,6 +74,7 @@ class KvTablet:
         self._start = store.get_int(START_OFFSET)
         self._rows = BucketRows(store, self.codec, descriptor.kv_buffer_size)
         self._closed = False
+        self._snapshots: weakref.WeakSet = weakref.WeakSet()  # released at close
         self._replay_unflushed()
         self._budget = budget
         if budget is not None:
@@ -144,7 +150,7 @@ class KvTablet:
         write = prepare_write(rows, self.schema, self.aggregators, target_columns,
                               allow_unwritten=mode is MergeMode.OVERWRITE,
                               allow_retractions=mode is not MergeMode.OVERWRITE)
-        pending = PendingWrite(self._store, self._images, self._end)
+        pending = self._pending()
         if write.rows == 0:
             return self._commit(pending, writer)
         merger = self._overwrite if mode is MergeMode.OVERWRITE else self._engine
@@ -171,7 +177,7 @@ class KvTablet:
             )
         write = prepare_write(keys, self.schema, self.aggregators, target_columns,
                               keys_only=True)
-        pending = PendingWrite(self._store, self._images, self._end)
+        pending = self._pending()
         if behavior is DeleteBehavior.IGNORE or write.rows == 0:
             return self._commit(pending, writer)
         unique, _, firsts = self._group(write)
@@ -228,16 +234,24 @@ class KvTablet:
         written[:, sorted(self.key_positions)] = True
         return StateBatch(columns, written, np.zeros(written.shape, dtype=np.int64))
 
+    def _pending(self) -> PendingWrite:
+        return PendingWrite(self._store, self._images, self._end, self.descriptor.kv_buffer_size)
+
     def _commit(self, pending: PendingWrite, writer) -> int:
         """The write's one atomic RocksDB write batch: its changelog, offsets and writer
-        sequence (and the buffered rows when the buffer flushes with it); then its changed
-        rows join the buffer. The end offset after it."""
+        sequence; then its changed rows join the buffer, which may flush. The end offset
+        after it."""
+        start = self._end
         staged = pending.seal(self._rows, writer)
         if not pending.batch.is_empty():
             self._store.commit(pending.batch)
-        if staged is not None:
-            self._rows.committed(staged)
         self._end = pending.end
+        if staged is not None:
+            # The write is committed even if the disk refuses the flush: the buffer keeps its
+            # rows, and the store refuses the next write (a reopen replays the changelog).
+            with contextlib.suppress(StorageWriteError):
+                self._rows.committed(staged, start, self._end,
+                                     functools.partial(self._row_changes, start, self._end))
         return self._end
 
     def flush(self) -> None:
@@ -267,9 +281,12 @@ class KvTablet:
             raise StorageError(
                 f"The rows of {self.name} are applied up to offset {applied}, outside its log "
                 f"[{self._start}, {self._end}): the tablet is corrupt")
-        changes = (self._images.row_changes(records, self.schema.primary_key)
-                   for records in self.iter_changelog(applied, self._end))
-        self._rows.replay(changes, self._end)
+        self._rows.replay(self._row_changes(applied, self._end), self._end)
+
+    def _row_changes(self, start: int, end: int):
+        """What the changelog records of [start, end) do to the rows, a stored entry at a time."""
+        return (self._images.row_changes(records, self.schema.primary_key)
+                for records in self.iter_changelog(start, end))
 
     # --- reads ------------------------------------------------------------------------------
 
@@ -281,6 +298,37 @@ class KvTablet:
         write = prepare_write([key], self.schema, self.aggregators, keys_only=True)
         state = self._rows.lookup(key_array(write.key_columns(self.schema)))
         return None if state is None else self._images.visible(state).to_pylist()[0]
+
+    def lookup_many(self, keys, unwritten: bool = False) -> tuple[pa.Table, np.ndarray]:
+        """The rows of many keys (a table or list of dicts of the primary-key columns), one row
+        per key in input order, and whether each key has a row (where not, its row is
+        meaningless). Duplicate keys are fine. `unwritten` adds the hidden `_unwritten`
+        column."""
+        with self._lock:  # one offset for every key, and no close underneath
+            self._check_open()
+            write = prepare_write(keys, self.schema, self.aggregators, keys_only=True)
+            if write.rows == 0:
+                return self.arrow_schema.empty_table(), np.zeros(0, dtype=bool)
+            encoded = key_array(write.key_columns(self.schema))
+            states, present = self._rows.current(
+                encoded, lambda new: self._empty_rows(write, new))
+        rows = self._images.visible(states).cast(self.arrow_schema)
+        if unwritten:
+            lists = log.unwritten_lists(states.written, self.value_positions,
+                                        self.arrow_schema.names)
+            rows = rows.append_column(pa.field(UNWRITTEN, pa.list_(pa.string())), lists)
+        return rows, present
+
+    def snapshot(self) -> RowSnapshot:
+        """The rows as of the log end offset now, to read without holding the tablet's lock
+        (merge_engine.row_snapshot). The tablet's close releases it."""
+        with self._lock:
+            self._check_open()
+            snapshot = RowSnapshot(self._end, self._rows.buffer_copy(),
+                                   self._store.row_iterator(), self.codec, self.aggregators,
+                                   self.arrow_schema, self.value_positions, self.name)
+            self._snapshots.add(snapshot)
+        return snapshot
 
     def to_arrow(self) -> pa.Table:
         """Every row, ordered by primary key (buffered rows are flushed first)."""
@@ -372,6 +420,8 @@ class KvTablet:
         next open replays the changelog), so the bucket closes all the same."""
         with self._lock:
             if not self._closed:
+                for snapshot in list(self._snapshots):
+                    snapshot.release()  # an open iterator would keep RocksDB open
                 with contextlib.suppress(StorageWriteError):
                     self._rows.flush(self._end)
                 self._closed = True

@@ -20,6 +20,7 @@ from merge_engine.hidden_columns import CHANGE_TYPE, CONTRIBUTIONS, UNWRITTEN
 from merge_engine.keys import encode_keys
 from merge_engine.modes import MergeMode
 from tally.errors import RecoveryError
+from tally.timestamps import duration
 
 
 @dataclass
@@ -39,6 +40,13 @@ class UndoResult:
     @property
     def keys_touched(self) -> int:
         return self.keys_restored + self.keys_deleted
+
+    def __repr__(self) -> str:
+        where = "" if self.partition is None else f"partition {self.partition!r}, "
+        return (f"UndoResult({where}bucket {self.bucket}, offsets [{self.baseline}, {self.end}),"
+                f" {self.records_scanned} records scanned, {self.keys_restored} keys restored, "
+                f"{self.keys_deleted} deleted, end after {self.end_after}, "
+                f"{duration(self.seconds)})")
 
 
 @dataclass

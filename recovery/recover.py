@@ -18,6 +18,7 @@ from aggfuncs import AggFunction
 from recovery.bucket_undo import UndoResult
 from recovery.remote_bucket import undo_remote
 from tally.errors import RecoveryError, UnrecoveredLockError
+from tally.timestamps import duration
 
 # Functions whose result is the same when the same rows are written twice.
 REPLAY_IDEMPOTENT = {
@@ -42,6 +43,11 @@ class RecoveryReport:
     @property
     def keys_deleted(self) -> int:
         return sum(b.keys_deleted for b in self.buckets)
+
+    def __repr__(self) -> str:
+        return (f"RecoveryReport({self.table!r}, owner {self.owner_id!r}, from "
+                f"{self.baseline_source}, {len(self.buckets)} bucket(s), skipped "
+                f"{self.skipped!r}, {duration(self.seconds)})")
 
     def summary(self) -> str:
         if self.skipped:

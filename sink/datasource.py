@@ -1,6 +1,8 @@
-"""`format("tally")`: the sink as a registered Python data source, for batch and streaming.
+"""`format("tally")`: the sink as a Python data source, for batch and streaming writes,
+batch reads of the table (sink.batch_reader) and of its changelog, and the changelog
+stream (sink.stream_reader).
 
-    sink.register(spark)
+    spark.read.format("tally").option("url", url).option("table", "db.t").load()
     df.write.format("tally").option("url", url).option("table", "db.t").mode("append").save()
     df.writeStream.format("tally").option("url", url).option("table", "db.t")
         .option("checkpointLocation", ckpt).start()
@@ -8,17 +10,22 @@
 Tasks validate, bucket-check and fold their rows and return them in commit messages (they
 write nothing: a task that fails has applied nothing); the commit (one process, winning
 attempts only) runs the epoch protocol that TallySink runs too (sink.protocol.WriterRun), with
-the folded parts as the delivery (sink.funnel). Batch writes: one epoch under
-`client.column-lock.owner-id` (default: the application id captured by `register`); a failed
-commit rolls the epoch back, and a re-run with the same owner undoes what a crashed commit
+the folded parts as the delivery (sink.funnel). Spark finds the source by itself (the installed
+`pyspark_tally` module names it), so no session needs to register it. Batch writes: one epoch
+under `client.column-lock.owner-id` (default: derived from the application id, which the tasks
+read from their context: the planning and commit processes cannot see it); a failed commit
+rolls the epoch back, and a re-run with the same owner undoes what a crashed commit
 left. Streaming writes: the epoch is the micro-batch id, the owner the query id (read from the
 tasks), so a replayed micro-batch is skipped or undone and rewritten. Only `append` (batch) and
 the Append output mode (streaming) are supported.
+
+Streams read the table's changelog (sink.stream_reader), asked for with the `changelog` option.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -32,10 +39,18 @@ from sink.options import SinkOptions
 from sink.owner import batch_owner_id, streaming_owner_id
 from tally.errors import InvalidOptionError
 
+log = logging.getLogger("tally.sink")
+
+
+# The task-context property that holds the Spark application id (SQL executions copy the
+# session's `spark.*` settings into every task's local properties).
+APP_ID_PROPERTY = "spark.app.id"
+
 
 @dataclasses.dataclass
 class TallyCommitMessage(WriterCommitMessage):
     part: object  # sink.funnel.FoldedPart
+    app_id: str | None = None  # batch writes: the application, for the default owner id
 
 
 class TallyDataSource(DataSource):
@@ -50,6 +65,32 @@ class TallyDataSource(DataSource):
             raise InvalidOptionError(
                 "The tally data source only appends (aggregates into the table): use "
                 "mode('append') for batch writes and the Append output mode for streams")
+
+    def schema(self):
+        """The table's schema as Spark reads it (sink.batch_reader), or with the `changelog`
+        option the changelog's: Spark gives schema() no hint of whether a batch or a stream
+        read follows."""
+        from sink.stream_reader import changelog_spark_schema, wants_changelog
+
+        if wants_changelog(self.options):
+            return changelog_spark_schema(dict(self.options))
+        from sink.batch_reader import read_schema
+
+        return read_schema(self.options)
+
+    def reader(self, schema):
+        from sink.stream_reader import ChangelogBatchReader, wants_changelog
+
+        if wants_changelog(self.options):
+            return ChangelogBatchReader(dict(self.options), schema)
+        from sink.batch_reader import TallyBatchReader
+
+        return TallyBatchReader(dict(self.options), schema)
+
+    def streamReader(self, schema):
+        from sink.stream_reader import TallyStreamReader
+
+        return TallyStreamReader(dict(self.options), schema)
 
     def writer(self, schema, overwrite: bool):
         self._refuse_overwrite(overwrite)
@@ -104,11 +145,13 @@ class _TaskSide:
         label = "batch write" if query_id is None else f"micro-batch of query {query_id}"
         out = list(BucketAssigner(plan, label)(renamed()))
         data = pa.Table.from_batches(out) if out else None
-        partition = TaskContext.get().partitionId()
+        context = TaskContext.get()
+        partition = context.partitionId()
+        app_id = context.getLocalProperty(APP_ID_PROPERTY) if query_id is None else None
         if data is None or data.num_rows == 0:
             return TallyCommitMessage(part=None if query_id is None else
-                                      _empty(partition, query_id))
-        return TallyCommitMessage(part=fold_part(data, plan, partition, query_id))
+                                      _empty(partition, query_id), app_id=app_id)
+        return TallyCommitMessage(part=fold_part(data, plan, partition, query_id), app_id=app_id)
 
 
 def _empty(partition: int, query_id: str):
@@ -121,26 +164,40 @@ class TallyBatchWriter(_TaskSide, DataSourceArrowWriter):
     def __init__(self, options: dict, schema, app_id: str | None):
         self.options = SinkOptions.parse(options)
         self.plan = _plan(self.options, schema)
-        self.owner_id = self.options.owner_id or (
-            batch_owner_id(None, app_id, self.plan.table, self.plan.lock_columns)
-            if app_id else None)
-        if self.owner_id is None:
-            raise InvalidOptionError(
-                "The tally data source needs 'client.column-lock.owner-id' when it was not "
-                "registered with sink.register(spark) (which records the application id)")
+        self.app_id = app_id  # known only when the session registered the source itself
 
     def write(self, iterator):
         return self._fold(iterator, None)
+
+    def owner_of(self, messages) -> str | None:
+        """The owner id: the option, else derived from the application id the tasks saw;
+        None when no task ran (a DataFrame without partitions) and no option names it."""
+        if self.options.owner_id:
+            return self.options.owner_id
+        app_id = next((m.app_id for m in messages if m is not None and m.app_id),
+                      None) or self.app_id
+        if app_id:
+            return batch_owner_id(None, app_id, self.plan.table, self.plan.lock_columns)
+        if any(m is not None for m in messages):
+            raise InvalidOptionError(
+                "The tally data source cannot tell the Spark application id (its tasks had no "
+                f"'{APP_ID_PROPERTY}'); set the option 'client.column-lock.owner-id'")
+        return None
 
     def commit(self, messages):
         from sink.funnel import FunnelDelivery
         from sink.protocol import WriterRun
 
+        owner_id = self.owner_of(messages)
+        if owner_id is None:
+            log.info("tally data source: batch write into %s ran no task; nothing to write",
+                     self.plan.table)
+            return
         parts = [m.part for m in messages if m is not None]
-        run = WriterRun.connect(self.options, self.plan, self.owner_id)
+        run = WriterRun.connect(self.options, self.plan, owner_id)
         try:
             epoch = run.batch_epoch()
-            run.write_epoch(epoch, f"batch write (epoch {epoch}) by {self.owner_id}",
+            run.write_epoch(epoch, f"batch write (epoch {epoch}) by {owner_id}",
                             FunnelDelivery(parts))
         finally:
             run.end()
@@ -198,8 +255,13 @@ def _checkpoint_query_id(location: str | None) -> str:
 
 
 def register(spark):
-    """Register `format("tally")` on this session, remembering the application id (the
-    default owner of batch writes: the data source's own processes cannot see it)."""
+    """Register `format("tally")` on this session explicitly. Not needed where Spark found the
+    installed source by itself; kept for sessions whose lookup ran another Python (see
+    sink.worker_python) and for code written before discovery. Batch owner ids are the same
+    either way: the application id, which this records too (for a write that runs no task)."""
+    from sink.worker_python import use_driver_python
+
+    use_driver_python(spark)
     source = type("TallyDataSource", (TallyDataSource,),
                   {"_app_id": spark.sparkContext.applicationId, "__module__": __name__})
     spark.dataSource.register(source)

@@ -43,11 +43,13 @@ SINK_KEYS = {URL, TABLE, TOKEN, TOKEN_FILE, COLUMNS, MERGE_MODE, CREATE_TABLE, P
 SPARK_KEYS = {"path", "checkpointlocation"}
 
 
-def _tls(raw: dict) -> TlsFiles | None:
+def tls_option(raw: dict) -> TlsFiles | None:
     files = {k: str(raw[o]).strip() or None for k, o in
              (("ca", TLS_CA), ("cert", TLS_CERT), ("key", TLS_KEY)) if raw.get(o)}
     return TlsFiles(**files) if files else None
-def _token(raw: dict) -> str | None:
+
+
+def token_option(raw: dict) -> str | None:
     """The client token: the `token` option, else the first line of the `token-file` option's
     file (read on the driver, so executors need no copy of the file), else $TALLY_TOKEN. A
     Spark option may show in the query plan and the UI; a file or the environment does not."""
@@ -67,6 +69,20 @@ def _token(raw: dict) -> str | None:
     return raw.get(TOKEN) or os.environ.get("TALLY_TOKEN") or None
 
 
+def lowered(options) -> dict:
+    """Spark's option keys are case-insensitive: every key trimmed and lower-cased."""
+    return {str(k).strip().lower(): v for k, v in dict(options or {}).items()}
+
+
+def connection_options(raw: dict, needs: str) -> tuple[str, str, str | None, TlsFiles | None]:
+    """(url, table, token, TLS files) of lowered options, for any use of the data source;
+    InvalidOptionError naming the missing option (`needs`: who needs it, for the message)."""
+    for required in (URL, TABLE):
+        if not raw.get(required):
+            raise InvalidOptionError(f"{needs} needs the option '{required}'")
+    return str(raw[URL]).strip(), str(raw[TABLE]).strip(), token_option(raw), tls_option(raw)
+
+
 def _split_list(value: str | None) -> list[str] | None:
     if value is None:
         return None
@@ -81,7 +97,7 @@ class SinkOptions:
 
     url: str
     table: str
-    token: str | None = None
+    token: str | None = dataclasses.field(default=None, repr=False)  # never in logs
     columns: tuple[str, ...] | None = None      # partial-update targets (key added later)
     merge_mode: MergeMode = MergeMode.AGGREGATE  # what the DataFrame's values are
     create_table: bool = False
@@ -104,7 +120,7 @@ class SinkOptions:
     @classmethod
     def parse(cls, options: dict | None, url: str | None = None, table: str | None = None,
               columns=None) -> "SinkOptions":
-        raw = {str(k).strip().lower(): v for k, v in (options or {}).items()}
+        raw = lowered(options)
         if url is not None:
             raw[URL] = url
         if table is not None:
@@ -117,17 +133,14 @@ class SinkOptions:
             raise InvalidOptionError(
                 f"Unknown Tally sink option(s) {unknown}. Known options: {sorted(SINK_KEYS)}, "
                 "fields.<column>.agg, fields.<column>.<function>.<parameter> and table.*")
-        for required in (URL, TABLE):
-            if not raw.get(required):
-                raise InvalidOptionError(f"The Tally sink needs the option '{required}'")
-        name = str(raw[TABLE]).strip()
+        url, name, token, tls = connection_options(raw, "The Tally sink")
         if name.count(".") != 1 or not all(name.split(".")):
             raise InvalidOptionError(
                 f"Option 'table' must name a table as '<database>.<table>', got {name!r}")
         return cls(
-            url=str(raw[URL]).strip(),
+            url=url,
             table=name,
-            token=_token(raw),
+            token=token,
             columns=tuple(_split_list(raw.get(COLUMNS)) or ()) or None,
             merge_mode=_merge_mode(raw.get(MERGE_MODE)),
             create_table=parse_bool_option(CREATE_TABLE, raw.get(CREATE_TABLE, "false")),
@@ -143,7 +156,7 @@ class SinkOptions:
                                        if k.startswith("fields.") or k.startswith("table."))),
             checkpoint_location=raw.get("checkpointlocation"),
             fail_hook=str(raw[FAIL_HOOK]).strip() or None if raw.get(FAIL_HOOK) else None,
-            tls=_tls(raw),
+            tls=tls,
         )
 
 

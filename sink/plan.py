@@ -13,6 +13,7 @@ import dataclasses
 import pyarrow as pa
 
 from merge_engine import MergeMode, TableDescriptor
+from merge_engine.connector_options import check_against_table
 from sink.options import SinkOptions
 from sink.owner import lock_columns
 from sink.types import accepts, spark_to_arrow
@@ -139,6 +140,7 @@ def resolve_table(conn, options: SinkOptions, df_schema):
         info = admin.describe_table(options.table)
         _check_same(options.table, wanted, info.descriptor, options.bucket_num)
         return info
+    check_against_table(info.descriptor.schema, dict(options.table_options), options.table)
     if options.create_table and (options.primary_key or options.table_options
                                  or options.bucket_num):
         _check_same(options.table, descriptor_for(options, df_schema), info.descriptor,

@@ -39,10 +39,12 @@ from typing import Callable
 
 from sink import remote
 from sink.epoch_errors import epoch_failed
+from sink.epoch_log import epoch_line, show_by_default
 from sink.options import SinkOptions
 from sink.plan import WritePlan, plan_write
 from sink.task import BucketMismatchError, BucketReport, EpochContext
 from tally.errors import TallyError
+from tally.timestamps import duration
 
 log = logging.getLogger("tally.sink")
 
@@ -63,6 +65,11 @@ class EpochResult:
     retried_tasks: int = 0
     seconds: float = 0.0
     offsets: dict = dataclasses.field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return (f"EpochResult(epoch {self.epoch}, skipped {self.skipped}, {self.rows} rows, "
+                f"{self.keys} keys, {self.undone} undone, {self.retried_tasks} task(s) retried, "
+                f"{duration(round(self.seconds, 2))}, offsets {self.offsets})")
 
 
 class WriterRun:
@@ -97,11 +104,12 @@ class WriterRun:
             raise
 
     def open(self) -> "WriterRun":
+        show_by_default()
         self.lease = remote.acquire(self.conn, self.plan.table, self.owner_id,
                                     self.plan.lock_columns, self.options.ttl)
         self.recovery = remote.recover(self.conn, self.plan.table, self.lease,
                                        self.plan.writer_target)
-        log.info("tally sink %s: %s", self.owner_id, self.recovery.summary())
+        log.info("%s", self.recovery.summary())
         return self
 
     def last_committed(self) -> int | None:
@@ -145,6 +153,7 @@ class WriterRun:
         self.dirty = False
         result.seconds = time.monotonic() - started
         self.epochs.append(result)
+        log.info("%s", epoch_line(self.plan.table, label, result))
         return result
 
     def _summarize(self, epoch: int, reports: list[BucketReport], baseline: dict) -> EpochResult:

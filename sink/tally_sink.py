@@ -16,7 +16,6 @@ A failed epoch is rolled back before the error reaches Spark (sink.errors.EpochF
 from __future__ import annotations
 
 import dataclasses
-import logging
 import threading
 
 from sink import remote
@@ -25,9 +24,9 @@ from sink.options import SinkOptions
 from sink.owner import batch_owner_id, streaming_owner_id
 from sink.plan import plan_write
 from sink.protocol import EpochResult, WriterRun
+from sink.worker_python import use_driver_python
 from tally.errors import InvalidInputError, InvalidOptionError
 
-log = logging.getLogger("tally.sink")
 
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 RUN_ID_PROPERTY = "spark.jobGroup.id"
@@ -79,6 +78,7 @@ class TallySink:
         if not df.isStreaming:
             raise InvalidInputError("TallySink.start needs a streaming DataFrame; use write(df)")
         check_speculation(df.sparkSession)
+        use_driver_python(df.sparkSession)
         self.validate(df)
         self._session = df.sparkSession
         writer = df.writeStream.foreachBatch(self).option("checkpointLocation",
@@ -96,9 +96,8 @@ class TallySink:
                 "TallySink was called outside a streaming query; for a batch DataFrame use "
                 "sink.write(df)")
         run = self._run_for(df, query_id, context.getLocalProperty(RUN_ID_PROPERTY) or "")
-        result = run.write_epoch(int(batch_id), f"micro-batch {batch_id} of query {query_id}",
-                                 SparkJob(df))
-        log.info("tally sink: %s", result)
+        run.write_epoch(int(batch_id), f"micro-batch {batch_id} of query {query_id}",
+                        SparkJob(df))
 
     def _run_for(self, df, query_id: str, run_id: str) -> WriterRun:
         with self._lock:
@@ -106,6 +105,7 @@ class TallySink:
         if run is not None:
             return run
         check_speculation(df.sparkSession)
+        use_driver_python(df.sparkSession)
         _QueryEnds.watch(self._owning_session(), self)
         run = WriterRun.connect(
             self.options, None, lambda plan: streaming_owner_id(
@@ -142,6 +142,7 @@ class TallySink:
             raise InvalidInputError("TallySink.write takes a batch DataFrame; use start(df, ...)")
         spark = df.sparkSession
         check_speculation(spark)
+        use_driver_python(spark)
         app_id = spark.sparkContext.applicationId
         run = WriterRun.connect(
             self.options, None, lambda plan: batch_owner_id(

@@ -84,3 +84,18 @@ def accepts(column, is_key: bool, src: pa.DataType, mode: MergeMode, aggregation
     if fn is AggFunction.ARRAY_AGG and _is_list(dst):
         return widens(src, dst) or widens(src, dst.value_type)
     return widens(src, dst)
+
+
+def arrow_to_spark(data_type: pa.DataType):
+    """The Spark SQL type a Tally column of Arrow type `data_type` reads as (batch reads);
+    batches are cast to `spark_to_arrow` of it before Spark sees them. Spark has no unsigned
+    integers: each reads as the narrowest signed type that holds all its values."""
+    from pyspark.sql import types as T
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    if pa.types.is_unsigned_integer(data_type):
+        return {8: T.ShortType(), 16: T.IntegerType(), 32: T.LongType(),
+                64: T.DecimalType(20, 0)}[data_type.bit_width]
+    if _is_list(data_type) and pa.types.is_unsigned_integer(data_type.value_type):
+        return T.ArrayType(arrow_to_spark(data_type.value_type), True)
+    return from_arrow_type(data_type)

@@ -19,8 +19,23 @@ below this face (docs/architecture.md); this module imports none of them until a
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 
 __version__ = "0.1.0"
+
+
+def _default_spark_python() -> None:
+    """Spark runs its Python workers with $PYSPARK_PYTHON, else `python3` from the PATH, often
+    an interpreter without Tally (its tasks fail with `No module named 'sink'`, its lookup of
+    installed data sources misses `format("tally")`). The JVM reads the variable when it
+    starts, so this sets it, to this interpreter, while no JVM runs yet (under spark-submit
+    one does, launched with its own settings) and only when unset: a variable you set wins."""
+    if "PYSPARK_PYTHON" not in os.environ and "PYSPARK_GATEWAY_PORT" not in os.environ:
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+
+
+_default_spark_python()
 
 # name -> (module, attribute); no attribute: the module itself.
 _FACE: dict[str, tuple[str, str | None]] = {

@@ -144,3 +144,7 @@ def error_class(name: str) -> type[TallyError]:
     if isinstance(found, type) and issubclass(found, TallyError):
         return found
     return TallyError
+
+
+class MissingDependencyError(TallyError, ImportError):
+    """An optional package a call needs is not installed (e.g. pandas for `to_pandas`)."""

@@ -9,6 +9,10 @@ its row buffer survives solely as changelog records. Steps:
   flush               flush()
   truncate            truncate_log(log_end_offset)
   retain              enforce_retention(tablet)  (merge_engine/log_retention.py)
+  batch-rows:N        flushes write N rows per RocksDB write batch (many batches per flush)
+  die:N               end with os._exit(0) right after the N-th RocksDB commit from here on:
+                      a crash at a chosen point of a write (after its changelog, between
+                      the batches of a flush)
 
 Protocol on stdout, one flushed line per event:
   ready <log_start_offset> <log_end_offset>
@@ -18,6 +22,7 @@ Protocol on stdout, one flushed line per event:
   truncated <log_start_offset>
   retained <log_start_offset>
   exit <log_end_offset>           just before os._exit(0)
+  died                            just before the os._exit(0) of a die:N step
 
 The operations are a pure function of (seed, index), so the parent test regenerates them and
 feeds a ReferenceTable (merge_engine.testing) the same writes.
@@ -156,6 +161,20 @@ def apply(table, op, table_spec: TableSpec | None = None) -> int:
     return op.apply(table, engine_mode(op.mode))
 
 
+def die_after_commits(tablet, count: int) -> None:
+    """Make the tablet's store end the process right after its `count`-th commit from now."""
+    store, commit, left = tablet._store, tablet._store.commit, [count]
+
+    def commit_then_die(batch) -> None:
+        commit(batch)
+        left[0] -= 1
+        if left[0] == 0:
+            print("died", flush=True)
+            os._exit(0)
+
+    store.commit = commit_then_die
+
+
 def main(argv: list[str]) -> None:
     from merge_engine import KvTablet
     from merge_engine.log_retention import enforce_retention
@@ -182,6 +201,10 @@ def main(argv: list[str]) -> None:
             print(f"truncated {tablet.truncate_log(tablet.log_end_offset)}", flush=True)
         elif step == "retain":
             print(f"retained {enforce_retention(tablet)}", flush=True)
+        elif step.startswith("batch-rows:"):
+            tablet._rows.batch_rows = int(step.split(":")[1])
+        elif step.startswith("die:"):
+            die_after_commits(tablet, int(step.split(":")[1]))
         else:
             raise SystemExit(f"unknown step {step!r}")
     print(f"exit {tablet.log_end_offset}", flush=True)

@@ -117,3 +117,13 @@ def test_framed_requests_carry_one_small_key():
     bomb = ipc(zero_string_table(64 << 20), "zstd").to_pybytes()
     with pytest.raises(InvalidInputError, match="once decoded"):
         unframe(b"{}\n" + bomb, "a lookup")
+
+
+def test_request_json_is_bounded_in_bytes_before_it_is_parsed():
+    from tally.wire.messages import MAX_REQUEST_JSON_BYTES, loads_request
+
+    doc = b'{"k":"' + b"x" * MAX_REQUEST_JSON_BYTES + b'"}'
+    with pytest.raises(InvalidInputError, match="limit is 4,194,304 bytes"):
+        loads_request(doc, "an action body")
+    assert loads(doc) == {"k": "x" * MAX_REQUEST_JSON_BYTES}  # a client reads answers unbounded
+    assert loads_request(b'{"k":1}') == {"k": 1}

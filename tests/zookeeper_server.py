@@ -54,7 +54,7 @@ class ZooKeeperServer:
     def hosts(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 30.0) -> None:
+    def start(self, timeout: float = 120.0) -> None:
         log = open(os.path.join(self.data_dir, "zookeeper.log"), "ab")
         self._proc = subprocess.Popen(
             ["java", "-Xmx256m", "-cp", f"{ZOOKEEPER_JAR}:{CONF_DIR}",

@@ -116,3 +116,14 @@ def spark(result: dict, directory: Path) -> list[Path]:
                ["tab:blue"] + ["tab:gray"] * (len(legs) - 1), "source rows/s")
     ax.set_title("Spark streaming aggregation into each system")
     return [_save(fig, directory / "spark.png")]
+
+
+def spark_read(result: dict, directory: Path) -> list[Path]:
+    """Rows/s of the same Spark batch read from each system."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    legs = result["legs"]
+    _rate_bars(ax, [leg["system"] for leg in legs], [leg["rows_per_s"] for leg in legs],
+               ["tab:blue"] + ["tab:gray"] * (len(legs) - 1), "rows/s")
+    ax.set_title("Spark batch read from each system")
+    return [_save(fig, directory / "spark_read.png")]

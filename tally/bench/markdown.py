@@ -86,3 +86,19 @@ def spark(result: dict) -> str:
         table(["sink", "rows/s", "median seconds", "rounds (s)", "verified"], rows),
         f"{ratios}. Target >= {target:g}x PostgreSQL: {_mark(pg >= target)}.",
     ])
+
+
+def spark_read(result: dict) -> str:
+    rows = [[leg["system"], f"{leg['rows_per_s']:,.0f}", f"{leg['seconds']:.2f}",
+             " / ".join(f"{s:.2f}" for s in leg["round_seconds"]), str(leg["partitions"]),
+             "yes" if leg["verified"] else "NO"] for leg in result["legs"]]
+    ratios = ", ".join(f"Tally / {system}: **{ratio:.2f}x**"
+                       for system, ratio in result["tally_over"].items())
+    return "\n\n".join([
+        f"{result['rows']:,} rows read by Spark from each system ({result['buckets']} buckets "
+        f"in Tally); after an untimed warm-up round, {result['rounds']} timed rounds in rotated "
+        "order, each leg's median counts.",
+        table(["source", "rows/s", "median seconds", "rounds (s)", "Spark partitions",
+               "verified"], rows),
+        f"{ratios}.",
+    ])

@@ -1,7 +1,8 @@
-"""Progress lines for long benchmark runs.
+"""Progress of long benchmark runs, drawn like every other `tally` command's progress.
 
-On a terminal the current step's row count is updated in place; in a log (CI, a pipe) only the
-start and the outcome of each step are printed, so logs stay short.
+On a terminal the current step is a rich progress bar (rows done of the step's rows, rate,
+elapsed time) that leaves one line with the step's outcome when it ends; in a log (CI, a pipe)
+only the start and the outcome of each step are printed, so logs stay short.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ class Progress:
         self.label = ""
         self.started = 0.0
         self.live = bool(stream is not None and getattr(stream, "isatty", lambda: False)())
-        self._last_draw = 0.0
+        self._bar = None   # the live step's rich Progress
+        self._task = None
 
     def _write(self, text: str) -> None:
         if self.stream is not None:
@@ -27,24 +29,40 @@ class Progress:
             self.stream.flush()
 
     def step(self, label: str) -> None:
+        self._close_bar()
         self.index += 1
         self.label = f"[{self.index}/{self.total}] {label}"
         self.started = time.perf_counter()
-        self._write(self.label + " ..." + ("" if self.live else "\n"))
+        if not self.live:
+            self._write(self.label + " ...\n")
+            return
+        from rich.console import Console
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress as Bar,
+                                   SpinnerColumn, TextColumn, TimeElapsedColumn)
+
+        self._bar = Bar(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                        MofNCompleteColumn(), TextColumn("rows"), TimeElapsedColumn(),
+                        console=Console(file=self.stream), transient=True)
+        self._bar.start()
+        self._task = self._bar.add_task(self.label, total=None)
 
     def rows(self, done: int, total: int) -> None:
-        if not self.live:
-            return
-        now = time.perf_counter()
-        if now - self._last_draw < 0.2 and done < total:
-            return  # redraw at most five times a second
-        self._last_draw = now
-        self._write(f"\r{self.label} ... {done:,}/{total:,} rows")
+        if self._bar is not None:
+            self._bar.update(self._task, completed=done, total=total)
 
     def done(self, summary: str) -> None:
+        self._close_bar()
         seconds = time.perf_counter() - self.started
-        prefix = "\r\033[K" + self.label + ":" if self.live else "   "
+        prefix = self.label + ":" if self.live else "   "
         self._write(f"{prefix} {summary} ({seconds:.1f} s)\n")
 
     def note(self, text: str) -> None:
-        self._write(text + "\n")
+        if self._bar is not None:
+            self._bar.console.print(text, markup=False, highlight=False)
+        else:
+            self._write(text + "\n")
+
+    def _close_bar(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar, self._task = None, None

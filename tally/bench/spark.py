@@ -35,6 +35,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tally.bench.progress import Progress
+
 PG_BIN = "/usr/lib/postgresql/15/bin"
 
 
@@ -269,17 +271,22 @@ def run(rows: int = 800_000, keys: int = 20_000, files: int = 8, per_batch: int 
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     runs: dict[str, list[dict]] = {name: [] for name in LEGS}
+    progress = Progress(len(LEGS) * (1 + rounds))
     try:
         source = os.path.join(work, "source")
         expected = make_source(source, rows, keys, files, seed)
         for name in LEGS:  # warm-up, untimed
-            run_leg(name, spark, source, per_batch, os.path.join(work, f"w-{name}"), buckets,
-                    expected)
+            progress.step(f"warm-up: {name}")
+            leg = run_leg(name, spark, source, per_batch, os.path.join(work, f"w-{name}"),
+                          buckets, expected)
+            progress.done(f"{leg['seconds']:.1f} s of streaming (untimed)")
         for round_number in range(rounds):
             for name in rotated(round_number):
-                runs[name].append(run_leg(name, spark, source, per_batch,
-                                          os.path.join(work, f"r{round_number}-{name}"),
-                                          buckets, expected))
+                progress.step(f"round {round_number + 1}/{rounds}: {name}")
+                leg = run_leg(name, spark, source, per_batch,
+                              os.path.join(work, f"r{round_number}-{name}"), buckets, expected)
+                runs[name].append(leg)
+                progress.done(f"{(rows // files) * files / leg['seconds']:,.0f} rows/s")
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)

@@ -35,6 +35,7 @@ class Sizes:
     undo_batches: tuple[int, ...] = (1_000, 10_000, 100_000)
     spark_rows: int = 800_000
     spark_keys: int = 20_000
+    read_rows: int = 1_000_000
 
     @classmethod
     def scaled(cls, rows: int = 1_000_000, keys: int = 100_000, batch: int = 100_000,
@@ -44,7 +45,8 @@ class Sizes:
                    undo_tables=(rows, 4 * rows),
                    undo_batches=tuple(sorted({max(10, rows // 1000), max(10, rows // 100),
                                               max(10, rows // 10)})),
-                   spark_rows=max(8_000, rows * 4 // 5), spark_keys=max(100, keys // 5))
+                   spark_rows=max(8_000, rows * 4 // 5), spark_keys=max(100, keys // 5),
+                   read_rows=max(10_000, rows))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +93,12 @@ def _spark(s: Sizes):
     from tally.bench import spark
 
     return spark.run(rows=s.spark_rows, keys=s.spark_keys, seed=s.seed)
+
+
+def _spark_read(s: Sizes):
+    from tally.bench import spark_read
+
+    return spark_read.run(rows=s.read_rows, seed=s.seed)
 
 
 def lazy(module: str, attribute: str) -> Callable:
@@ -147,6 +155,14 @@ BENCHMARKS = [
         "a plain-Python fold (target >= 2x PostgreSQL). "
         "See tally.bench.spark.",
         _spark, lambda r: r["ok"]),
+    by_convention(
+        "spark_read", "Spark batch reads: Tally, PostgreSQL over JDBC, Parquet",
+        "The same rows (k, v, c, s) read by Spark from a Tally table (`format(\"tally\")`, one "
+        "Spark partition per bucket), from PostgreSQL over JDBC (split on the key into as many "
+        "partitions) and from Parquet files; each read materialized through Spark's `noop` "
+        "writer; rows/s (median of rotated rounds after a warm-up round), every leg verified "
+        "(count and sums). See tally.bench.spark_read.",
+        _spark_read, lambda r: r["ok"]),
 ]
 NAMES = [b.name for b in BENCHMARKS]
 

@@ -7,10 +7,21 @@ command only loads what it uses (pyarrow and the engine are slow to import).
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 
-from tally.cli import cluster_commands, server_commands
+from tally.cli import (catalog_commands, cluster_commands, exit_codes, read_commands,
+                       server_commands)
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (`tally: <message>`) and exit status 2, like
+    every other failure of a command."""
+
+    def error(self, message: str):
+        print(f"tally: {message} (see '{self.prog} --help')", file=sys.stderr)
+        raise SystemExit(exit_codes.USAGE)
 
 
 def positive_int(text: str) -> int:
@@ -53,8 +64,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tally", description="Tally: a table store for real-time aggregates.")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # --verbose is accepted before or after the command (`tally -v scan` and `tally scan -v`);
+    # SUPPRESS keeps a subcommand's default from overwriting the top level's value.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="on failure, print the traceback too; log every retry")
+    parser = CommandParser(prog="tally", description="Tally: a table store for real-time aggregates.",
+                           epilog="Exit status: 0 ok, 1 failed, 2 usage, 3 not found, "
+                                  "4 cluster unreachable, 5 access denied, 130 interrupted.")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="on failure, print the traceback too; log every retry")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                     parser_class=CommandParser)
 
     version = commands.add_parser("version", help="print the version")
     version.set_defaults(func=cmd_version)
@@ -74,18 +95,32 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
 
     server_commands.add_commands(commands)  # serve, local-cluster
-    cluster_commands.add_commands(commands)  # servers, locks
+    cluster_commands.add_commands(commands, common)  # servers, locks
+    catalog_commands.add_commands(commands, common)  # tables, describe, create, drop
+    read_commands.add_commands(commands, common)  # lookup, scan, changelog, offsets
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; its exit status (tally.cli.exit_codes). A failure prints one line,
+    `tally: <message>`, and with --verbose its traceback."""
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help (0) or a usage error (2, already printed)
+        return e.code if isinstance(e.code, int) else exit_codes.USAGE
     args.argv = argv
     try:
         return args.func(args)
     except KeyboardInterrupt:
-        return 130
+        return exit_codes.INTERRUPTED
+    except BrokenPipeError:  # `tally scan ... | head`: the reader has what it wanted
+        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return exit_codes.OK
+    except Exception as e:  # noqa: BLE001 - every failure becomes one line and a status
+        return exit_codes.report(e, args.verbose)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from tally.client.consumer_position import ConsumerPosition
 from tally.errors import InvalidInputError
+from tally.timestamps import iso
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,6 +22,10 @@ class TableInfo:
     @property
     def bucket_count(self) -> int:
         return self.descriptor.bucket_count
+
+    def __repr__(self) -> str:
+        return (f"TableInfo({self.name!r}, table id {self.table_id}, created "
+                f"{iso(self.created_at)}, partitions {self.partitions}, {self.descriptor!r})")
 
 
 class Admin:
@@ -102,11 +108,43 @@ class Admin:
         return self._call("list_offsets", name=name, table_id=table_id)
 
     def truncate_log(self, name: str, bucket: int, before: int,
-                     partition: str | None = None) -> int:
+                     partition: str | None = None, force: bool = False) -> int:
         """Drop one bucket's changelog records below offset `before`; the new log start.
-        Undo from an offset below it becomes impossible (and is refused)."""
+        Refused (InvalidInputError, nothing dropped) past the oldest offset an unreleased
+        column lock's undo or a registered changelog consumer still needs, unless `force`:
+        undo from an offset below the new start is then refused, and the consumer fails."""
         return int(self._call("truncate_log", name=name, bucket=bucket, before=before,
-                              partition=partition))
+                              partition=partition, force=bool(force)))
+
+    # --- changelog consumers ------------------------------------------------------------
+
+    def commit_consumer(self, name: str, consumer: str, positions, table_id: int | None = None
+                        ) -> None:
+        """Register `consumer`'s positions on table `name`: per bucket the next changelog
+        offset it will read, as [[partition or null, bucket, offset], ...] (what a changelog
+        reader's `positions()` returns). They replace what it registered before, and retention
+        keeps every record from them on for `table.log.retention.consumer-ms`."""
+        body = {"name": name, "consumer": consumer, "positions": positions}
+        if table_id is not None:
+            body["table_id"] = table_id
+        self._call("consumer_commit", **body)
+
+    def consumer_positions(self, name: str, table_id: int | None = None
+                           ) -> list[ConsumerPosition]:
+        """Every consumer registered on table `name`, sorted by name."""
+        body = {"name": name} if table_id is None else {"name": name, "table_id": table_id}
+        return [ConsumerPosition.from_json(doc) for doc in self._call("consumer_positions",
+                                                                      **body)]
+
+    def consumer(self, name: str, consumer: str, table_id: int | None = None
+                 ) -> ConsumerPosition | None:
+        """One consumer's registered positions, or None."""
+        return next((c for c in self.consumer_positions(name, table_id)
+                     if c.consumer == consumer), None)
+
+    def remove_consumer(self, name: str, consumer: str) -> bool:
+        """Forget a consumer (it then holds back no retention); False when there was none."""
+        return bool(self._call("consumer_remove", name=name, consumer=consumer))
 
     def list_servers(self) -> list[dict]:
         """Every tablet server the coordinator knows: id, address, live, healthy and the

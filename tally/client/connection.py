@@ -12,6 +12,7 @@ name raises TableRecreatedError instead, and nothing reaches the new table.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Callable, TypeVar
@@ -31,20 +32,34 @@ RETRYABLE = (UnavailableError, StaleMetadataError)
 # How long a coordinator may keep closing new connections at once before the client concludes
 # that the transport is refused (see Connection._first_contact).
 TRANSPORT_REFUSAL_SECONDS = 5.0
+# How long the first ping may take: a coordinator that accepts the connection answers a ping in
+# milliseconds, so one that stays silent this long is behind a black hole (a firewall dropping
+# packets) or wedged, and waiting the whole request timeout would only hide that.
+FIRST_PING_SECONDS = 10.0
+
+log = logging.getLogger(__name__)
 
 
 class Connection:
     """A cluster connection: `admin`, `table(name)`, `close()`; usable as a context manager."""
 
     def __init__(self, url: str, token: str | None = None, *, retry_timeout: float = 60.0,
-                 request_timeout: float = 60.0, tls: TlsFiles | None = None) -> None:
+                 request_timeout: float = 60.0, tls: TlsFiles | None = None,
+                 connect_timeout: float = 1.0) -> None:
         """`tls`: for a `grpc+tls://` cluster, the CA that verifies its servers (None: the
         system's roots) and, for mutual TLS, this client's certificate and key. A connection
-        to a TLS coordinator talks TLS to every server, never plaintext."""
+        to a TLS coordinator talks TLS to every server, never plaintext.
+
+        `connect_timeout`: how long the first contact keeps trying a coordinator that refuses
+        connections before it raises UnavailableError naming the address. A wrong address is
+        far more common than a coordinator restarting at that very moment, and a user waiting
+        `retry_timeout` in silence cannot tell the two apart. Once connected, calls retry for
+        `retry_timeout`, logging each retry."""
         self.url = normalize_address(url)
         self.token = token
         self.tls = tls if tls is not None else (TlsFiles() if is_tls(self.url) else None)
         self.retry_timeout = retry_timeout
+        self.connect_timeout = connect_timeout
         self._coordinator = FlightChannel(self.url, token, timeout=request_timeout, tls=self.tls)
         self._servers = ChannelPool(token, timeout=request_timeout, tls=self.tls)
         self._meta: dict[str, TableMeta] = {}
@@ -56,32 +71,42 @@ class Connection:
         self._first_contact()
 
     def _first_contact(self) -> None:
-        """Ping the coordinator: fail fast on a wrong URL or token. A server that keeps closing
-        the connection the moment it opens is refusing the transport, not restarting (a
-        restarting one refuses connections): it serves TLS to a plaintext caller, or demands a
-        client certificate this connection lacks. That is said within seconds, not retried
-        for the whole retry timeout."""
-        deadline = time.monotonic() + min(self.retry_timeout, TRANSPORT_REFUSAL_SECONDS)
+        """Ping the coordinator: fail fast on a wrong URL or token.
+
+        A refused connection (nothing listens there, or the host name resolves to nothing) is
+        retried for `connect_timeout`, then raised. A server that keeps closing the connection
+        the moment it opens is refusing the transport, not restarting: it serves TLS to a
+        plaintext caller, or demands a client certificate this connection lacks; that is said
+        within seconds too. A ping that gets no answer at all is not retried."""
+        started = time.monotonic()
+        ping_timeout = min(FIRST_PING_SECONDS, self._coordinator.timeout)
         while True:
             try:
-                self._coordinator.action("ping", {})
+                self._coordinator.action("ping", {}, timeout=ping_timeout)
                 return
             except UnavailableError as e:
-                if "Socket closed" not in str(e):
-                    break
-                if time.monotonic() > deadline:
-                    raise AuthenticationError(
-                        f"{self.url} closes every connection at once: it serves TLS (connect "
-                        "to grpc+tls://...) or demands a client certificate (mutual TLS: "
-                        "pass tls=TlsFiles(ca=..., cert=..., key=...))") from None
+                elapsed = time.monotonic() - started
+                if "Socket closed" in str(e):
+                    if elapsed > min(self.retry_timeout, TRANSPORT_REFUSAL_SECONDS):
+                        raise AuthenticationError(
+                            f"{self.url} closes every connection at once: it serves TLS "
+                            "(connect to grpc+tls://...) or demands a client certificate "
+                            "(mutual TLS: pass tls=TlsFiles(ca=..., cert=..., key=...))"
+                        ) from None
+                elif _timed_out(e) or elapsed + 0.1 > min(self.retry_timeout,
+                                                          self.connect_timeout):
+                    raise UnavailableError(
+                        f"cannot reach the coordinator at {self.url} (tried for "
+                        f"{elapsed:.1f} s): {_cause(e, self.url)}") from None
+                log.info("first contact with %s: %s; retrying (%.1f s so far)",
+                         self.url, e, elapsed)
             time.sleep(0.1)
-        self.coordinator_action("ping")
 
     # --- plumbing used by admin, tables and writers -------------------------------------
 
     def coordinator_action(self, name: str, body: dict | None = None):
         return self.retry(lambda: self._coordinator.action(name, body or {}),
-                          refresh=None)
+                          refresh=None, what=f"coordinator call '{name}'")
 
     def server(self, address: str) -> FlightChannel:
         return self._servers.get(address)
@@ -136,21 +161,31 @@ class Connection:
             ack = self.server(route.address).put({**header, **route.header()}, rows)
             return int(ack["end_offset"])
 
-        return self.retry(attempt, refresh=table)
+        return self.retry(attempt, refresh=table, what=f"write to {table} "
+                          f"{partition + '/' if partition else ''}bucket {bucket}")
 
-    def retry(self, call: Callable[[], T], refresh: str | None) -> T:
+    def retry(self, call: Callable[[], T], refresh: str | None, what: str | None = None) -> T:
         """Run `call`, retrying transient failures; `refresh` names a table whose cached
-        metadata is dropped before each retry."""
-        deadline = time.monotonic() + self.retry_timeout
+        metadata is dropped before each retry. Each retry of an unavailable server logs a
+        warning (what was tried, the server's error naming it, how long so far), so a caller
+        waiting on a server that is away sees why."""
+        started = time.monotonic()
+        deadline = started + self.retry_timeout
         pause = 0.05
         while True:
             try:
                 return call()
             except TableRecreatedError:
                 raise
-            except RETRYABLE:
+            except RETRYABLE as e:
                 if self._closed or time.monotonic() + pause > deadline:
                     raise
+                # Stale metadata is routine (a bucket moved): refreshed silently.
+                level = logging.WARNING if isinstance(e, UnavailableError) else logging.DEBUG
+                log.log(level, "%s: %s; retrying (%.1f s so far, gives up after %g s)",
+                        what or (f"a call on {refresh}" if refresh else "a call"),
+                        _reason(e), time.monotonic() - started,
+                        self.retry_timeout)
             if refresh is not None:
                 self.invalidate(refresh)
             time.sleep(pause)
@@ -189,6 +224,36 @@ class Connection:
 
     def __repr__(self) -> str:
         return f"Connection({self.url!r})"
+
+
+def _timed_out(error: UnavailableError) -> bool:
+    text = str(error).lower()
+    return "deadline" in text or "timed out" in text or "timeout" in text
+
+
+def _reason(error: Exception) -> str:
+    """A retry's error in a few words: gRPC's text for a refused connection is three lines'
+    worth; the address it starts with is what matters."""
+    text = str(error)
+    address, sep, _ = text.partition(" is unavailable: ")
+    if sep and "connection refused" in text.lower():
+        return f"{address} refuses connections"
+    return text
+
+
+def _cause(error: UnavailableError, url: str) -> str:
+    """Why a first contact failed, in words (gRPC's text is long and names the address,
+    which the message names already)."""
+    text = str(error)
+    lowered = text.lower()
+    if "connection refused" in lowered:
+        return "connection refused (is a coordinator running there?)"
+    if "resolv" in lowered or "name not found" in lowered or "lookup failed" in lowered:
+        return "its host name does not resolve"
+    for prefix in (f"{url} is unavailable: ", f"{url} "):
+        if text.startswith(prefix):
+            return text[len(prefix):]
+    return text
 
 
 def connect(url: str, token: str | None = None, **options) -> Connection:

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 
 from tally.errors import NotFoundError, UnavailableError
+from tally.timestamps import iso
 from tally.wire.routing import TableRouting
 
 
@@ -48,6 +49,11 @@ class TableMeta:
         return cls(info["name"], int(info["table_id"]), info["descriptor"],
                    float(info["created_at"]), TableRouting.from_json(info["routing"]),
                    {p["name"]: p for p in info["partitions"]}, dict(info["servers"]))
+
+    def __repr__(self) -> str:
+        return (f"TableMeta({self.name!r}, table id {self.table_id}, created "
+                f"{iso(self.created_at)}, partitions {sorted(self.partitions, key=str)}, "
+                f"servers {self.servers})")
 
     @functools.cached_property
     def descriptor(self):

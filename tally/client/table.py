@@ -1,4 +1,4 @@
-"""`conn.table(name)`: writers, point lookups, full scans and changelog reads of one table.
+"""`conn.table(name)`: writers, point and batch lookups, scans and changelog reads of one table.
 
 A handle stays with the table it resolved (its table id), and so do its writers and reads: once
 the table is dropped and its name given to a new table, every one of them raises
@@ -10,13 +10,14 @@ new table's records for the old one's. A new handle (`conn.table(name)`) reaches
 
 from __future__ import annotations
 
-import concurrent.futures
-
 import pyarrow as pa
 
 from tally.client.bucket_writer import BucketWriter
+from tally.client.key_lookups import lookup_aligned
+from tally.client.table_scan import DEFAULT_BATCH_SIZE, TableScan
 from tally.client.writer import UpsertWriter
-from tally.errors import InvalidInputError
+from tally.errors import InvalidInputError, MissingDependencyError
+from tally.wire.messages import FOUND_COLUMN
 from tally.wire.bucket_hash import bucket_ids
 
 
@@ -94,18 +95,55 @@ class Table:
         rows = conn.retry(attempt, refresh=self.name).to_pylist()
         return rows[0] if rows else None
 
-    def to_arrow(self) -> pa.Table:
-        """Every row of the table, ordered by primary key."""
-        meta = self.connection.table_meta(self.name, refresh=True, table_id=self.table_id)
-        buckets = meta.all_buckets()
-        with concurrent.futures.ThreadPoolExecutor(max(1, min(8, len(buckets)))) as pool:
-            parts = list(pool.map(lambda pb: self._read(pb[0], pb[1], {"op": "scan"}), buckets))
-        schema = meta.routing.arrow_schema
-        parts = [p for p in parts if p.num_rows] or [schema.empty_table()]
-        table = pa.concat_tables([p.cast(parts[0].schema) for p in parts])
-        if table.num_rows and (meta.routing.partitioned or len(buckets) > 1):
-            table = table.sort_by([(k, "ascending") for k in meta.routing.primary_key])
-        return table
+    def lookup_many(self, keys):
+        """The rows of many keys, aligned with them: for a list of dicts a list holding each
+        key's row as a dict, or None where the key has no row; for an Arrow table of keys
+        (holding the primary-key columns) a table with one row per key, all null where the
+        key has no row. Keys are sent per bucket, up to 4,096 per request, buckets in
+        parallel; each request reads its bucket at one offset."""
+        rows = lookup_aligned(self, keys)
+        if isinstance(keys, (pa.Table, pa.RecordBatch)):
+            return rows.drop_columns([FOUND_COLUMN])
+        found = rows.column(FOUND_COLUMN).to_pylist()
+        values = rows.drop_columns([FOUND_COLUMN]).to_pylist()
+        return [row if hit else None for row, hit in zip(values, found)]
+
+    def scan(self, columns=None, filter=None, batch_size: int = DEFAULT_BATCH_SIZE,
+             unwritten: bool = False) -> TableScan:
+        """The table's rows as pyarrow RecordBatches of at most `batch_size` rows (iterate the
+        result), each bucket read at one changelog offset (`.offsets` once read).
+
+        `columns`: the columns to return, in that order (default all). `filter`: a dict of
+        column -> value or list of values, all of which a row must match; equality on every
+        primary-key column reads by key lookups, on every partition-key column only those
+        partitions, on every bucket-key column only those buckets (see
+        tally.client.scan_filter). `unwritten`: add the hidden `_unwritten` column (per row,
+        the value columns no write has targeted yet). Rows come in no particular order."""
+        return TableScan(self, columns, filter, batch_size, unwritten)
+
+    def to_arrow(self, columns=None, filter=None, unwritten: bool = False) -> pa.Table:
+        """Every row (of `filter`, see `scan`) as one table, ordered by primary key."""
+        if columns is None:
+            return self.scan(None, filter, unwritten=unwritten).to_arrow()
+        columns = list(columns) if not isinstance(columns, str) else columns
+        # The key orders the rows, so it is read even when not asked for.
+        extra = [c for c in self.routing.primary_key
+                 if isinstance(columns, list) and c not in columns]
+        table = self.scan(columns + extra if extra else columns, filter,
+                          unwritten=unwritten).to_arrow()
+        return table.drop_columns(extra) if extra else table
+
+    def to_pandas(self, columns=None, filter=None, unwritten: bool = False):
+        """`to_arrow(...)` as a pandas DataFrame; MissingDependencyError without pandas."""
+        import importlib
+
+        try:
+            importlib.import_module("pandas")  # optional: the client does not depend on it
+        except ImportError:
+            raise MissingDependencyError(
+                "Table.to_pandas needs pandas, which is not installed: pip install pandas "
+                "(or the [spark] extra), or use to_arrow()") from None
+        return self.to_arrow(columns, filter, unwritten).to_pandas()
 
     def changelog(self, bucket: int, start: int = 0, end: int | None = None,
                   partition: str | None = None) -> pa.Table:
@@ -113,6 +151,17 @@ class Table:
         return self._read(partition, int(bucket),
                           {"op": "changelog", "start": int(start),
                            "end": None if end is None else int(end)})
+
+    def changelog_reader(self, start="earliest", *, consumer: str | None = None,
+                         batch_records: int = 10_000, include_state: bool = False):
+        """A reader of the changelog of every bucket and partition (later ones included), with
+        resumable positions: `start` is 'earliest', 'latest' or positions a reader's
+        `positions()` returned; with `consumer`, that consumer's registered positions win and
+        `reader.commit()` registers them (see ChangelogReader)."""
+        from tally.client.changelog_reader import ChangelogReader
+
+        return ChangelogReader(self, start, consumer=consumer, batch_records=batch_records,
+                               include_state=include_state)
 
     def list_offsets(self) -> dict[tuple[str | None, int], int]:
         return self.connection.admin.list_offsets(self.name, self.table_id)

@@ -19,7 +19,7 @@ from tally.demo.orders import ORDER_SCHEMA
 
 def main() -> int:
     url, table, source, checkpoint = sys.argv[1:5]
-    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stdout)
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s", stream=sys.stdout)
     logging.getLogger("tally.sink").setLevel(logging.INFO)
     from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType

@@ -60,6 +60,10 @@ def product_totals_descriptor():
     return TableDescriptor(schema, bucket_count=4, properties={"table.merge-engine": "aggregation"})
 
 
+# How the job's lines from the sink's logger begin (the job's logging format names the logger).
+SINK_LINE = "tally.sink: "
+
+
 def run_job(url: str, source: str, checkpoint: str, crash_epoch: int | None, work: str,
             marker: str) -> int:
     """Run tally.demo.orders_job to its end (or its crash); when it returns, no process of it is
@@ -79,8 +83,8 @@ def run_job(url: str, source: str, checkpoint: str, crash_epoch: int | None, wor
                               stdin=subprocess.DEVNULL, text=True) as proc:
             for line in proc.stdout:
                 line = line.rstrip()
-                if line.startswith("tally sink"):
-                    print(f"   job | {_shorten(line)}", flush=True)
+                if line.startswith(SINK_LINE):
+                    print(f"   job | {_shorten(line.removeprefix(SINK_LINE))}", flush=True)
                 elif "Error" in line or "error" in line:
                     print(f"   job | {line[:300]}", flush=True)
             return proc.wait()
@@ -91,11 +95,11 @@ def run_job(url: str, source: str, checkpoint: str, crash_epoch: int | None, wor
 
 
 def _shorten(line: str) -> str:
-    """A sink log line with the (long) owner id cut to its query id."""
+    """A sink log line with the (long) owner and query ids cut to the query id's start."""
     import re
 
     line = re.sub(r"spark-query:([0-9a-f]{8})[0-9a-f-]*/[^ :]*", r"query \1…", line)
-    return re.sub(r", offsets=\{.*\}\)", ")", line)[:400]
+    return re.sub(r"query ([0-9a-f]{8})[0-9a-f-]{28}\b", r"query \1…", line)[:400]
 
 
 def show_state(conn, expected_orders: int) -> None:

@@ -17,10 +17,10 @@ import threading
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import (BadVersionError, ConnectionLoss, NodeExistsError, NoNodeError,
-                              RolledBackError,
-                              NotEmptyError, SessionExpiredError)
+                              NotEmptyError, OperationTimeoutError, RolledBackError,
+                              SessionExpiredError)
 from kazoo.handlers.threading import KazooTimeoutError
-from kazoo.retry import KazooRetry
+from kazoo.retry import KazooRetry, RetryFailedError
 
 from tally.errors import (AlreadyExistsError, InvalidInputError, NotFoundError, StorageError,
                           UnavailableError, VersionConflictError)
@@ -49,10 +49,14 @@ def parse_connect_string(connect: str) -> tuple[str, str]:
 class ZooKeeperStore(MetadataStore):
     """A `MetadataStore` in ZooKeeper under a chroot."""
 
-    def __init__(self, connect: str, *, timeout: float = 15.0, session_timeout: float = 6.0):
+    def __init__(self, connect: str, *, timeout: float = 15.0, session_timeout: float = 6.0,
+                 retry_deadline: float | None = None):
+        """`timeout` bounds connecting; `retry_deadline` (default: `timeout`) how long one
+        operation is retried across connection losses before it fails as unavailable."""
         self.connect_string = connect
         hosts, self._chroot = parse_connect_string(connect)
-        retry = dict(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0, deadline=timeout)
+        retry = dict(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0,
+                     deadline=timeout if retry_deadline is None else retry_deadline)
         self._client = KazooClient(hosts=hosts, timeout=session_timeout,
                                    connection_retry=dict(max_tries=-1, delay=0.05, max_delay=1.0),
                                    command_retry=retry)
@@ -95,8 +99,12 @@ class ZooKeeperStore(MetadataStore):
             if retry:
                 return self._retry(fn, *args, **kwargs)
             return fn(*args, **kwargs)
-        except (ConnectionLoss, SessionExpiredError, KazooTimeoutError) as e:
+        except (ConnectionLoss, SessionExpiredError, KazooTimeoutError,
+                OperationTimeoutError) as e:
             raise UnavailableError(f"ZooKeeper unavailable: {type(e).__name__}") from e
+        except RetryFailedError as e:  # an outage longer than the retry deadline: still transient
+            raise UnavailableError(f"ZooKeeper unavailable for {self._retry.deadline:g}s "
+                                   f"({e})") from e
 
     @staticmethod
     def _decode(path: str, data: bytes, stat) -> Node:

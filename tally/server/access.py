@@ -50,13 +50,21 @@ REQUIRED_ROLE: dict[str, str] = {
     "commit": WRITE,
     "epoch_baseline": WRITE,
     "lock_discard": ADMIN,  # keeps another owner's uncommitted writes for good
+    # the coordinator: changelog consumers
+    "consumer_positions": READ,
+    # a consumer is a reader: registering its position changes no data, only what retention
+    # keeps (bounded by table.log.retention.consumer-ms), so a read-only token may stream
+    "consumer_commit": READ,
+    "consumer_remove": ADMIN,  # lets retention drop what that consumer has not read
     # the coordinator: asked by tablet servers only
     "heartbeat": CLUSTER,
     "bucket_info": CLUSTER,
     "lock_view": CLUSTER,
     "retention_floor": CLUSTER,
+    "consumer_floor": CLUSTER,
     # tablet servers: rows
     "lookup": READ,
+    "lookup_many": READ,
     "do_get:scan": READ,
     "do_get:changelog": READ,
     "do_put:put": WRITE,

@@ -27,6 +27,7 @@ from tally.errors import (AlreadyExistsError, InvalidInputError, NotFoundError,
 from tally.meta import MetadataStore
 from tally.server.catalog import (DEFAULT_DATABASE, Catalog, PartitionRecord, TableRecord,
                                   split_table_name)
+from tally.server.consumer_registry import ConsumerRegistry
 from tally.server.membership import (COORDINATOR, EphemeralRegistration, HeartbeatLiveness,
                                      ZooKeeperLiveness)
 from tally.server.settings import SESSION_TIMEOUT
@@ -84,6 +85,7 @@ class Coordinator:
             "truncate_log": self.truncate_log,
         }
         self.locking = CoordinatorLocks(self)  # adds the lock, commit and retention actions
+        self.consumers = ConsumerRegistry(self)  # adds the changelog consumers' actions
 
     # --- databases and tables -----------------------------------------------------------
 
@@ -96,6 +98,7 @@ class Coordinator:
                                              bool(body.get("cascade")))
         for record in dropped:
             self.locking.drop_table(record.table_id)
+            self.consumers.drop_table(record.table_id)
             self._forget_tablets(record.table_id)
 
     @staticmethod
@@ -142,6 +145,7 @@ class Coordinator:
                 return
             raise
         self.locking.drop_table(record.table_id)
+        self.consumers.drop_table(record.table_id)
         self._forget_tablets(record.table_id)
 
     def _forget_tablets(self, table_id: int) -> None:
@@ -345,6 +349,8 @@ class Coordinator:
             raise NotFoundError(f"table '{record.name}' has no partition {name!r}")
         if not 0 <= bucket < len(partition.buckets):
             raise NotFoundError(f"table '{record.name}' has no bucket {bucket}")
+        if not body.get("force", False):
+            self._check_retention_floors(record, name, bucket, before)
         owner = partition.buckets[bucket]
         address = self.liveness.live().get(owner)
         if address is None:
@@ -352,6 +358,32 @@ class Coordinator:
         return self.channels.get(address).action("truncate_bucket_log", {
             "table_id": record.table_id, "partition_id": partition.partition_id,
             "bucket": bucket, "before": before})
+
+    def _check_retention_floors(self, record, partition: str | None, bucket: int,
+                                before: int) -> None:
+        """Refuse an admin truncation past what a lock tenure's undo or a registered changelog
+        consumer still needs (the floors the tablet servers' retention keeps too): cutting
+        there would make a crashed job's undo impossible, or a consumer skip records. `force`
+        overrides it, knowingly."""
+        key, table_id = (partition, bucket), {"table_id": record.table_id}
+        floors = []
+        if "retention_floor" in self.actions:
+            locks = self.actions["retention_floor"](table_id)
+            floors.append(("an unreleased column lock's undo", locks["holding_locks"],
+                           {(p, b): o for p, b, o in locks["offsets"]}))
+        if "consumer_floor" in self.actions:
+            consumers = self.actions["consumer_floor"](table_id)
+            floors.append(("a registered changelog consumer", consumers["holding_consumers"],
+                           {(p, b): o for p, b, o in consumers["offsets"]}))
+        for what, holding, offsets in floors:
+            floor = offsets.get(key, 0 if holding else None)
+            if floor is not None and before > floor:
+                where = f"bucket {bucket}" if partition is None else \
+                    f"bucket {bucket} of partition {partition!r}"
+                raise InvalidInputError(
+                    f"truncating {record.name}'s {where} before offset {before} would drop "
+                    f"records {what} still needs (from offset {floor}); truncate before "
+                    f"{floor} at most, or pass force to drop them anyway")
 
     def close(self) -> None:
         if self._registration is not None:

@@ -18,8 +18,8 @@ import pyarrow.flight as flight
 from tally.errors import (AuthenticationError, InvalidInputError, PermissionDeniedError,
                           TallyError)
 from tally.server.access import REQUIRED_ROLE, TRUSTED, Principal, authorize, unlisted
-from tally.wire.messages import (AUTH_HEADER, dumps, loads, parse_ticket, to_flight_error,
-                                 unframe)
+from tally.wire.messages import (AUTH_HEADER, MAX_LOOKUP_KEYS, MAX_REQUEST_JSON_BYTES, dumps,
+                                 loads, loads_request, parse_ticket, to_flight_error, unframe)
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,10 @@ class TallyFlightServer(flight.FlightServerBase):
         if action.type in self.binary_actions:
             return self._binary_action(action)
         try:
+            if action.body.size > MAX_REQUEST_JSON_BYTES:  # refused before it is copied
+                raise InvalidInputError(
+                    f"the body of {action.type} carries {action.body.size:,} bytes; the limit "
+                    f"is {MAX_REQUEST_JSON_BYTES:,} bytes")
             raw = action.body.to_pybytes()
             body = loads(raw) if raw else {}  # `null`, `[]`, `0` are not empty bodies
             if not isinstance(body, dict):
@@ -116,7 +120,8 @@ class TallyFlightServer(flight.FlightServerBase):
 
     def _binary_action(self, action):
         try:
-            header, payload = unframe(action.body, f"a {action.type} request")
+            header, payload = unframe(action.body, f"a {action.type} request",
+                                      MAX_LOOKUP_KEYS if action.type == "lookup_many" else 1)
             if not isinstance(header, dict):
                 raise InvalidInputError(f"{action.type} must start with a JSON object")
             result = self.binary_actions[action.type](header, payload)
@@ -147,13 +152,23 @@ class TallyFlightServer(flight.FlightServerBase):
             if not isinstance(header, dict):
                 raise InvalidInputError("a read ticket must start with a JSON object")
             self._authorize_op(context, "do_get", header, "scan")
-            table = self._tablets().read(header, payload)
+            rows = self._tablets().read(header, payload)
         except (KeyError, TypeError, ValueError) as e:
             raise to_flight_error(InvalidInputError(
                 f"malformed read request: {type(e).__name__}: {e}"))
         except BaseException as e:  # noqa: BLE001
             raise self._failure(e, "read")
-        return flight.RecordBatchStream(table)
+        if isinstance(rows, pa.RecordBatchReader):
+            # A scan streams its batches: a failure while streaming (the bucket closed under
+            # it) must reach the client typed like any other.
+            rows = pa.RecordBatchReader.from_batches(rows.schema, self._typed(rows))
+        return flight.RecordBatchStream(rows)
+
+    def _typed(self, reader: pa.RecordBatchReader):
+        try:
+            yield from reader
+        except BaseException as e:  # noqa: BLE001
+            raise self._failure(e, "read") from None
 
     def _authorize_op(self, context, call: str, header: dict, weakest: str) -> None:
         """An unknown op is refused by the handler as malformed, but only to a principal the
@@ -164,7 +179,7 @@ class TallyFlightServer(flight.FlightServerBase):
 
     @staticmethod
     def _header(command: bytes) -> dict:
-        header = loads(command)
+        header = loads_request(command, "a write or read header")
         if not isinstance(header, dict):
             raise InvalidInputError("a write descriptor must be a JSON object")
         return header

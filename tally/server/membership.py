@@ -63,7 +63,13 @@ class ZooKeeperLiveness:
     def _changed(self, children: list[str]) -> None:
         live = {}
         for child in children:
-            node = self._store.get(join_path(LIVE, child))
+            try:
+                node = self._store.get(join_path(LIVE, child))
+            except TallyError as e:
+                # ZooKeeper went away mid-read: keep what we knew; the server's next heartbeat
+                # re-reads the children once ZooKeeper is back.
+                log.warning("cannot read %s: %s", join_path(LIVE, child), e)
+                return
             if node is not None:
                 live[text_of(child)] = node.value["address"]
         with self._lock:
@@ -74,10 +80,12 @@ class ZooKeeperLiveness:
             log.info("tablet servers joined %s left %s", sorted(joined), sorted(left))
 
     def heartbeat(self, server_id: str, address: str) -> None:
-        """Heartbeats carry no liveness here (ZooKeeper does); an address change is re-read."""
+        """Heartbeats carry no liveness here (ZooKeeper does), but a heartbeat from a server
+        not known live at that address re-reads /live: a watch event missed or failed during
+        a ZooKeeper outage must not leave a registered server not live for good."""
         with self._lock:
             known = self._live.get(server_id)
-        if known is not None and known != address:
+        if known != address:
             self._changed(self._store.children(LIVE))
 
     def live(self) -> dict[str, str]:
@@ -117,11 +125,15 @@ class EphemeralRegistration:
             pass
 
     def _run(self) -> None:
+        # The thread must outlive any failure: if it died, the server would stay unregistered
+        # (not live) for good after the next ZooKeeper outage.
         while not self._stop.wait(self._interval):
             try:
                 self._ensure()
             except TallyError as e:
                 log.warning("cannot keep %s registered: %s", self._path, e)
+            except Exception:
+                log.exception("cannot keep %s registered", self._path)
 
     def close(self) -> None:
         self._stop.set()

@@ -5,7 +5,9 @@ Every `interval` seconds each open tablet whose table sets `table.log.retention.
 coordinator reports: the oldest offset an unreleased lock tenure (live, or expired within the
 table's `table.log.retention.expired-lock-ms`) still needs for its undo: its last commit in the
 tenure (or the tenure's start) and its uncommitted epochs' baselines.
-`table.log.retention.ignore-locks = true` drops that protection. The policy itself (what the
+`table.log.retention.ignore-locks = true` drops that protection. Nor above the lowest position a
+registered changelog consumer has not read (the coordinator's consumer floor), which holds for
+`table.log.retention.consumer-ms` after the consumer last registered. The policy itself (what the
 options allow, capped at the floor) is merge_engine/log_retention.py.
 """
 
@@ -45,7 +47,7 @@ class RetentionKeeper:
 
     def enforce(self) -> dict:
         """One retention pass; {bucket label: new log start} for the buckets it truncated."""
-        floors: dict[int, tuple[dict, int]] = {}
+        floors: dict[int, tuple[dict, int, dict, int]] = {}
         moved = {}
         for hosted in self.server.host.all_hosted():
             if not has_retention(hosted.tablet.descriptor):
@@ -53,20 +55,30 @@ class RetentionKeeper:
             table_id = hosted.key.table_id
             try:
                 if table_id not in floors:
-                    answer = self.server.coordinator("retention_floor", {"table_id": table_id})
-                    floors[table_id] = (offsets_from_json(answer["offsets"]), answer["holding_locks"])
+                    floors[table_id] = self._floors(table_id)
             except TallyError as e:
                 log.info("retention skipped for table id %d: %s", table_id, e)
                 continue
-            offsets, holding = floors[table_id]
-            floor = offsets.get((hosted.partition, hosted.key.bucket), 0 if holding else None)
+            offsets, holding, consumed, consuming = floors[table_id]
+            key = (hosted.partition, hosted.key.bucket)
+            floor = offsets.get(key, 0 if holding else None)
+            consumer_floor = consumed.get(key, 0 if consuming else None)
             try:
                 with hosted.lock:
                     before = hosted.tablet.log_start_offset
-                    after = enforce_retention(hosted.tablet, floor)
+                    after = enforce_retention(hosted.tablet, floor,
+                                              consumer_floor=consumer_floor)
             except StorageError as e:  # a full disk: the bucket reports it, the others go on
                 log.info("retention skipped for %s: %s", hosted.label, e)
                 continue
             if after != before:
                 moved[hosted.label] = after
         return moved
+
+    def _floors(self, table_id: int) -> tuple[dict, int, dict, int]:
+        """What the coordinator says retention must keep of a table: the locks' floor and how
+        many tenures hold it, the consumers' floor and how many consumers hold it."""
+        locks = self.server.coordinator("retention_floor", {"table_id": table_id})
+        consumers = self.server.coordinator("consumer_floor", {"table_id": table_id})
+        return (offsets_from_json(locks["offsets"]), locks["holding_locks"],
+                offsets_from_json(consumers["offsets"]), consumers["holding_consumers"])

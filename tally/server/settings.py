@@ -5,3 +5,4 @@ DEFAULT_MEMORY_BUDGET = "1gb"       # write memory of all buckets of a tablet se
 SESSION_TIMEOUT = 6.0                # seconds of silence before a tablet server counts as gone
 HEARTBEAT_INTERVAL = 1.0             # seconds between a tablet server's heartbeats
 STORAGE_PROBE_INTERVAL = 1.0         # seconds between looks for buckets to reopen (disk full)
+DEFAULT_SCAN_BATCH_ROWS = 65536        # rows per batch of a scan that names no batch_size

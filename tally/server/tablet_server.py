@@ -22,17 +22,20 @@ from typing import Callable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from locks.tablet_check import TabletLocks
+from merge_engine.row_snapshot import scan_schema
 from tally.errors import InvalidInputError, NotFoundError, StaleMetadataError
 from tally.server.membership import HeartbeatSender
 from tally.server.retention import RetentionKeeper
-from tally.server.settings import (DEFAULT_MAX_BATCH_BYTES, HEARTBEAT_INTERVAL,
-                                   STORAGE_PROBE_INTERVAL)
+from tally.server.settings import (DEFAULT_MAX_BATCH_BYTES, DEFAULT_SCAN_BATCH_ROWS,
+                                   HEARTBEAT_INTERVAL, STORAGE_PROBE_INTERVAL)
 from tally.server.storage_health import StorageHealth
 from tally.server.tablets import HostedTablet, TabletHost, TabletKey
 from tally.wire.bucket_hash import bucket_ids
-from tally.wire.messages import field, int_items, read_put, table_to_ipc
+from tally.wire.messages import (FOUND_COLUMN, MAX_SCAN_BATCH_ROWS, SCAN_OFFSET_KEY, field,
+                                 int_items, read_put, table_to_ipc)
 from tally.wire.routing import TableRouting, partition_names
 
 log = logging.getLogger(__name__)
@@ -112,7 +115,7 @@ class TabletServer:
         self.write_checks: list[WriteCheck] = []
         self.actions = {"offsets": self.offsets, "drop_tablets": self.drop_tablets,
                         "server_id": lambda body: self.server_id}
-        self.binary_actions = {"lookup": self.lookup}
+        self.binary_actions = {"lookup": self.lookup, "lookup_many": self.lookup_many}
         self._heartbeat = HeartbeatSender(self.send_heartbeat, heartbeat_interval)
         self.locks = TabletLocks(self)
         self.retention = RetentionKeeper(self, retention_interval)
@@ -220,8 +223,7 @@ class TabletServer:
         op = header.get("op")
         hosted = self.addressed(header)
         if op == "scan":
-            with hosted.lock:
-                return hosted.tablet.to_arrow()
+            return self.scan(hosted, header)
         if op == "changelog":
             start = field(header, "start", int, 0)
             end = None if header.get("end") is None else field(header, "end", int)
@@ -240,6 +242,47 @@ class TabletServer:
             row = hosted.tablet.lookup(key)
         schema = hosted.routing.arrow_schema
         return table_to_ipc(pa.Table.from_pylist([row] if row is not None else [], schema=schema))
+
+    def scan(self, hosted: HostedTablet, header: dict) -> pa.RecordBatchReader:
+        """The bucket's rows as of one changelog offset, streamed in batches: `columns` (a list
+        of names, default all), `batch_size` rows at most per batch, and the hidden
+        `_unwritten` column when `unwritten` is true. The offset is in the stream's schema
+        metadata (SCAN_OFFSET_KEY). The bucket's lock is held only to take the snapshot."""
+        columns = header.get("columns")
+        if columns is not None:
+            columns = field(header, "columns", list)
+            if not all(isinstance(c, str) for c in columns):
+                raise InvalidInputError(f"columns must be a list of column names, not {columns!r}")
+        batch_size = field(header, "batch_size", int, DEFAULT_SCAN_BATCH_ROWS)
+        if not 1 <= batch_size <= MAX_SCAN_BATCH_ROWS:
+            raise InvalidInputError(f"batch_size must be between 1 and {MAX_SCAN_BATCH_ROWS:,}, "
+                                    f"not {batch_size}")
+        unwritten = field(header, "unwritten", bool, False)
+        schema = scan_schema(hosted.routing.arrow_schema, columns, unwritten)
+        with hosted.lock:
+            snapshot = hosted.tablet.snapshot()
+        schema = schema.with_metadata({SCAN_OFFSET_KEY: str(snapshot.offset).encode()})
+        return pa.RecordBatchReader.from_batches(
+            schema, snapshot.batches(columns, batch_size, unwritten))
+
+    def lookup_many(self, header: dict, payload: pa.Table | None) -> bytes:
+        """The rows of up to MAX_LOOKUP_KEYS keys of one bucket, one per key in input order,
+        with the boolean column FOUND_COLUMN (false: no such key; its other cells are null)
+        and, when `unwritten` is true, the hidden `_unwritten` column, as Arrow IPC. The schema metadata holds the offset they were read at."""
+        if payload is None:
+            raise InvalidInputError("a lookup_many carries its keys as an Arrow table")
+        hosted = self.addressed(header)
+        self.check_rows(hosted, payload)
+        unwritten = field(header, "unwritten", bool, False)
+        with hosted.lock:
+            rows, present = hosted.tablet.lookup_many(payload, unwritten)
+            offset = hosted.tablet.log_end_offset
+        found = pa.array(present, type=pa.bool_())
+        rows = pa.Table.from_arrays(
+            [pc.if_else(found, c, pa.nulls(len(found), c.type)) for c in rows.columns]
+            + [found], schema=rows.schema.append(pa.field(FOUND_COLUMN, pa.bool_(), False)))
+        return table_to_ipc(rows.replace_schema_metadata(
+            {SCAN_OFFSET_KEY: str(offset).encode()}))
 
     # --- actions ----------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ shared by all threads of a process through `ChannelPool`.
 from __future__ import annotations
 
 import threading
+from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -53,13 +54,20 @@ class FlightChannel:
                  timeout: float = DEFAULT_TIMEOUT, tls: TlsFiles | None = None) -> None:
         self.address = normalize_address(address)
         self._client = open_client(self.address, tls)
-        self._options = flight.FlightCallOptions(headers=bearer(token), timeout=timeout)
+        self.timeout = timeout
+        self._headers = bearer(token)
+        self._options = flight.FlightCallOptions(headers=self._headers, timeout=timeout)
+        self._stream_options = flight.FlightCallOptions(headers=self._headers)
 
-    def action(self, name: str, body: dict | None = None) -> object:
-        """DoAction `name` with a JSON body; the handler's JSON result."""
+    def action(self, name: str, body: dict | None = None, timeout: float | None = None
+               ) -> object:
+        """DoAction `name` with a JSON body; the handler's JSON result. `timeout` overrides
+        the channel's for this call."""
+        options = self._options if timeout is None else \
+            flight.FlightCallOptions(headers=self._headers, timeout=timeout)
         try:
             results = list(self._client.do_action(flight.Action(name, dumps(body or {})),
-                                                  self._options))
+                                                  options))
         except (flight.FlightError, pa.ArrowException) as e:
             raise remote_error(e, self.address) from None
         return loads(results[0].body.to_pybytes()) if results else None
@@ -94,6 +102,39 @@ class FlightChannel:
         """DoGet a ticket made of `header` (and an Arrow payload); the whole result stream."""
         try:
             return self._client.do_get(make_ticket(header, payload), self._options).read_all()
+        except (flight.FlightError, pa.ArrowException) as e:
+            raise remote_error(e, self.address) from None
+
+    def lookup_many(self, header: dict, keys: pa.Table) -> pa.Table:
+        """The binary `lookup_many` action: up to MAX_LOOKUP_KEYS keys in, one row per key out
+        (with the FOUND_COLUMN), the read offset in its schema metadata."""
+        try:
+            results = list(self._client.do_action(
+                flight.Action("lookup_many", frame(header, keys)), self._options))
+        except (flight.FlightError, pa.ArrowException) as e:
+            raise remote_error(e, self.address) from None
+        return ipc_to_table(results[0].body.to_pybytes())
+
+    def stream(self, header: dict) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+        """DoGet a ticket made of `header`, streamed: the stream's schema (with its metadata),
+        read before this returns, and its batches as they arrive. The call has no deadline:
+        a stream lasts as long as its reader keeps reading."""
+        try:
+            reader = self._client.do_get(make_ticket(header), self._stream_options)
+            schema = reader.schema
+        except (flight.FlightError, pa.ArrowException) as e:
+            raise remote_error(e, self.address) from None
+        return schema, self._batches(reader)
+
+    def _batches(self, reader) -> Iterator[pa.RecordBatch]:
+        try:
+            while True:
+                try:
+                    chunk = reader.read_chunk()
+                except StopIteration:
+                    return
+                if chunk.data is not None:
+                    yield chunk.data
         except (flight.FlightError, pa.ArrowException) as e:
             raise remote_error(e, self.address) from None
 

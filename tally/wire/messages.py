@@ -67,12 +67,27 @@ def check_json_depth(data: bytes | str, what: str = "a request") -> None:
                                 f"{MAX_JSON_DEPTH}")
 
 
-def loads(data: bytes) -> Any:
-    """The JSON document in `data` (None for no bytes), its depth checked before parsing."""
+# Parsed JSON takes several times its text in Python objects, so a server bounds the text of a
+# request's JSON (action bodies, read and write headers) before parsing it. The largest request
+# of the protocol (a commit naming every bucket of a table) stays far below it.
+MAX_REQUEST_JSON_BYTES = 4 << 20
+
+
+def loads(data: bytes, max_bytes: int | None = None, what: str = "a request") -> Any:
+    """The JSON document in `data` (None for no bytes), its size (against `max_bytes`, when
+    given) and depth checked before parsing."""
     if not data:
         return None
+    if max_bytes is not None and len(data) > max_bytes:
+        raise InvalidInputError(f"{what} carries {len(data):,} bytes of JSON; the limit is "
+                                f"{max_bytes:,} bytes")
     check_json_depth(data)
     return json.loads(data.decode())
+
+
+def loads_request(data: bytes, what: str = "a request") -> Any:
+    """loads() for what a server receives: bounded by MAX_REQUEST_JSON_BYTES."""
+    return loads(data, MAX_REQUEST_JSON_BYTES, what)
 
 
 def _json_default(value: Any) -> Any:
@@ -188,24 +203,33 @@ def frame(header: dict, payload: pa.Table | None = None) -> bytes:
     return data
 
 
-# A framed request (a lookup, a read ticket) carries at most one key: far below this.
+# A framed request (a lookup, a read ticket) carries at most one key, a `lookup_many` at most
+# MAX_LOOKUP_KEYS keys: all of it in at most this many bytes (the client splits bigger lookups).
 MAX_FRAMED_BYTES = 1 << 20
+MAX_LOOKUP_KEYS = 4096
+# A scan's batches hold at most this many rows (a server streams them one at a time).
+MAX_SCAN_BATCH_ROWS = 1 << 20
+# The scan stream's schema metadata: the changelog offset the bucket was read at.
+SCAN_OFFSET_KEY = b"tally.offset"
+# lookup_many's answer: per key, whether the key has a row.
+FOUND_COLUMN = "_found"
 
 
-def unframe(data: bytes | pa.Buffer, what: str = "a request") -> tuple[dict, pa.Table | None]:
-    """The header and the one-row payload of a framed request, each bounded before it is
-    parsed or decoded: the whole request to MAX_FRAMED_BYTES, the payload to one row and
+def unframe(data: bytes | pa.Buffer, what: str = "a request",
+            max_rows: int = 1) -> tuple[dict, pa.Table | None]:
+    """The header and the payload of a framed request, each bounded before it is parsed or
+    decoded: the whole request to MAX_FRAMED_BYTES, the payload to `max_rows` rows and
     MAX_FRAMED_BYTES once decoded."""
     if len(data) > MAX_FRAMED_BYTES:
         raise InvalidInputError(f"{what} of {len(data):,} bytes exceeds the limit of "
                                 f"{MAX_FRAMED_BYTES:,} bytes")
     head, sep, rest = (data.to_pybytes() if isinstance(data, pa.Buffer) else data).partition(b"\n")
-    header = loads(head)
+    header = loads(head, MAX_REQUEST_JSON_BYTES, what)
     if not sep:
         return header, None
     payload = pa.py_buffer(rest)
-    measure_stream(payload, max_rows=1, max_bytes=MAX_FRAMED_BYTES,
-                   what=f"the key of {what}")
+    measure_stream(payload, max_rows=max_rows, max_bytes=MAX_FRAMED_BYTES,
+                   what=f"the key{'s' if max_rows > 1 else ''} of {what}")
     return header, ipc_to_table(payload)
 
 

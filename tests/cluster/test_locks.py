@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -12,6 +13,7 @@ import recovery
 from locks import Lease
 from merge_engine import Schema, TableDescriptor
 from tally.errors import ColumnLockConflict, LeaseLostError, UnrecoveredLockError
+from tests.waiting import wait_until
 
 
 def make_table(conn, name, buckets=2, **props):
@@ -67,11 +69,11 @@ def test_writes_to_locked_columns_need_the_lease(conn, table_name):
 
 def test_zombie_is_fenced_after_expiry_and_takeover(conn, table_name):
     table = make_table(conn, table_name)
-    zombie = unkept_lease(conn, table_name, "A", ["a"], ttl=1.5)
+    zombie = unkept_lease(conn, table_name, "A", ["a"], ttl=5)  # first write in time, even loaded
     a_writer = table.upsert_writer(target_columns=["k", "a"], lease=zombie)
     a_writer.upsert([{"k": 1, "a": 1}])
     a_writer.flush()
-    time.sleep(1.8)  # A pauses past its ttl
+    wait_until_expired(conn, table_name, "A")  # A pauses past its ttl
     a_writer.upsert([{"k": 1, "a": 1000}])
     with pytest.raises(LeaseLostError, match="expired"):
         a_writer.flush()
@@ -107,10 +109,20 @@ def test_reacquire_fences_the_previous_incarnation(conn, table_name):
 
 def test_lost_lease_fails_the_next_write_with_a_clear_error(conn, table_name):
     table = make_table(conn, table_name)
-    lease = conn.locks.acquire(table_name, "short", ["a"], ttl=0.6)
+    # A ttl long enough that the lease cannot expire before the re-acquire on a loaded
+    # machine; its keeper renews every 2 s and is then told the lease was superseded.
+    lease = conn.locks.acquire(table_name, "short", ["a"], ttl=6)
     writer = table.upsert_writer(target_columns=["k", "a"], lease=lease)
     unkept_lease(conn, table_name, "short", ["a"], ttl=30)  # the owner re-acquired elsewhere
-    time.sleep(0.6)  # the keeper's next renewal finds the lease superseded
+
+    def lost() -> bool:
+        try:
+            conn.locks.check(lease)
+        except LeaseLostError:
+            return True
+        return False
+
+    wait_until(lost, "the keeper's renewal finding the lease superseded")
     with pytest.raises(LeaseLostError, match="superseded"):
         writer.upsert([{"k": 1, "a": 1}])
 
@@ -186,9 +198,12 @@ def test_tally_locks_prints_owner_columns_token_and_offsets(cluster, conn, table
 
     make_table(conn, table_name)
     lease = conn.locks.acquire(table_name, "spark-query-1/default.t/a", ["a"], ttl=30)
-    assert main(["locks", table_name, "--url", cluster.url]) == 0
-    out = capsys.readouterr().out
-    assert "spark-query-1/default.t/a" in out and f"  {lease.token}  " in out and "0:0 1:0" in out
+    assert main(["locks", table_name, "--url", cluster.url, "--format", "json"]) == 0
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(p["owner"], p["columns"], p["token"], p["initial_offsets"]) for p in printed] == \
+        [("spark-query-1/default.t/a", "a", lease.token, "0:0 1:0")]
+    assert main(["locks", table_name, "--url", cluster.url]) == 0  # the table for people
+    assert "spark-query-1/default.t/a" in capsys.readouterr().out
     conn.locks.release(lease)
     assert main(["locks", table_name, "--url", cluster.url]) == 0
     assert "no column locks" in capsys.readouterr().out

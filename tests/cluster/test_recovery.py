@@ -14,7 +14,7 @@ import pytest
 
 from merge_engine import Schema, TableDescriptor
 from recovery import recover, undo_remote
-from tally.errors import RecoveryError
+from tally.errors import InvalidInputError, RecoveryError
 
 A = ["a_sum", "a_list"]
 B = ["b_sum"]
@@ -108,7 +108,10 @@ def test_refusals_change_nothing(conn, table_name):
     end = conn.admin.list_offsets(table_name)[(None, 0)]
     with pytest.raises(RecoveryError, match="changelog ends at"):
         undo_remote(table, 0, end + 5, target_columns=["k", "p", *A], lease=lease)
-    assert conn.admin.truncate_log(table_name, 0, 1) == 1
+    with pytest.raises(InvalidInputError, match="column lock's undo still needs"):
+        conn.admin.truncate_log(table_name, 0, 1)  # the tenure's undo needs offset 0
+    assert conn.admin.list_log_offsets(table_name)[(None, 0)][0] == 0
+    assert conn.admin.truncate_log(table_name, 0, 1, force=True) == 1
     before = snapshot(table)
     with pytest.raises(RecoveryError, match="now starts at 1"):
         recover(conn, table_name, lease, target_columns=["k", "p", *A])

@@ -214,6 +214,29 @@ def test_json_nested_100000_deep_is_refused_typed_everywhere(cluster, conn, tabl
     assert_serving(table, 1)
 
 
+def test_json_of_over_4_mib_is_refused_typed_before_it_is_parsed(cluster, conn, table_name):
+    from tally.wire.messages import MAX_REQUEST_JSON_BYTES
+
+    table = make_table(conn, table_name)
+    route = route_of(conn, table)
+    big = b'{"name":"' + b"x" * MAX_REQUEST_JSON_BYTES + b'"}'
+    coordinator = flight.FlightClient(cluster.url)
+    tablet = flight.FlightClient(route.address)
+    calls = [
+        lambda: list(coordinator.do_action(flight.Action("create_database", big))),
+        lambda: list(tablet.do_action(flight.Action("lookup", big + b"\n"))),
+        lambda: tablet.do_get(flight.Ticket(big)).read_all(),
+        lambda: put_with_command(tablet, big),
+    ]
+    for call in calls:
+        error, message = typed(call)
+        assert error == "InvalidInputError" and "limit" in message, message
+    coordinator.close()
+    tablet.close()
+    assert "x" * 100 not in "".join(conn.admin.list_databases())
+    assert_serving(table, 1)
+
+
 @pytest.mark.parametrize("name", ["db\n", "db\n\n", "\ndb", "db ", "d" * 129])
 def test_database_and_table_names_are_matched_whole(conn, name):
     with pytest.raises(InvalidInputError, match="invalid database name"):

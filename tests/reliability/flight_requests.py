@@ -178,6 +178,12 @@ def action_fields(ctx: Context, role: str, name: str) -> dict[str, tuple[str, ob
                                             "columns": ("columns", ["total"], True)},
         ("coordinator", "lock_discard"): {"table": table, "owner_id": ("str", "fuzz-4", True)},
         ("coordinator", "undo_baselines"): {"lease": lease},
+        ("coordinator", "consumer_commit"): {"name": table, "consumer": ("str", "fuzz-c", True),
+                                             "positions": ("offsets", [[b.partition, b.bucket, 0]],
+                                                           True)},
+        ("coordinator", "consumer_positions"): {"name": table},
+        ("coordinator", "consumer_remove"): {"name": table, "consumer": ("str", ctx.owner, True)},
+        ("coordinator", "consumer_floor"): {"table_id": ("int", ctx.table_id, True)},
         ("tablet", "offsets"): {"table_id": ("int", ctx.table_id, True),
                                 "buckets": ("buckets", [[b.partition_id, b.bucket]], True)},
         ("tablet", "drop_tablets"): {"table_id": ("int", ctx.table_id, True)},
@@ -196,7 +202,9 @@ COORDINATOR_ACTIONS = ["create_database", "drop_database", "create_table", "drop
                        "truncate_log", "lock_acquire", "lock_renew", "lock_release",
                        "register_attempt",
                        "lock_describe", "lock_view", "commit", "last_commit", "epoch_baseline",
-                       "retention_floor", "lock_take_over", "lock_discard", "undo_baselines"]
+                       "retention_floor", "lock_take_over", "lock_discard", "undo_baselines",
+                       "consumer_commit", "consumer_positions", "consumer_remove",
+                       "consumer_floor"]
 TABLET_ACTIONS = ["offsets", "drop_tablets", "install_lock_view", "truncate_bucket_log"]
 KNOWN = set(COORDINATOR_ACTIONS) | set(TABLET_ACTIONS) | set(NO_BODY_ACTIONS) | {"lookup"}
 

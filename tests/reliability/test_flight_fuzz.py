@@ -87,6 +87,7 @@ def snapshot(conn, ctx: Context) -> dict:
         "view": act("lock_view", {"table_id": ctx.table_id}),
         "last commit": act("last_commit", {"table": ctx.table, "owner_id": ctx.owner}),
         "retention floor": act("retention_floor", {"table_id": ctx.table_id}),
+        "consumers": act("consumer_positions", {"name": ctx.table}),
         "offsets": act("list_offsets", {"name": ctx.table}),
         "rows": conn.table(ctx.table).to_arrow().to_pylist(),
     }

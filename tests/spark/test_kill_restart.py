@@ -25,7 +25,7 @@ from tests.spark.conftest import ROOT
 POINTS = ["task", "before_commit", "after_commit"]
 
 
-def run_job(spec: dict, timeout: float = 240) -> subprocess.CompletedProcess:
+def run_job(spec: dict, timeout: float = 900) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     return subprocess.run([sys.executable, "-m", "tests.spark.stream_job", json.dumps(spec)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)

@@ -24,7 +24,7 @@ def stream(spark, source):
             .json(source))
 
 
-def wait_for_locks(conn, table, count, timeout=20.0):
+def wait_for_locks(conn, table, count, timeout=120.0):
     deadline = time.monotonic() + timeout
     while True:
         locks = conn.locks.describe(table)
@@ -60,14 +60,12 @@ def test_concurrent_jobs_on_disjoint_columns_and_an_overlapping_one(
     q2 = two.start(source.select("k", "c", "a", "l"), str(tmp_path / "ck2"),
                    trigger={"processingTime": "200 milliseconds"})
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and len(conn.locks.describe(table_name)) < 2:
-            time.sleep(0.2)
+        assert len(wait_for_locks(conn, table_name, 2, timeout=300)) == 2
         # a third job overlapping column 's' fails fast with the lock conflict
         spec = {"url": cluster.url, "table": table_name, "source": str(tmp_path / "src"),
                 "checkpoint": str(tmp_path / "ck3"), "schema": sink_data.SCHEMA_DDL,
                 "columns": ["s", "l"], "select": ["k", "s", "l"], "options": {}}
-        third = run_job(spec, timeout=240)
+        third = run_job(spec)
         assert third.returncode == 2, third.stderr[-2000:]
         # refused at once by the live locks (not after waiting for them): the conflict names
         # the holder and when its lock would expire

@@ -1,0 +1,144 @@
+"""RowSnapshot: a bucket's rows as of one changelog offset, read a batch at a time.
+
+A scan must not hold the bucket's lock while it streams (writers would wait for the slowest
+reader), yet every row it returns must belong to one offset. So the tablet takes its lock only
+to note the log end offset, copy the row buffer (cheap: the copy shares its runs, and the buffer
+replaces its index instead of changing it) and open a RocksDB iterator, which reads the database
+as of its creation (an implicit snapshot that survives later writes and flushes). The buffered
+rows are the newest; a stored row whose key the buffer holds (changed or removed since the last
+flush) is skipped. rocksdict's `Snapshot.iter()` does not read at its snapshot (it sees later
+writes, checked with rocksdict 0.3.29), hence the plain iterator.
+
+An open iterator keeps its RocksDB open: the tablet releases its snapshots when it closes,
+after which reading one raises StorageError instead of touching a closed database.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from merge_engine.buffer import ABSENT, RowBuffer
+from merge_engine.changelog import unwritten_lists
+from merge_engine.hidden_columns import UNWRITTEN
+from merge_engine.keys import KeyArray
+from merge_engine.state import StateBatch
+from merge_engine.storage import ROW
+from tally.errors import InvalidInputError, StorageError
+
+# Stored rows read per hold of the snapshot's lock (a closing tablet waits at most this long).
+READ_STEP = 4096
+
+
+def scan_schema(arrow_schema: pa.Schema, columns: list[str] | None, unwritten: bool) -> pa.Schema:
+    """The schema of a scan's batches: `columns` (all by default) in the order given, then the
+    hidden `_unwritten` column when asked for."""
+    if columns is None:
+        fields = list(arrow_schema)
+    else:
+        unknown = [c for c in columns if c not in arrow_schema.names]
+        if unknown:
+            raise InvalidInputError(f"unknown column(s) {unknown}; the table has "
+                                    f"{arrow_schema.names}")
+        if len(set(columns)) != len(columns):
+            raise InvalidInputError(f"columns {columns} name a column twice")
+        fields = [arrow_schema.field(c) for c in columns]
+    if unwritten:
+        fields.append(pa.field(UNWRITTEN, pa.list_(pa.string())))
+    return pa.schema(fields)
+
+
+class RowSnapshot:
+    """The rows of one bucket as of changelog offset `offset` (every record below it)."""
+
+    def __init__(self, offset: int, buffer: RowBuffer, iterator, codec, aggregators,
+                 arrow_schema: pa.Schema, value_positions: list[int], name: str) -> None:
+        self.offset = offset
+        self._buffer = buffer
+        self._iterator = iterator
+        self._codec = codec
+        self._aggregators = aggregators
+        self._schema = arrow_schema
+        self._value_positions = value_positions
+        self._name = name
+        self._lock = threading.Lock()
+        self._started = False
+
+    def release(self) -> None:
+        """Let go of the RocksDB iterator (the tablet closes); later reads raise."""
+        with self._lock:
+            self._iterator = None
+
+    def batches(self, columns: list[str] | None = None, batch_size: int = 65536,
+                unwritten: bool = False) -> Iterator[pa.RecordBatch]:
+        """The rows as record batches of at most `batch_size` rows, in the scan schema
+        (`scan_schema`). Buffered rows come first, then stored rows in key order. A snapshot
+        is read once."""
+        schema = scan_schema(self._schema, columns, unwritten)
+        if self._buffer is None:
+            raise StorageError(f"a snapshot of {self._name} is read once; take another")
+        keys, rows, _ = self._buffer.drain()
+        buffer, self._buffer = self._buffer, None
+        if rows is not None:
+            for start in range(0, len(rows), batch_size):
+                yield self._visible(rows.slice(start, min(start + batch_size, len(rows))),
+                                    schema, unwritten)
+        width = None if keys is None else keys.width
+        shadowing = buffer if len(buffer) else None
+        while True:
+            raw_keys, values = self._read(batch_size)
+            if not values:
+                return
+            states = self._codec.decode(values)
+            if shadowing is not None:
+                fresh = np.flatnonzero(shadowing.find(_key_array(raw_keys, width)) == ABSENT)
+                if len(fresh) < len(values):
+                    states = states.take(fresh)
+            if len(states):
+                yield self._visible(states, schema, unwritten)
+
+    def _read(self, count: int) -> tuple[list[bytes], list[bytes]]:
+        """The next `count` stored rows' keys (without the prefix) and values."""
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        end = False
+        while not end and len(values) < count:
+            with self._lock:
+                it = self._iterator
+                if it is None:
+                    raise StorageError(f"{self._name} was closed while it was being read")
+                if not self._started:
+                    it.seek(ROW)
+                    self._started = True
+                for _ in range(min(READ_STEP, count - len(values))):
+                    if not it.valid() or not it.key().startswith(ROW):
+                        end = True
+                        break
+                    keys.append(it.key()[len(ROW):])
+                    values.append(it.value())
+                    it.next()
+        return keys, values
+
+    def _visible(self, states: StateBatch, schema: pa.Schema, unwritten: bool) -> pa.RecordBatch:
+        """Rows as readers see them, only the columns of `schema` (values are computed only
+        for those: some functions' values cost more than their states)."""
+        names = self._schema.names
+        arrays = []
+        for field in schema:
+            if field.name == UNWRITTEN and unwritten:
+                arrays.append(unwritten_lists(states.written, self._value_positions, names))
+                continue
+            i = names.index(field.name)
+            arrays.append(self._aggregators[i].values(states.columns[i]).cast(field.type))
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _key_array(raw_keys: list[bytes], width: int | None) -> KeyArray:
+    """Stored keys in the buffer's key encoding (fixed width or variable)."""
+    if width is None:
+        return KeyArray.from_bytes(raw_keys)
+    matrix = np.frombuffer(b"".join(raw_keys), dtype=np.uint8).reshape(len(raw_keys), width)
+    return KeyArray.from_matrix(matrix)

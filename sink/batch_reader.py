@@ -1,0 +1,177 @@
+"""`spark.read.format("tally")`: a table's rows as a Spark DataFrame, one Spark partition per bucket.
+
+    spark.read.format("tally").option("url", url).option("table", "db.t").load()
+
+The driver plans the read once (tally.client.table_scan): one Spark partition per bucket, each
+read by its task in one request at one changelog offset of that bucket, streamed as Arrow
+batches. Read options:
+
+- `columns`: the columns to read (comma-separated; default all). A schema given with
+  `.schema(...)` that names a subset of the table's columns does the same. Spark's Python data
+  sources cannot prune columns themselves (PySpark 4.3 has no such hook), so `select(...)`
+  alone still reads every column; these options are how a read skips them.
+- `filter`: a JSON object of column -> value or list of values, all required (the form of
+  `Table.scan`): equality on the whole primary key reads those keys by lookups, on the
+  partition key only those partitions, on the bucket key only those buckets. The DataFrame is
+  the table's rows that match it; Spark's own `filter(...)` then applies on top.
+- `unwritten`: "true" adds the hidden `_unwritten` column. `batch-size`: rows per Arrow batch.
+
+Spark's `df.filter(...)` is not pushed into the read: PySpark 4.3 turns filter pushdown off by
+default (and a reader that accepts pushed filters then fails every read), and with it on, the
+read planned for one filtered query is reused by every later query of the same `load()`, so
+pruning there would return wrong rows to an unfiltered query of the same DataFrame. Filters in
+the `filter` option belong to the DataFrame itself and cannot leak.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, InputPartition
+from pyspark.sql.types import StructField, StructType
+
+from sink.options import (TABLE, TOKEN, TOKEN_FILE, TLS_CA, TLS_CERT, TLS_KEY, URL,
+                          connection_options, lowered)
+from sink.types import arrow_to_spark, spark_to_arrow
+from merge_engine.hidden_columns import UNWRITTEN
+from tally.errors import InvalidOptionError
+from tally.wire.messages import MAX_SCAN_BATCH_ROWS
+from tally.wire.tls import TlsFiles
+
+COLUMNS, FILTER, UNWRITTEN_OPTION, BATCH_SIZE = "columns", "filter", "unwritten", "batch-size"
+READ_KEYS = {URL, TABLE, TOKEN, TOKEN_FILE, TLS_CA, TLS_CERT, TLS_KEY, COLUMNS, FILTER,
+             UNWRITTEN_OPTION, BATCH_SIZE}
+SPARK_KEYS = {"path"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadOptions:
+    """Parsed, validated read options. Picklable: tasks receive a copy."""
+
+    url: str
+    table: str
+    token: str | None = dataclasses.field(default=None, repr=False)  # never in logs
+    tls: TlsFiles | None = None
+    columns: tuple[str, ...] | None = None
+    filter: dict | None = None
+    unwritten: bool = False
+    batch_size: int = 65536
+
+    @classmethod
+    def parse(cls, options) -> "ReadOptions":
+        from merge_engine.descriptor import parse_bool_option
+
+        raw = lowered(options)
+        unknown = sorted(k for k in raw if k not in READ_KEYS and k not in SPARK_KEYS)
+        if unknown:
+            raise InvalidOptionError(f"Unknown Tally read option(s) {unknown}. Known options: "
+                                     f"{sorted(READ_KEYS)}")
+        url, table, token, tls = connection_options(raw, "Reading a Tally table")
+        columns = None
+        if raw.get(COLUMNS):
+            columns = tuple(c.strip() for c in str(raw[COLUMNS]).split(",") if c.strip())
+        where = None
+        if raw.get(FILTER):
+            try:
+                where = json.loads(raw[FILTER])
+            except ValueError as e:
+                raise InvalidOptionError(f"Option '{FILTER}' must be a JSON object of column -> "
+                                         f"value or list of values: {e}") from None
+            if not isinstance(where, dict):
+                raise InvalidOptionError(f"Option '{FILTER}' must be a JSON object of column -> "
+                                         f"value or list of values, not {raw[FILTER]!r}")
+        batch_size = 65536
+        if raw.get(BATCH_SIZE) is not None:
+            try:
+                batch_size = int(str(raw[BATCH_SIZE]).strip())
+            except ValueError:
+                batch_size = 0
+            if not 1 <= batch_size <= MAX_SCAN_BATCH_ROWS:
+                raise InvalidOptionError(f"Option '{BATCH_SIZE}' must be an integer from 1 to "
+                                         f"{MAX_SCAN_BATCH_ROWS:,}, not {raw[BATCH_SIZE]!r}")
+        return cls(url=url, table=table, token=token, tls=tls, columns=columns, filter=where,
+                   unwritten=parse_bool_option(UNWRITTEN_OPTION,
+                                               raw.get(UNWRITTEN_OPTION, "false")),
+                   batch_size=batch_size)
+
+
+def _open_table(options: ReadOptions, table_id: int | None = None):
+    """A handle on the table (on `table_id`, the table the driver planned, in tasks: a table
+    dropped and re-created meanwhile raises TableRecreatedError instead of being read)."""
+    from sink import remote
+    from tally.client.table import Table
+
+    conn = remote.shared_connection(options.url, options.token, options.tls)
+    if table_id is None:
+        return conn.table(options.table)
+    return Table(conn, options.table, table_id)
+
+
+def read_schema(options: dict) -> StructType:
+    """The Spark schema of a read: the table's columns (or the `columns` option's), then
+    `_unwritten` when asked for."""
+    parsed = ReadOptions.parse(options)
+    arrow = _open_table(parsed).routing.arrow_schema
+    names = list(parsed.columns) if parsed.columns else arrow.names
+    unknown = [c for c in names if c not in arrow.names]
+    if unknown:
+        raise InvalidOptionError(f"Option '{COLUMNS}' names unknown column(s) {unknown} of "
+                                 f"{parsed.table}; it has {arrow.names}")
+    fields = [StructField(c, arrow_to_spark(arrow.field(c).type), arrow.field(c).nullable)
+              for c in names]
+    if parsed.unwritten:
+        fields.append(StructField(UNWRITTEN, arrow_to_spark(pa.list_(pa.string())), True))
+    return StructType(fields)
+
+
+class TallyInputPartition(InputPartition):
+    """One request of the read: a bucket (or a lookup of some of its keys)."""
+
+    def __init__(self, index: int, part) -> None:
+        super().__init__(index)
+        self.part = part  # tally.client.table_scan.ScanPart, or None for an empty read
+
+
+class TallyBatchReader(DataSourceReader):
+    """Plans on the driver; each task reads its part."""
+
+    def __init__(self, options: dict, schema: StructType) -> None:
+        from tally.client.table_scan import TableScan
+
+        self.options = ReadOptions.parse(options)
+        table = _open_table(self.options)
+        self.table_id = table.table_id
+        arrow = table.routing.arrow_schema
+        names = [f.name for f in schema.fields]
+        self.unwritten = UNWRITTEN in names
+        self.columns = [n for n in names if n != UNWRITTEN]
+        unknown = [n for n in self.columns if n not in arrow.names]
+        if unknown or not self.columns:
+            raise InvalidOptionError(
+                f"The schema given to read {self.options.table} names column(s) {unknown} the "
+                f"table does not have (it has {arrow.names})" if unknown else
+                f"The schema given to read {self.options.table} names none of its columns")
+        self.arrow_schema = pa.schema([pa.field(f.name, spark_to_arrow(f.dataType), f.nullable)
+                                       for f in schema.fields])
+        scan = TableScan(table, self.columns, self.options.filter, self.options.batch_size,
+                         self.unwritten)
+        self.parts = scan.parts
+
+    def partitions(self):
+        if not self.parts:
+            return [TallyInputPartition(0, None)]  # Spark wants at least one partition
+        return [TallyInputPartition(i, part) for i, part in enumerate(self.parts)]
+
+    def read(self, partition: TallyInputPartition):
+        from tally.client.table_scan import TableScan
+
+        if partition.part is None:
+            return
+        scan = TableScan(_open_table(self.options, self.table_id), self.columns,
+                         self.options.filter, self.options.batch_size, self.unwritten)
+        schema = self.arrow_schema
+        for batch in scan.read_part(partition.part):
+            yield pa.RecordBatch.from_arrays([batch.column(f.name).cast(f.type) for f in schema],
+                                             schema=schema)

@@ -1,0 +1,293 @@
+"""The `tally` commands that read a table: `lookup`, `scan`, `changelog`, `offsets`.
+
+Each command's data access is one small function (`scan_batches`, `changelog_batches`), the
+only place that knows which client calls fetch the rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import sys
+
+from tally.cli.connect_args import add_connection_arguments, open_connection
+from tally.cli.exit_codes import NoRowError
+from tally.cli.output import FORMATS, emit, emit_arrow, header_for
+from tally.errors import InvalidInputError, InvalidOptionError
+
+# The changelog's row-state columns a reader rarely wants (`--hidden` shows them).
+HIDDEN = ("_unwritten", "_contributions", "_tokens")
+
+
+def cmd_lookup(args: argparse.Namespace) -> int:
+    from tally.cli.column_types import parse_key
+
+    with open_connection(args) as conn:
+        table = conn.table(args.table)
+        meta = table.meta
+        key = parse_key(args.table, meta.routing.arrow_schema, meta.routing.primary_key,
+                        args.key)
+        row = table.lookup(key)
+    if row is None:
+        raise NoRowError(f"no row with key {', '.join(f'{k}={v}' for k, v in key.items())} "
+                         f"in {args.table}")
+    emit(list(row), [list(row.values())], args.format)
+    return 0
+
+
+def scan_batches(table, columns: list[str] | None, filter: dict | None, limit: int | None):
+    """(schema, record batches) of the table's rows of `filter`, projected to `columns`, cut
+    after `limit` rows: streamed bucket by bucket (Table.scan), so `--limit 10` reads about
+    one batch, not the table."""
+    scan = table.scan(columns, filter, batch_size=min(limit or 65536, 65536) or 1)
+
+    def batches():
+        left = limit
+        for batch in scan:
+            if left is not None:
+                if left <= 0:
+                    return
+                batch = batch.slice(0, left)
+                left -= batch.num_rows
+            yield batch
+
+    return scan.schema, batches()
+
+
+def cmd_scan(args: argparse.Namespace) -> int:
+    from tally.cli.column_types import parse_filter
+
+    with open_connection(args) as conn:
+        table = conn.table(args.table)
+        schema = table.meta.routing.arrow_schema
+        columns = _columns(args.columns, schema.names, args.table)
+        filter = parse_filter(args.table, schema, args.filter or [])
+        with _activity(f"reading {args.table}"):
+            schema, batches = scan_batches(table, columns, filter or None, args.limit)
+            emit_arrow(schema, batches, args.format)
+    return 0
+
+
+def _columns(text: str | None, names: list[str], table: str) -> list[str] | None:
+    if text is None:
+        return None
+    columns = [c.strip() for c in text.split(",") if c.strip()]
+    unknown = [c for c in columns if c not in names]
+    if unknown or not columns:
+        raise InvalidInputError(f"{table} has no column {', '.join(map(repr, unknown))}; its "
+                                f"columns: {', '.join(names)}" if unknown else
+                                "--columns names no column")
+    return columns
+
+
+def changelog_batches(table, buckets, start: int | None, limit: int | None, on_bucket=None):
+    """Record batches of the changelog of each (partition, bucket) in `buckets`, in order,
+    from offset `start` (default: each bucket's log start) to its end, `limit` records in all;
+    each with `partition` (partitioned tables) and `bucket` columns in front."""
+    import pyarrow as pa
+
+    partitioned = table.meta.routing.partitioned
+    log = table.connection.admin.list_log_offsets(table.name, table.table_id)
+    remaining = limit
+    for partition, bucket in buckets:
+        if remaining is not None and remaining <= 0:
+            return
+        log_start, log_end = log[(partition, bucket)]
+        first = log_start if start is None else start
+        end = log_end if remaining is None else min(log_end, first + remaining)
+        records = table.changelog(bucket, first, end, partition=partition) \
+            if first < end else None
+        if on_bucket is not None:
+            on_bucket()
+        if records is None or not records.num_rows:
+            continue
+        if remaining is not None:
+            records = records.slice(0, remaining)
+            remaining -= records.num_rows
+        records = records.add_column(0, "bucket", pa.array([bucket] * records.num_rows,
+                                                           pa.int32()))
+        if partitioned:
+            records = records.add_column(0, "partition",
+                                         pa.array([partition] * records.num_rows, pa.string()))
+        yield from records.to_batches()
+
+
+def cmd_changelog(args: argparse.Namespace) -> int:
+    import itertools
+
+    import pyarrow as pa
+
+    with open_connection(args) as conn:
+        table = conn.table(args.table)
+        meta = table.meta
+        buckets = _buckets(meta, args.table, args.bucket, args.partition)
+        with _progress(len(buckets), f"reading {args.table}'s changelog") as advance:
+            batches = (b if args.hidden else b.drop_columns([c for c in HIDDEN
+                                                             if c in b.schema.names])
+                       for b in changelog_batches(table, buckets, args.start, args.limit,
+                                                  advance))
+            first = next(batches, None)
+            if first is None and args.format == "table":
+                print("no changelog records")
+                return 0
+            if first is not None:
+                schema = first.schema  # every bucket's records have the table's columns
+            else:  # the columns a record would have, for the CSV header
+                names = (["partition"] if meta.routing.partitioned else []) + \
+                    ["bucket", "_offset", "_change_type"] + list(meta.routing.arrow_schema.names)
+                schema = pa.schema([pa.field(n, pa.null()) for n in names])
+            # Streamed: a bucket's records are printed before the next bucket is read.
+            emit_arrow(schema, itertools.chain([first] if first else [], batches), args.format)
+    return 0
+
+
+def _buckets(meta, table: str, wanted: list[int] | None, partition: str | None):
+    every = meta.all_buckets()
+    if partition is not None:
+        every = [(p, b) for p, b in every if p == partition]
+        if not every:
+            from tally.errors import NotFoundError
+
+            raise NotFoundError(f"{table} has no partition {partition!r}")
+    if wanted is None:
+        return every
+    numbers = sorted({b for text in wanted for b in _bucket_numbers(text)})
+    bad = [b for b in numbers if not 0 <= b < meta.routing.bucket_count]
+    if bad:
+        raise InvalidOptionError(f"{table} has buckets 0..{meta.routing.bucket_count - 1}, "
+                                 f"not {', '.join(map(str, bad))}")
+    return [(p, b) for p, b in every if b in numbers]
+
+
+def _bucket_numbers(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise InvalidOptionError(f"--bucket takes bucket numbers (0, 1, ...), got {text!r}") \
+            from None
+
+
+def cmd_offsets(args: argparse.Namespace) -> int:
+    with open_connection(args) as conn:
+        table = conn.table(args.table)
+        partitioned = table.meta.routing.partitioned
+        log = conn.admin.list_log_offsets(args.table, table.table_id)
+        consumers = conn.admin.consumer_positions(args.table, table.table_id)
+    order = sorted(log, key=lambda key: (key[0] or "", key[1]))
+    where = ["PARTITION"] if partitioned else []
+    if not args.consumers:
+        rows = [([key[0]] if partitioned else []) + [key[1], *log[key], log[key][1] - log[key][0]]
+                for key in order]
+        emit(header_for(where + ["BUCKET", "LOG START", "LOG END", "RECORDS"], args.format),
+             rows, args.format)
+    if args.consumers or (args.format == "table" and consumers):
+        emit(header_for(["CONSUMER"] + where + ["BUCKET", "POSITION", "LAG", "HOLDING",
+                                               "UPDATED"], args.format),
+             _consumer_rows(consumers, log, order, partitioned), args.format,
+             title="changelog consumers" if args.format == "table" else None)
+    return 0
+
+
+def _consumer_rows(consumers, log, order, partitioned: bool) -> list[list]:
+    """A row per consumer and bucket: its next offset (the log start where it has none yet:
+    a new bucket is read from there), the records it has not read, whether it still holds
+    retention back, and when it last registered (ISO time)."""
+    rows = []
+    for consumer in consumers:
+        lag = consumer.lag(log)
+        updated = datetime.datetime.fromtimestamp(consumer.updated_at, datetime.timezone.utc)
+        for key in order:
+            rows.append([consumer.consumer] + ([key[0]] if partitioned else []) + [
+                key[1], consumer.positions.get(key, log[key][0]), lag[key],
+                "yes" if consumer.holding else "no", updated.isoformat(timespec="seconds")])
+    return rows
+
+
+@contextlib.contextmanager
+def _activity(label: str):
+    """A spinner on a terminal's stderr while one long call runs (nothing in a pipe or log)."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    from rich.console import Console
+
+    with Console(file=sys.stderr).status(label):
+        yield
+
+
+@contextlib.contextmanager
+def _progress(total: int, label: str):
+    """A progress bar over `total` steps on a terminal's stderr while the output goes to a
+    file or a pipe (on the same terminal the bar would tear the rows it is printed between);
+    yields the advance callback."""
+    if not sys.stderr.isatty() or sys.stdout.isatty() or total < 2:
+        yield lambda: None
+        return
+    from rich.console import Console
+    from rich.progress import Progress
+
+    with Progress(console=Console(file=sys.stderr), transient=True, redirect_stdout=False,
+                  redirect_stderr=False) as progress:
+        task = progress.add_task(label, total=total)
+        yield lambda: progress.advance(task)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
+    return value
+
+
+def add_commands(commands, common: argparse.ArgumentParser) -> None:
+    """Add the read commands to `tally`'s subparsers (`common`: the shared --verbose)."""
+    lookup = commands.add_parser("lookup", parents=[common],
+                                 help="the row with a primary key (exit 3 when there is none)")
+    lookup.add_argument("table", help="'<database>.<table>'")
+    lookup.add_argument("key", nargs="+", metavar="COLUMN=VALUE",
+                        help="every primary-key column, values as text in the column's type")
+    lookup.add_argument("--format", choices=FORMATS, default="table")
+    add_connection_arguments(lookup)
+    lookup.set_defaults(func=cmd_lookup)
+
+    scan = commands.add_parser("scan", parents=[common],
+                               help="a table's rows, bucket by bucket (each in key order)")
+    scan.add_argument("table", help="'<database>.<table>'")
+    scan.add_argument("--columns", metavar="A,B,...", help="only these columns, in this order")
+    scan.add_argument("--filter", action="append", metavar="COLUMN=VALUE",
+                      help="only rows with this value (repeatable; a column given twice "
+                           "matches either value); on the key or partition key it prunes")
+    scan.add_argument("--limit", type=_positive, metavar="N", help="at most N rows")
+    scan.add_argument("--format", choices=FORMATS, default="table")
+    add_connection_arguments(scan)
+    scan.set_defaults(func=cmd_scan)
+
+    changelog = commands.add_parser(
+        "changelog", parents=[common],
+        help="a table's changelog records (+I, -U, +U, -D with row images), bucket by bucket")
+    changelog.add_argument("table", help="'<database>.<table>'")
+    changelog.add_argument("--bucket", action="append", metavar="B[,B...]",
+                           help="only these buckets (repeatable; default: every bucket)")
+    changelog.add_argument("--partition", metavar="NAME", help="only this partition's buckets")
+    changelog.add_argument("--from", dest="start", type=_positive, metavar="OFFSET",
+                           help="start at this offset in each bucket (default: its log start)")
+    changelog.add_argument("--limit", type=_positive, metavar="N", help="at most N records")
+    changelog.add_argument("--hidden", action="store_true",
+                           help="also the row-state columns (_unwritten, _contributions, ...)")
+    changelog.add_argument("--format", choices=FORMATS, default="table")
+    add_connection_arguments(changelog)
+    changelog.set_defaults(func=cmd_changelog)
+
+    offsets = commands.add_parser(
+        "offsets", parents=[common],
+        help="each bucket's changelog log start and end offsets, and its consumers' positions")
+    offsets.add_argument("table", help="'<database>.<table>'")
+    offsets.add_argument("--consumers", action="store_true",
+                         help="only the changelog consumers' positions (one row per bucket)")
+    offsets.add_argument("--format", choices=FORMATS, default="table")
+    add_connection_arguments(offsets)
+    offsets.set_defaults(func=cmd_offsets)
