@@ -54,6 +54,7 @@ KNOWN_TABLE_OPTIONS = {
     EXPIRED_LOCK_RETENTION,
     CONSUMER_RETENTION,
     "table.agg.remove-record-on-empty",
+    "table.replication.factor",  # read by the coordinator's placement, not by the tablet
 }
 
 AGGREGATION = "aggregation"

@@ -82,6 +82,18 @@ class UnavailableError(ClusterError):
     """A server or the metadata store cannot be reached right now; the same call may succeed later."""
 
 
+class NotEnoughReplicasError(UnavailableError):
+    """A bucket has fewer in-sync replicas than its table's `min.insync.replicas`: a write is
+    refused (or, when they dropped out while it was replicating, not acknowledged) rather than
+    kept on fewer copies than the table asks for. Retried while followers catch up."""
+
+
+class NotLeaderError(UnavailableError):
+    """The server addressed no longer leads the bucket (a leader election moved it, or this
+    server was deposed while it waited for its followers). Nothing was acknowledged; the
+    client refreshes its metadata and retries on the new leader."""
+
+
 class StaleMetadataError(ClusterError):
     """The caller's view of the cluster is out of date (bucket hosted elsewhere, table re-created).
 

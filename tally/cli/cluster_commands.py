@@ -1,4 +1,4 @@
-"""The `tally` commands that ask a running cluster: `servers` and `locks`.
+"""The `tally` commands that ask a running cluster: `servers`, `buckets` and `locks`.
 
 Each command connects with the client when it runs, so `tally --help` loads none of it.
 """
@@ -23,6 +23,23 @@ def cmd_servers(args: argparse.Namespace) -> int:
         print("no tablet servers")
         return 0
     emit(header_for(("SERVER", "STATE", "ADDRESS", "PROBLEMS"), args.format), rows, args.format)
+    return 0
+
+
+def cmd_buckets(args: argparse.Namespace) -> int:
+    """Print who holds each bucket of a table: leader, replicas, in-sync replicas, epoch; a
+    bucket with copies out of sync is marked, one without a live in-sync copy is OFFLINE."""
+    with open_connection(args) as conn:
+        replicas = conn.admin.bucket_replicas(args.table)
+    rows = []
+    for (partition, bucket), r in sorted(replicas.items(), key=lambda kv: (kv[0][0] or "",
+                                                                           kv[0][1])):
+        state = "OFFLINE" if r["leader"] is None else \
+            "ok" if len(r["isr"]) == len(r["replicas"]) else "UNDER-REPLICATED"
+        rows.append((partition or "", bucket, r["leader"] or "", ",".join(r["replicas"]),
+                     ",".join(r["isr"]), r["leader_epoch"], state))
+    emit(header_for(("PARTITION", "BUCKET", "LEADER", "REPLICAS", "IN SYNC", "EPOCH", "STATE"),
+                    args.format), rows, args.format)
     return 0
 
 
@@ -68,6 +85,14 @@ def add_commands(commands, common: argparse.ArgumentParser) -> None:
     servers.add_argument("--format", choices=FORMATS, default="table")
     add_connection_arguments(servers)
     servers.set_defaults(func=cmd_servers)
+
+    buckets = commands.add_parser("buckets", parents=[common],
+                                  help="show each bucket's leader, replicas, in-sync replicas "
+                                       "and leader epoch")
+    buckets.add_argument("table", help="'<database>.<table>'")
+    buckets.add_argument("--format", choices=FORMATS, default="table")
+    add_connection_arguments(buckets)
+    buckets.set_defaults(func=cmd_buckets)
 
     locks = commands.add_parser("locks", parents=[common],
                                 help="show column locks: owner, columns, expiry, "

@@ -165,6 +165,15 @@ class Admin:
         """Forget a consumer (it then holds back no retention); False when there was none."""
         return bool(self._call("consumer_remove", name=name, consumer=consumer))
 
+    def bucket_replicas(self, name: str) -> dict[tuple[str | None, int], dict]:
+        """Who holds each bucket of a table: `{(partition, bucket): {"leader": server id (None
+        while no in-sync copy is live), "replicas": [server ids], "isr": [the in-sync ones],
+        "leader_epoch": n}}`."""
+        return {(p, b): {"leader": leader, "replicas": replicas, "isr": isr,
+                         "leader_epoch": epoch}
+                for p, b, leader, replicas, isr, epoch in self._call("bucket_replicas",
+                                                                     name=name)}
+
     def list_servers(self) -> list[dict]:
         """Every tablet server the coordinator knows: id, address, live, healthy and the
         problems a live one reported (a bucket whose disk is full, ...)."""

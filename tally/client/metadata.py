@@ -41,7 +41,7 @@ class TableMeta:
     descriptor_json: str
     created_at: float
     routing: TableRouting
-    partitions: dict[str | None, dict]   # name -> {"partition_id", "buckets": [server ids]}
+    partitions: dict[str | None, dict]   # name -> {"partition_id", "buckets": [replicas]}
     servers: dict[str, str | None]       # server id -> address (None: not live)
 
     @classmethod
@@ -84,10 +84,15 @@ class TableMeta:
         if not 0 <= bucket < len(p["buckets"]):
             raise NotFoundError(f"table '{self.name}' has buckets 0..{len(p['buckets']) - 1}, "
                                 f"not {bucket}")
-        owner = p["buckets"][bucket]
+        replicas = p["buckets"][bucket]
+        owner = replicas["leader"] if isinstance(replicas, dict) else replicas
+        if owner is None:
+            raise UnavailableError(
+                f"bucket {bucket} of '{self.name}' has no leader: none of its in-sync replicas "
+                f"{replicas['isr']} is live (it waits for one of them to return)")
         address = self.servers.get(owner)
         if not address:
-            raise UnavailableError(f"tablet server {owner} hosting bucket {bucket} of "
+            raise UnavailableError(f"tablet server {owner} leading bucket {bucket} of "
                                    f"'{self.name}' is not live")
         return Route(self.table_id, partition, int(p["partition_id"]), bucket, owner, address)
 

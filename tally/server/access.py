@@ -31,6 +31,7 @@ REQUIRED_ROLE: dict[str, str] = {
     "list_partitions": READ,
     "list_offsets": READ,
     "list_servers": READ,
+    "bucket_replicas": READ,
     "create_partition": WRITE,  # a write to a new partition value creates it (dynamic)
     "create_database": ADMIN,
     "drop_database": ADMIN,
@@ -64,6 +65,8 @@ REQUIRED_ROLE: dict[str, str] = {
     "lock_view": CLUSTER,
     "retention_floor": CLUSTER,
     "consumer_floor": CLUSTER,
+    "server_buckets": CLUSTER,
+    "alter_isr": CLUSTER,  # only a bucket's current leader may change its in-sync set
     # tablet servers: rows
     "lookup": READ,
     "lookup_many": READ,
@@ -80,6 +83,10 @@ REQUIRED_ROLE: dict[str, str] = {
     "expire_rows": CLUSTER,
     "reopen_tablets": CLUSTER,
     "server_id": CLUSTER,
+    # tablet servers: asked by the coordinator and by other tablet servers (followers)
+    "replicas_changed": CLUSTER,
+    "replica_fetch": CLUSTER,
+    "replica_epoch_end": CLUSTER,
 }
 
 

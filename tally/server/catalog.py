@@ -5,9 +5,13 @@ Layout in the metadata store (names are quoted with `tally.meta.node_name`):
     /databases/<db>                       {"name"}
     /databases/<db>/tables/<table>        {"name", "table_id", "descriptor", "created_at"}
     /tables/<table_id>                    {"name"}                  (the id's own subtree)
-    /tables/<table_id>/partitions/<part>  {"name", "partition_id", "buckets": [server ids]}
+    /tables/<table_id>/partitions/<part>  {"name", "partition_id", "buckets": [replicas]}
     /servers/<server_id>                  {"address"}               (every tablet server known)
     /ids/<counter>                        {"next"}
+
+Each bucket's entry in "buckets" is its BucketReplicas: the servers holding a copy, the leader
+among them, the in-sync replicas and the leader epoch. They live in the partition node so that
+an election or an in-sync change is one compare-and-set of that node (store.update).
 
 An unpartitioned table has one partition node named `none` (partition id 0). A table becomes
 visible the moment its name node is created, and everything under /tables/<id> is written
@@ -58,18 +62,47 @@ class TableRecord:
 
 
 @dataclasses.dataclass(frozen=True)
+class BucketReplicas:
+    """Who holds one bucket: `replicas` (distinct servers, the preferred leader first), the
+    `leader` (None while no in-sync replica is live: the bucket is offline), `isr` (the
+    in-sync replicas: the leader and the followers that have every acknowledged write) and
+    `leader_epoch` (bumped by every leader change; it fences a deposed leader)."""
+
+    leader: str | None
+    replicas: tuple[str, ...]
+    isr: tuple[str, ...]
+    leader_epoch: int = 0
+
+    @classmethod
+    def single(cls, server_id: str) -> "BucketReplicas":
+        return cls(server_id, (server_id,), (server_id,), 0)
+
+    def to_json(self) -> dict:
+        return {"leader": self.leader, "replicas": list(self.replicas), "isr": list(self.isr),
+                "leader_epoch": self.leader_epoch}
+
+    @classmethod
+    def from_json(cls, value) -> "BucketReplicas":
+        if isinstance(value, str):  # written before replication: one copy, its server leads
+            return cls.single(value)
+        return cls(value["leader"], tuple(value["replicas"]), tuple(value["isr"]),
+                   int(value["leader_epoch"]))
+
+
+@dataclasses.dataclass(frozen=True)
 class PartitionRecord:
     name: str | None         # None for the single partition of an unpartitioned table
     partition_id: int
-    buckets: tuple[str, ...]  # owner server id per bucket
+    buckets: tuple[BucketReplicas, ...]  # per bucket
 
     def to_json(self) -> dict:
         return {"name": self.name, "partition_id": self.partition_id,
-                "buckets": list(self.buckets)}
+                "buckets": [b.to_json() for b in self.buckets]}
 
     @classmethod
     def from_json(cls, d: dict) -> "PartitionRecord":
-        return cls(d["name"], int(d["partition_id"]), tuple(d["buckets"]))
+        return cls(d["name"], int(d["partition_id"]),
+                   tuple(BucketReplicas.from_json(b) for b in d["buckets"]))
 
 
 class Catalog:
@@ -147,8 +180,9 @@ class Catalog:
         return record
 
     def create_table(self, full: str, descriptor_json: str,
-                     first_partition: tuple[str, ...] | None) -> TableRecord:
-        """Create a table; `first_partition` is the bucket owners of an unpartitioned table."""
+                     first_partition: tuple[BucketReplicas, ...] | None) -> TableRecord:
+        """Create a table; `first_partition` is the buckets' replicas of an unpartitioned
+        table."""
         db, _ = split_table_name(full)
         if not self.database_exists(db):
             raise NotFoundError(f"database '{db}' does not exist")
@@ -229,7 +263,7 @@ class Catalog:
         raise NotFoundError(f"partition id {partition_id} of table id {table_id} does not exist")
 
     def create_partition(self, table_id: int, partition: str,
-                         buckets: tuple[str, ...]) -> PartitionRecord:
+                         buckets: tuple[BucketReplicas, ...]) -> PartitionRecord:
         """Create a partition, or return the existing one (the first creator's assignment)."""
         existing = self.get_partition(table_id, partition)
         if existing is not None:
@@ -244,6 +278,23 @@ class Catalog:
             self.store.delete(self._id_path(table_id), recursive=True)
             raise NotFoundError(f"table id {table_id} was dropped")
         return record
+
+    def update_buckets(self, table_id: int, partition: str | None,
+                       change) -> PartitionRecord | None:
+        """Apply `change(buckets) -> buckets` to a partition's replicas as one compare-and-set
+        (a concurrent change retries it on the fresh value); None if the partition is gone."""
+        path = self._partition_path(table_id, partition)
+        if self.store.get(path) is None:
+            return None
+
+        def apply(value: dict) -> dict:
+            record = PartitionRecord.from_json(value)
+            return dataclasses.replace(record, buckets=tuple(change(record.buckets))).to_json()
+
+        try:
+            return PartitionRecord.from_json(self.store.update(path, apply))
+        except NotFoundError:
+            return None
 
     def drop_partition(self, table_id: int, partition: str) -> PartitionRecord:
         record = self.get_partition(table_id, partition)

@@ -5,9 +5,11 @@ It owns the metadata store (ZooKeeper or embedded), decides which live tablet se
 tablet servers' metadata questions. It never touches row data: writes and reads go straight
 from clients to tablet servers.
 
-Assignments are sticky: a bucket's data lives on its tablet server's disk (there is no
-replication), so a bucket stays with its server while that server is down, and writes to it
-wait (clients retry) until the server is back.
+Each bucket has `table.replication.factor` copies on distinct servers, one of them its leader
+(replica_control): writes and reads go to the leader, followers copy its changelog, and when
+the leader's server dies a follower that has every acknowledged write takes over. With one
+copy a bucket stays with its server while that server is down, and writes to it wait (clients
+retry) until the server is back.
 
 Handlers are registered by name in `self.actions`; later features (column locks, commits) add
 their own handlers to that table rather than changing the transport.
@@ -25,10 +27,12 @@ from tally.errors import (AlreadyExistsError, InvalidInputError, NotFoundError,
                           PermissionDeniedError, SchemaError, TableRecreatedError, TallyError,
                           UnavailableError)
 from tally.meta import MetadataStore
+from tally.server.admin_truncation import AdminTruncation
 from tally.server.column_addition import ColumnAddition
 from tally.server.catalog import (DEFAULT_DATABASE, Catalog, PartitionRecord, TableRecord,
                                   split_table_name)
 from tally.server.consumer_registry import ConsumerRegistry
+from tally.server.replica_control import ReplicaControl
 from tally.server.membership import (COORDINATOR, EphemeralRegistration, HeartbeatLiveness,
                                      ZooKeeperLiveness)
 from tally.server.metric_reports import MetricReports
@@ -51,9 +55,13 @@ class Coordinator:
 
     def __init__(self, store: MetadataStore, address: str, token: str | None = None,
                  session_timeout: float = SESSION_TIMEOUT, clock=time.time, tls=None,
-                 metrics: ServerMetrics | None = None) -> None:
+                 metrics: ServerMetrics | None = None, default_replication_factor: int = 1,
+                 replica_replace_after: float = 60.0) -> None:
         """`clock`: the time lock expiry is judged by (tests move it; see server.clock).
-        `metrics`: the process's (a registry of its own when None)."""
+        `metrics`: the process's (a registry of its own when None).
+        `default_replication_factor`: copies of each bucket of a table that names none;
+        `replica_replace_after`: seconds a server may be gone before its copies are made
+        again on other servers."""
         self.store = store
         self.metrics = metrics if metrics is not None else ServerMetrics()
         self.clock = clock
@@ -88,12 +96,13 @@ class Coordinator:
             "list_servers": self.list_servers,
             "bucket_info": self.bucket_info,
             "heartbeat": self.heartbeat,
-            "truncate_log": self.truncate_log,
         }
         self.locking = CoordinatorLocks(self)  # adds the lock, commit and retention actions
         self.reports = MetricReports(self)  # adds undo_report; shows the lock holders
         self.consumers = ConsumerRegistry(self)  # adds the changelog consumers' actions
         ColumnAddition(self)  # adds add_column
+        AdminTruncation(self)  # adds truncate_log
+        self.replicas = ReplicaControl(self, default_replication_factor, replica_replace_after)
 
     # --- databases and tables -----------------------------------------------------------
 
@@ -135,7 +144,7 @@ class Coordinator:
                 return {"table_id": existing.table_id, "created": False}
             raise AlreadyExistsError(f"table '{name}' already exists")
         owners = None if descriptor.schema.partition_key else \
-            self.assign(descriptor.bucket_count, salt=0)
+            self.assign(descriptor, descriptor.bucket_count, salt=0)
         try:
             record = self.catalog.create_table(name, descriptor.to_json(), owners)
         except AlreadyExistsError:
@@ -191,14 +200,18 @@ class Coordinator:
 
     # --- partitions and assignment ------------------------------------------------------
 
-    def assign(self, bucket_count: int, salt: int) -> tuple[str, ...]:
-        """Owners for `bucket_count` new buckets: the live servers, round robin from `salt`;
-        only the healthy ones while there are any (a full disk should not get new buckets)."""
+    def assign(self, descriptor, bucket_count: int, salt: int):
+        """Replicas for `bucket_count` new buckets of a table (replica_placement): the live
+        servers round robin from `salt`; only the healthy ones while there are enough (a full
+        disk should not get new buckets)."""
         live = sorted(self.liveness.live())
-        live = [sid for sid in live if not self._problems.get(sid)] or live
         if not live:
             raise UnavailableError("no live tablet server to host new buckets; start one")
-        return tuple(live[(salt + b) % len(live)] for b in range(bucket_count))
+        healthy = [sid for sid in live if not self._problems.get(sid)]
+        try:
+            return self.replicas.place(descriptor, bucket_count, salt, healthy)
+        except UnavailableError:
+            return self.replicas.place(descriptor, bucket_count, salt, live)
 
     def create_partition(self, body: dict) -> dict:
         """Create a partition (admin, or a client's first write to it when dynamic creation is
@@ -224,7 +237,7 @@ class Coordinator:
                 f"partition name '{partition}' does not have one value per partition-key "
                 f"column {list(expected)} (values are joined with '$')")
         with self._lock:
-            owners = self.assign(routing.bucket_count,
+            owners = self.assign(self.parse_descriptor(record.descriptor), routing.bucket_count,
                                  salt=len(self.catalog.partitions(record.table_id)))
             created = self.catalog.create_partition(record.table_id, partition, owners)
         log.info("partition %s of %s: id %d", partition, record.name, created.partition_id)
@@ -279,7 +292,7 @@ class Coordinator:
         self.catalog.remember_server(server_id, address)
         self._problems[server_id] = problems
         self.liveness.heartbeat(server_id, address)
-        return {"dropped_table_ids": dropped}
+        return {"dropped_table_ids": dropped, "replica_version": self.replicas.version}
 
     def _refuse_address_hijack(self, server_id: str, address: str) -> None:
         """A live server's address moves only when the server itself has moved: if its current
@@ -309,9 +322,10 @@ class Coordinator:
         partition = self.catalog.partition_by_id(table_id, partition_id)
         if not 0 <= bucket < len(partition.buckets):
             raise NotFoundError(f"table '{record.name}' has no bucket {bucket}")
+        replicas = partition.buckets[bucket]
         return {"name": record.name, "descriptor": record.descriptor,
                 "routing": self.routing(record).to_json(), "partition": partition.name,
-                "owner": partition.buckets[bucket]}
+                "replicas": replicas.to_json()}
 
     # --- offsets ------------------------------------------------------------------------
 
@@ -320,14 +334,18 @@ class Coordinator:
         name = record.name
         by_owner: dict[str, list[tuple[PartitionRecord, int]]] = {}
         for p in self.catalog.partitions(record.table_id):
-            for bucket, owner in enumerate(p.buckets):
-                by_owner.setdefault(owner, []).append((p, bucket))
+            for bucket, replicas in enumerate(p.buckets):
+                if replicas.leader is None:
+                    raise UnavailableError(
+                        f"bucket {bucket} of '{name}' has no leader: none of its in-sync "
+                        f"replicas {list(replicas.isr)} is live")
+                by_owner.setdefault(replicas.leader, []).append((p, bucket))
         live = self.liveness.live()
         out: dict[tuple[str | None, int], tuple[int, int]] = {}
         for owner, buckets in by_owner.items():
             if owner not in live:
                 raise UnavailableError(
-                    f"tablet server {owner} hosting buckets of '{name}' is not live")
+                    f"tablet server {owner} leading buckets of '{name}' is not live")
             answer = self.channels.get(live[owner]).action("offsets", {
                 "table_id": record.table_id,
                 "buckets": [[p.partition_id, b] for p, b in buckets]})
@@ -347,53 +365,8 @@ class Coordinator:
         return [[p, b, start, end] for (p, b), (start, end) in
                 sorted(offsets.items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))]
 
-    def truncate_log(self, body: dict) -> int:
-        """Forward an admin truncation to the tablet server hosting the bucket."""
-        record = self.catalog.get_table(field(body, "name", str))
-        name = None if body.get("partition") is None else field(body, "partition", str)
-        bucket, before = field(body, "bucket", int), field(body, "before", int)
-        partition = self.catalog.get_partition(record.table_id, name)
-        if partition is None:
-            raise NotFoundError(f"table '{record.name}' has no partition {name!r}")
-        if not 0 <= bucket < len(partition.buckets):
-            raise NotFoundError(f"table '{record.name}' has no bucket {bucket}")
-        if not body.get("force", False):
-            self._check_retention_floors(record, name, bucket, before)
-        owner = partition.buckets[bucket]
-        address = self.liveness.live().get(owner)
-        if address is None:
-            raise UnavailableError(f"tablet server {owner} hosting that bucket is not live")
-        return self.channels.get(address).action("truncate_bucket_log", {
-            "table_id": record.table_id, "partition_id": partition.partition_id,
-            "bucket": bucket, "before": before})
-
-    def _check_retention_floors(self, record, partition: str | None, bucket: int,
-                                before: int) -> None:
-        """Refuse an admin truncation past what a lock tenure's undo or a registered changelog
-        consumer still needs (the floors the tablet servers' retention keeps too): cutting
-        there would make a crashed job's undo impossible, or a consumer skip records. `force`
-        overrides it, knowingly."""
-        key, table_id = (partition, bucket), {"table_id": record.table_id}
-        floors = []
-        if "retention_floor" in self.actions:
-            locks = self.actions["retention_floor"](table_id)
-            floors.append(("an unreleased column lock's undo", locks["holding_locks"],
-                           {(p, b): o for p, b, o in locks["offsets"]}))
-        if "consumer_floor" in self.actions:
-            consumers = self.actions["consumer_floor"](table_id)
-            floors.append(("a registered changelog consumer", consumers["holding_consumers"],
-                           {(p, b): o for p, b, o in consumers["offsets"]}))
-        for what, holding, offsets in floors:
-            floor = offsets.get(key, 0 if holding else None)
-            if floor is not None and before > floor:
-                where = f"bucket {bucket}" if partition is None else \
-                    f"bucket {bucket} of partition {partition!r}"
-                raise InvalidInputError(
-                    f"truncating {record.name}'s {where} before offset {before} would drop "
-                    f"records {what} still needs (from offset {floor}); truncate before "
-                    f"{floor} at most, or pass force to drop them anyway")
-
     def close(self) -> None:
+        self.replicas.close()
         if self._registration is not None:
             self._registration.close()
         self.liveness.close()

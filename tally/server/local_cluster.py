@@ -125,13 +125,18 @@ class LocalCluster:
                  authenticate: bool = False, host: str = "127.0.0.1",
                  max_batch_bytes: int | None = None, startup_timeout: float = 60.0,
                  memory_budget: str | None = None, lock_clock_file: str | None = None,
-                 tls=None, metrics: bool = False, metrics_per_bucket: bool = False) -> None:
+                 tls=None, metrics: bool = False, metrics_per_bucket: bool = False,
+                 replication_factor: int | None = None,
+                 replica_replace_after: float | None = None) -> None:
         """`lock_clock_file`: every server judges lock expiry by the wall clock plus the
         seconds in this file, so tests expire locks without sleeping (server.clock).
         `tls`: a tally.wire.tls.TlsFiles every server uses (its certificate, key, CA and
         whether it verifies clients): the cluster then serves grpc+tls:// only.
         `metrics`: every server serves Prometheus metrics on a free loopback port
-        (`handle.metrics`); `metrics_per_bucket` labels them by bucket too."""
+        (`handle.metrics`); `metrics_per_bucket` labels them by bucket too.
+        `replication_factor`: the cluster's default copies per bucket (None: 3 with three
+        tablet servers or more, else 1); `replica_replace_after`: seconds before a gone
+        server's copies are made again elsewhere (None: the server's default, 60)."""
         self.data_dir = os.path.abspath(data_dir)
         os.makedirs(self.data_dir, exist_ok=True)
         saved = self._load_settings()
@@ -166,8 +171,15 @@ class LocalCluster:
                                 if max_batch_bytes else [])
         if memory_budget is not None:
             tablet_args += ["--memory-budget", str(memory_budget)]
+        if replication_factor is None:
+            replication_factor = saved.get("replication_factor") or (3 if count >= 3 else 1)
+        self.replication_factor = replication_factor
+        coordinator_args = common + ["--role", "coordinator", "--default-replication-factor",
+                                     str(replication_factor)]
+        if replica_replace_after is not None:
+            coordinator_args += ["--replica-replace-after", str(replica_replace_after)]
         self.coordinator = ServerHandle("coordinator", os.path.join(self.data_dir, "coordinator"),
-                                        common + ["--role", "coordinator"])
+                                        coordinator_args)
         self.tablet_servers = [
             ServerHandle(f"tablet server {i}", os.path.join(self.data_dir, f"tablet-{i}"),
                          tablet_args + ["--role", "tablet"]) for i in range(count)]
@@ -196,7 +208,8 @@ class LocalCluster:
 
     def _save_settings(self, count: int) -> None:
         with open(self._settings_path(), "w") as f:
-            json.dump({"tablet_servers": count, "zookeeper": self.zookeeper}, f)
+            json.dump({"tablet_servers": count, "zookeeper": self.zookeeper,
+                       "replication_factor": self.replication_factor}, f)
 
     # --- lifecycle ------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from tally.server.flight_service import TallyFlightServer
 from tally.server.metrics import ServerMetrics
 from tally.server.serve_args import add_serve_arguments
 from tally.server.tablet_server import TabletServer
-from tally.wire.channel import FlightChannel
+from tally.wire.channel import ChannelPool, FlightChannel
 from tally.wire.tls import TLS_SCHEME, TlsFiles
 
 log = logging.getLogger("tally.server")
@@ -141,9 +141,11 @@ class ServerProcess:
             from tally.server.coordinator import Coordinator
 
             store = self._store(open_store(zookeeper=args.zookeeper, data_dir=args.data_dir))
-            self.coordinator = Coordinator(store, self.address, cluster_token, tls=tls,
-                                           clock=lock_clock(args.lock_clock_file),
-                                           metrics=self.metrics)
+            self.coordinator = Coordinator(
+                store, self.address, cluster_token, tls=tls,
+                clock=lock_clock(args.lock_clock_file), metrics=self.metrics,
+                default_replication_factor=args.default_replication_factor,
+                replica_replace_after=args.replica_replace_after)
             self.flight.attach(coordinator=self.coordinator)
         if args.role in ("all", "tablet"):
             zk = self._store(open_store(zookeeper=args.zookeeper)) if args.zookeeper else None
@@ -157,7 +159,8 @@ class ServerProcess:
                                               max_batch_bytes=args.max_batch_bytes,
                                               memory_budget=args.memory_budget,
                                               clock=lock_clock(args.lock_clock_file),
-                                              metrics=self.metrics)
+                                              metrics=self.metrics,
+                                              peers=ChannelPool(cluster_token, tls=tls))
             self.flight.attach(tablet_server=self.tablet_server)
             if zk is not None:
                 from tally.server.membership import EphemeralRegistration, live_path

@@ -3,7 +3,8 @@
 Reads never return an expired row and the next write of its key records its -D, so the sweep is
 not needed for correctness: it writes the -D of rows nobody touches any more, so changelog
 consumers learn of the expiry and the rows stop taking disk. Every `interval` seconds each open
-bucket of a table with `table.kv.row-ttl` is swept under its bucket lock; the coordinator's
+bucket this server leads of a table with `table.kv.row-ttl` is swept under its bucket lock
+(followers receive the expiries in their leader's changelog); the coordinator's
 `expire_rows` action runs one pass now.
 """
 
@@ -37,6 +38,8 @@ class RowExpiry:
         for hosted in self.server.host.all_hosted():
             if hosted.tablet.descriptor.row_ttl_ms is None:
                 continue
+            if not self.server.replicas.leads(hosted.key):
+                continue  # a follower's rows change only by its leader's changelog
             try:
                 with hosted.lock:
                     count = hosted.tablet.expire_rows()

@@ -23,6 +23,26 @@ def _memory_budget(value: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _positive(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of at least 1, not {value!r}")
+    return number
+
+
+def _seconds(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not number >= 0:
+        raise argparse.ArgumentTypeError(f"a number of seconds, not {value!r}")
+    return number
+
+
 def _port(value: str) -> int:
     try:
         port = int(value)
@@ -77,6 +97,16 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("--metrics-per-bucket", action="store_true",
                         help="label write and memory metrics by partition and bucket too "
                              "(series multiply by the bucket count of every table)")
+    parser.add_argument("--default-replication-factor", type=_positive, default=1, metavar="N",
+                        help="copies of each bucket of a table that sets no "
+                             "table.replication.factor (coordinator; default 1)")
+    parser.add_argument("--replica-replace-after", type=_seconds, default=60.0,
+                        metavar="SECONDS",
+                        help="how long a tablet server may be gone before the coordinator "
+                             "makes its bucket copies again on other servers (default 60)")
+    parser.add_argument("--remote-dir", metavar="URI",
+                        help="upload each led bucket's snapshots and changelog segments here "
+                             "(a local path or a pyarrow filesystem URI such as s3://...)")
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("--lock-clock-file", metavar="PATH", help=argparse.SUPPRESS)  # tests
     return parser

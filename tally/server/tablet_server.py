@@ -1,11 +1,13 @@
 """A tablet server: hosts the KvTablets of its buckets and serves writes and reads over Flight.
 
-Every write is checked before it reaches a tablet: the bucket must be assigned to this server
-(else StaleMetadataError, and the client refreshes its metadata), the batch must fit the size
+Every write is checked before it reaches a tablet: this server must lead the bucket (else
+NotLeaderError or StaleMetadataError, and the client refreshes its metadata and retries), enough
+of its copies must be in sync (min.insync.replicas), the batch must fit the size
 limit, and every row must belong to the addressed partition and bucket (the stable bucket
 function of tally.wire.bucket_hash). Then one `KvTablet.put` or `delete` applies it atomically, with
-the writer's (id, sequence) so a retried request is applied once. Anything wrong raises a typed
-error naming the problem and nothing is applied.
+the writer's (id, sequence) so a retried request is applied once, and the write is acknowledged
+once every in-sync follower holds it (leadership). Reads return what is below the high
+watermark only. Anything wrong raises a typed error naming the problem and nothing is applied.
 
 Extension point: `write_checks` is a list of callables `check(hosted, header, rows)` run after
 the built-in checks and before the tablet is touched (column-lock fencing plugs in here).
@@ -28,6 +30,7 @@ from locks.tablet_check import TabletLocks
 from merge_engine.row_snapshot import scan_schema
 from tally.errors import InvalidInputError, NotFoundError, StaleMetadataError
 from tally.server.periodic import PeriodicDuty
+from tally.server.replica_roles import ReplicaRoles
 from tally.server.metrics import ServerMetrics
 from tally.server.retention import RetentionKeeper
 from tally.server.row_expiry import EXPIRY_INTERVAL, RowExpiry
@@ -104,13 +107,14 @@ class TabletServer:
                  clock: Callable[[], float] = time.time,
                  storage_probe_interval: float = STORAGE_PROBE_INTERVAL,
                  metrics: ServerMetrics | None = None,
-                 expiry_interval: float = EXPIRY_INTERVAL) -> None:
+                 expiry_interval: float = EXPIRY_INTERVAL, peers=None) -> None:
         """`memory_budget`: bytes of write memory all hosted buckets share (None: no cap
         beyond each bucket's own; `tally serve` passes --memory-budget). `clock`: the time
         lock expiry and the row TTL are judged by (tests move it; see server.clock). Every
         `storage_probe_interval` seconds, buckets whose disk refused a write are reopened
         once it has room (storage_health). `metrics`: the process's (a registry of its own
-        when None)."""
+        when None). `peers`: a ChannelPool (with the cluster credential) to reach the other
+        tablet servers, which followers fetch from (None: a plaintext pool without one)."""
         self.clock = clock
         self.metrics = metrics if metrics is not None else ServerMetrics()
         self.server_id = load_server_id(data_dir)
@@ -129,6 +133,11 @@ class TabletServer:
         self.retention = RetentionKeeper(self, retention_interval)
         self.expiry = RowExpiry(self, expiry_interval)
         self.storage = StorageHealth(self.host, storage_probe_interval)
+        if peers is None:
+            from tally.wire.channel import ChannelPool
+            peers = ChannelPool(None)
+        self.peers = peers
+        self.replicas = ReplicaRoles(self, peers)
 
     def coordinator(self, action: str, body: dict):
         """Ask the coordinator (used by the lock and retention helpers)."""
@@ -139,19 +148,27 @@ class TabletServer:
         self.retention.start()
         self.expiry.start()
         self.storage.start()
+        self.replicas.start()
 
     def send_heartbeat(self) -> None:
         answer = self._coordinator("heartbeat", {"server_id": self.server_id,
                                                  "address": self.address,
                                                  "table_ids": self.host.table_ids(),
-                                                 "problems": self.storage.problems()})
+                                                 "problems": self.problems()})
         for table_id in answer["dropped_table_ids"]:
             self.host.drop_table(int(table_id))
+        self.replicas.heartbeat_answer(answer)
+
+    def problems(self) -> list[str]:
+        """What keeps buckets here from working (shown by `tally servers`)."""
+        stalled = [f"{label} cannot follow its leader: {why}"
+                   for label, why in self.replicas.fetchers.stalled().items()]
+        return self.storage.problems() + stalled
 
     # --- tablets ----------------------------------------------------------------------------
 
     def tablet(self, table_id: int, partition_id: int, bucket: int) -> HostedTablet:
-        """The hosted tablet of a bucket assigned to this server (opened on first use)."""
+        """The hosted tablet of a bucket this server holds a copy of (opened on first use)."""
         key = TabletKey(int(table_id), int(partition_id), int(bucket))
         hosted = self.host.get(key)
         if hosted is not None:
@@ -163,10 +180,11 @@ class TabletServer:
         except NotFoundError as e:
             raise StaleMetadataError(f"{key.describe()}: {e}") from None
         routing = TableRouting.from_json(info["routing"])
-        if info["owner"] != self.server_id:
+        replicas = info["replicas"]
+        if self.server_id not in replicas["replicas"]:
             raise StaleMetadataError(
-                f"{key.describe(routing, info['partition'])} is hosted by tablet server "
-                f"{info['owner']}, not {self.server_id}")
+                f"{key.describe(routing, info['partition'])} is held by tablet servers "
+                f"{replicas['replicas']}, not {self.server_id}")
         return self.host.open(key, info["descriptor"], routing, info["partition"])
 
     def addressed(self, header: dict) -> HostedTablet:
@@ -192,7 +210,10 @@ class TabletServer:
         self.check_rows(hosted, rows)
         mode = MergeMode.parse(header.get("mode", "AGGREGATE"))
         targets, writer = write_options(header)
+        lead = self.leadership(hosted)
+        lead.check_insync()
         with hosted.lock:
+            lead.check_insync()  # the role may have changed while this write waited
             # Checks run under the bucket lock so that a lock change pushed meanwhile (which
             # passes through this lock) cannot land between a write's check and its apply.
             for check in self.write_checks:
@@ -201,8 +222,14 @@ class TabletServer:
                 end = hosted.tablet.put(rows, mode=mode, target_columns=targets, writer=writer)
             else:
                 end = hosted.tablet.delete(rows, mode=mode, target_columns=targets, writer=writer)
+        self.replicas.appended()
+        lead.wait_replicated(end)
         self.metrics.written(hosted, op, rows)
         return {"end_offset": int(end)}
+
+    def leadership(self, hosted: HostedTablet):
+        """This server's leadership of the bucket (NotLeaderError: the client re-routes)."""
+        return self.replicas.leadership(hosted.key, hosted.label)
 
     def check_rows(self, hosted: HostedTablet, rows: pa.Table) -> None:
         """Every row must belong to the addressed partition and bucket."""
@@ -238,8 +265,11 @@ class TabletServer:
         if op == "changelog":
             start = field(header, "start", int, 0)
             end = None if header.get("end") is None else field(header, "end", int)
+            # records above the high watermark are not yet on every in-sync copy: not shown
+            visible = self.leadership(hosted).high_watermark()
+            end = visible if end is None else min(end, visible)
             with hosted.lock:
-                return hosted.tablet.changelog(start, end)
+                return hosted.tablet.changelog(min(start, end), end)
         raise InvalidInputError(f"unknown read operation {op!r}")
 
     def lookup(self, header: dict, payload: pa.Table | None) -> bytes:
@@ -249,8 +279,11 @@ class TabletServer:
         hosted = self.addressed(header)
         self.check_rows(hosted, payload)
         key = payload.to_pylist()[0]
+        lead = self.leadership(hosted)
         with hosted.lock:
             row = hosted.tablet.lookup(key)
+            seen = hosted.tablet.log_end_offset
+        lead.wait_replicated(seen, writing=False)
         schema = hosted.routing.arrow_schema
         return table_to_ipc(pa.Table.from_pylist([row] if row is not None else [], schema=schema))
 
@@ -270,8 +303,14 @@ class TabletServer:
                                     f"not {batch_size}")
         unwritten = field(header, "unwritten", bool, False)
         schema = scan_schema(hosted.routing.arrow_schema, columns, unwritten)
+        lead = self.leadership(hosted)
         with hosted.lock:
             snapshot = hosted.tablet.snapshot()
+        try:
+            lead.wait_replicated(snapshot.offset, writing=False)
+        except BaseException:
+            snapshot.release()
+            raise
         schema = schema.with_metadata({SCAN_OFFSET_KEY: str(snapshot.offset).encode()})
         return pa.RecordBatchReader.from_batches(
             schema, snapshot.batches(columns, batch_size, unwritten))
@@ -285,9 +324,11 @@ class TabletServer:
         hosted = self.addressed(header)
         self.check_rows(hosted, payload)
         unwritten = field(header, "unwritten", bool, False)
+        lead = self.leadership(hosted)
         with hosted.lock:
             rows, present = hosted.tablet.lookup_many(payload, unwritten)
             offset = hosted.tablet.log_end_offset
+        lead.wait_replicated(offset, writing=False)
         found = pa.array(present, type=pa.bool_())
         rows = pa.Table.from_arrays(
             [pc.if_else(found, c, pa.nulls(len(found), c.type)) for c in rows.columns]
@@ -305,9 +346,11 @@ class TabletServer:
                 raise InvalidInputError(f"buckets are [partition id, bucket] pairs, not {pair!r}")
             partition_id, bucket = int_items(pair, "buckets")
             hosted = self.tablet(table_id, partition_id, bucket)
+            lead = self.leadership(hosted)
             with hosted.lock:
-                out.append([int(hosted.tablet.log_start_offset),
-                            int(hosted.tablet.log_end_offset)])
+                start = int(hosted.tablet.log_start_offset)
+            # the end a reader, a baseline or a commit may rely on: the high watermark
+            out.append([start, max(start, int(lead.high_watermark()))])
         return out
 
     def reopen_tablets(self, body: dict) -> None:
@@ -324,6 +367,7 @@ class TabletServer:
 
     def close(self) -> None:
         self._heartbeat.close()
+        self.replicas.close()
         self.retention.close()
         self.expiry.close()
         self.storage.close()

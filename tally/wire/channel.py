@@ -115,6 +115,16 @@ class FlightChannel:
             raise remote_error(e, self.address) from None
         return ipc_to_table(results[0].body.to_pybytes())
 
+    def binary_action(self, name: str, header: dict, payload: pa.Table | None = None
+                      ) -> pa.Table:
+        """A binary action: a framed header (and Arrow payload) in, an Arrow table out."""
+        try:
+            results = list(self._client.do_action(
+                flight.Action(name, frame(header, payload)), self._options))
+        except (flight.FlightError, pa.ArrowException) as e:
+            raise remote_error(e, self.address) from None
+        return ipc_to_table(results[0].body.to_pybytes())
+
     def stream(self, header: dict) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
         """DoGet a ticket made of `header`, streamed: the stream's schema (with its metadata),
         read before this returns, and its batches as they arrive. The call has no deadline:

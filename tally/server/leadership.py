@@ -1,0 +1,157 @@
+"""One bucket led by this tablet server under one leader epoch: its followers' progress, its
+high watermark, and the waits of writes and reads on it.
+
+A follower's fetch from offset N says it holds every record below N. The high watermark is the
+least of those offsets over the in-sync replicas (the leader's own log end included): every
+record below it is on every in-sync copy, so no election can lose it. A write is acknowledged
+once the high watermark passes its end, and a read returns once it passes the offset the read
+saw, so nothing a reader or a writer was told of can vanish in a failover.
+
+A Leadership object lives for one epoch. When this server is deposed (the coordinator elected
+another leader) it is ended: every wait on it fails with NotLeaderError, and the caller
+retries on the new leader.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from tally.errors import NotEnoughReplicasError, NotLeaderError, UnavailableError
+
+REPLICA_ACK_TIMEOUT = 30.0   # longest a write waits for its followers before it is not acknowledged
+REPLICA_LAG_TIME = 10.0      # a follower silent this long leaves the in-sync set
+
+
+class Leadership:
+    def __init__(self, server_id: str, label: str, tablet, epoch: int, replicas, isr,
+                 min_isr: int, clock=time.monotonic) -> None:
+        self.server_id = server_id
+        self.label = label
+        self.tablet = tablet
+        self.epoch = epoch
+        self.replicas = tuple(replicas)
+        self.isr = frozenset(isr) | {server_id}
+        self.min_isr = min_isr
+        self._clock = clock
+        now = clock()
+        self._fetched: dict[str, int] = {}        # follower -> offset it holds up to
+        self._last_fetch: dict[str, float] = {s: now for s in self.replicas}
+        self._cond = threading.Condition()
+        self._ended: str | None = None
+        self._hw = 0
+
+    @property
+    def single(self) -> bool:
+        """No followers: every write is acknowledged at once, as before replication."""
+        return len(self.replicas) == 1
+
+    # --- the high watermark ------------------------------------------------------------
+
+    def high_watermark(self) -> int:
+        end = self.tablet.log_end_offset
+        if self.single:
+            return end
+        with self._cond:
+            return self._compute()
+
+    def _compute(self) -> int:
+        hw = self.tablet.log_end_offset
+        for follower in self.isr:
+            if follower != self.server_id:
+                hw = min(hw, self._fetched.get(follower, 0))
+        self._hw = max(self._hw, hw)
+        return self._hw
+
+    def follower_fetched(self, follower: str, offset: int) -> None:
+        """A follower asked for records from `offset`: it holds everything below it."""
+        with self._cond:
+            self._fetched[follower] = max(self._fetched.get(follower, 0), offset)
+            self._last_fetch[follower] = self._clock()
+            self._cond.notify_all()
+
+    def follower_offsets(self) -> dict[str, int]:
+        with self._cond:
+            return dict(self._fetched)
+
+    # --- waits --------------------------------------------------------------------------
+
+    def check_insync(self) -> None:
+        """Refuse a write before it is applied when too few copies are in sync."""
+        self._check_leading()
+        if len(self.isr) < self.min_isr:
+            raise NotEnoughReplicasError(
+                f"{self.label} has {len(self.isr)} in-sync replica(s) {sorted(self.isr)}, "
+                f"fewer than its min.insync.replicas {self.min_isr}: the write was refused and "
+                "nothing was applied")
+
+    def wait_replicated(self, end: int, timeout: float = REPLICA_ACK_TIMEOUT,
+                        writing: bool = True) -> int:
+        """Block until the high watermark reaches `end`; the high watermark then."""
+        if self.single:
+            self._check_leading()
+            return self.tablet.log_end_offset
+        deadline = self._clock() + timeout
+        with self._cond:
+            while True:
+                self._check_leading()
+                hw = self._compute()
+                if hw >= end:
+                    return hw
+                if writing and len(self.isr) < self.min_isr:
+                    raise NotEnoughReplicasError(
+                        f"{self.label}: the write is in the leader's log up to offset {end} "
+                        f"but its in-sync replicas fell to {sorted(self.isr)}, fewer than "
+                        f"min.insync.replicas {self.min_isr}: not acknowledged (a retry with "
+                        "the same writer sequence is applied once)")
+                left = deadline - self._clock()
+                if left <= 0:
+                    raise UnavailableError(
+                        f"{self.label}: followers {sorted(self.isr - {self.server_id})} did "
+                        f"not confirm offset {end} within {timeout:g} s (high watermark {hw}); "
+                        "not acknowledged, retry")
+                self._cond.wait(min(left, 1.0))
+
+    def _check_leading(self) -> None:
+        if self._ended is not None:
+            raise NotLeaderError(f"{self.label}: {self._ended}")
+
+    # --- changes ------------------------------------------------------------------------
+
+    def update(self, isr, min_isr: int) -> None:
+        with self._cond:
+            self.isr = frozenset(isr) | {self.server_id}
+            self.min_isr = min_isr
+            self._cond.notify_all()
+
+    def end(self, why: str) -> None:
+        with self._cond:
+            self._ended = why
+            self._cond.notify_all()
+
+    @property
+    def ended(self) -> bool:
+        return self._ended is not None
+
+    def isr_proposal(self) -> tuple[str, ...] | None:
+        """The in-sync set this leader should ask for, or None when it is right: followers
+        silent longer than REPLICA_LAG_TIME leave it; followers holding everything up to the
+        high watermark join it."""
+        if self.single:
+            return None
+        with self._cond:
+            now = self._clock()
+            hw = self._compute()
+            wanted = {self.server_id}
+            for follower in self.replicas:
+                if follower == self.server_id:
+                    continue
+                recent = now - self._last_fetch.get(follower, now) <= REPLICA_LAG_TIME
+                if follower in self.isr and recent:
+                    wanted.add(follower)
+                elif follower not in self.isr and recent and \
+                        self._fetched.get(follower, -1) >= hw:
+                    wanted.add(follower)
+            if wanted == set(self.isr):
+                return None
+            return tuple(s for s in self.replicas if s in wanted)
