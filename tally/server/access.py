@@ -87,6 +87,7 @@ REQUIRED_ROLE: dict[str, str] = {
     "replicas_changed": CLUSTER,
     "replica_fetch": CLUSTER,
     "replica_epoch_end": CLUSTER,
+    "replica_digest": CLUSTER,
 }
 
 

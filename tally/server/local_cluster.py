@@ -127,7 +127,8 @@ class LocalCluster:
                  memory_budget: str | None = None, lock_clock_file: str | None = None,
                  tls=None, metrics: bool = False, metrics_per_bucket: bool = False,
                  replication_factor: int | None = None,
-                 replica_replace_after: float | None = None) -> None:
+                 replica_replace_after: float | None = None,
+                 session_timeout: float | None = None) -> None:
         """`lock_clock_file`: every server judges lock expiry by the wall clock plus the
         seconds in this file, so tests expire locks without sleeping (server.clock).
         `tls`: a tally.wire.tls.TlsFiles every server uses (its certificate, key, CA and
@@ -136,7 +137,9 @@ class LocalCluster:
         (`handle.metrics`); `metrics_per_bucket` labels them by bucket too.
         `replication_factor`: the cluster's default copies per bucket (None: 3 with three
         tablet servers or more, else 1); `replica_replace_after`: seconds before a gone
-        server's copies are made again elsewhere (None: the server's default, 60)."""
+        server's copies are made again elsewhere (None: the server's default, 60);
+        `session_timeout`: seconds of missed heartbeats before a tablet server counts as gone
+        (embedded metadata only; None: the server's default)."""
         self.data_dir = os.path.abspath(data_dir)
         os.makedirs(self.data_dir, exist_ok=True)
         saved = self._load_settings()
@@ -178,6 +181,8 @@ class LocalCluster:
                                      str(replication_factor)]
         if replica_replace_after is not None:
             coordinator_args += ["--replica-replace-after", str(replica_replace_after)]
+        if session_timeout is not None:
+            coordinator_args += ["--session-timeout", str(session_timeout)]
         self.coordinator = ServerHandle("coordinator", os.path.join(self.data_dir, "coordinator"),
                                         coordinator_args)
         self.tablet_servers = [

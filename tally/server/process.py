@@ -144,6 +144,7 @@ class ServerProcess:
             self.coordinator = Coordinator(
                 store, self.address, cluster_token, tls=tls,
                 clock=lock_clock(args.lock_clock_file), metrics=self.metrics,
+                session_timeout=args.session_timeout,
                 default_replication_factor=args.default_replication_factor,
                 replica_replace_after=args.replica_replace_after)
             self.flight.attach(coordinator=self.coordinator)

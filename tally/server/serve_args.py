@@ -10,7 +10,7 @@ import argparse
 import os
 
 from tally.errors import InvalidOptionError
-from tally.server.settings import DEFAULT_MAX_BATCH_BYTES, DEFAULT_MEMORY_BUDGET
+from tally.server.settings import DEFAULT_MAX_BATCH_BYTES, DEFAULT_MEMORY_BUDGET, SESSION_TIMEOUT
 from tally.sizes import parse_size
 
 ROLES = ("all", "coordinator", "tablet")
@@ -104,6 +104,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                         metavar="SECONDS",
                         help="how long a tablet server may be gone before the coordinator "
                              "makes its bucket copies again on other servers (default 60)")
+    parser.add_argument("--session-timeout", type=_seconds, default=SESSION_TIMEOUT,
+                        metavar="SECONDS",
+                        help="without ZooKeeper: how long a tablet server may miss heartbeats "
+                             "before it counts as gone and its buckets' leadership moves "
+                             f"(coordinator; default {SESSION_TIMEOUT:g})")
     parser.add_argument("--remote-dir", metavar="URI",
                         help="upload each led bucket's snapshots and changelog segments here "
                              "(a local path or a pyarrow filesystem URI such as s3://...)")

@@ -30,6 +30,7 @@ from locks.tablet_check import TabletLocks
 from merge_engine.row_snapshot import scan_schema
 from tally.errors import InvalidInputError, NotFoundError, StaleMetadataError
 from tally.server.periodic import PeriodicDuty
+from tally.server.replica_digest import ReplicaDigest
 from tally.server.replica_roles import ReplicaRoles
 from tally.server.metrics import ServerMetrics
 from tally.server.retention import RetentionKeeper
@@ -138,6 +139,7 @@ class TabletServer:
             peers = ChannelPool(None)
         self.peers = peers
         self.replicas = ReplicaRoles(self, peers)
+        ReplicaDigest(self)  # adds replica_digest
 
     def coordinator(self, action: str, body: dict):
         """Ask the coordinator (used by the lock and retention helpers)."""
