@@ -32,6 +32,7 @@ class PendingWrite:
         self._written = int(time.time() * 1000)
         self.now_ms = self._written if now_ms is None else now_ms
         self._log_bytes = 0
+        self._last_entry = end  # first offset of the write's last changelog entry
         self._changed = False
         self._kept = RowsKept(keep_bytes)
 
@@ -44,6 +45,7 @@ class PendingWrite:
             return
         data = log.serialize(records)
         TabletStore.put_log_entry(self.batch, self.end, data, self._written)
+        self._last_entry = self.end
         self.end += records.num_rows
         self._log_bytes += len(data)
         self._changed = True
@@ -56,11 +58,17 @@ class PendingWrite:
         """Finish the batch: the offsets, the writer's sequence, and the changed rows staged
         with `rows` (BucketRows). The caller commits `batch` (if not empty), then hands the
         result, when there is one, to `rows.committed`. Without changes only the writer's
-        sequence is recorded."""
+        sequence is recorded.
+
+        The writer also goes beside the write's last changelog entry: a follower that copies
+        the entries then records the sequence with the write's end offset, and only once it
+        holds the whole write; cutting the log's tail finds the writers' earlier states there."""
         if self._changed:
             TabletStore.put_int(self.batch, END_OFFSET, self.end)
         if writer is not None:
             TabletStore.put_writer(self.batch, writer[0], writer[1], self.end)
+            if self._changed:
+                TabletStore.put_entry_writer(self.batch, self._last_entry, writer[0], writer[1])
         if not self._changed:
             return None
         kept, self._kept = self._kept, RowsKept(0)

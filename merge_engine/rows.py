@@ -190,7 +190,7 @@ class BucketRows:
             if batch is not None:
                 self._store.commit(batch)
             batch = self._store.new_batch()
-            self._put_rows(batch, keys, rows, removed)
+            self.put_rows(batch, keys, rows, removed)
         if batch is None:
             batch = self._store.new_batch()
         TabletStore.put_int(batch, KV_APPLIED, applied)
@@ -229,7 +229,7 @@ class BucketRows:
                     self._store.commit(batch)
                 batch = self._store.new_batch()
                 stop = min(start + self.batch_rows, len(keys))
-                self._put_rows(batch, keys.take(slice(start, stop)),
+                self.put_rows(batch, keys.take(slice(start, stop)),
                                rows.slice(start, stop) if stop > start else None,
                                removed if start == 0 else removed.take(slice(0, 0)))
         if batch is None:
@@ -237,8 +237,9 @@ class BucketRows:
         TabletStore.put_int(batch, KV_APPLIED, applied)
         self._store.commit(batch)
 
-    def _put_rows(self, batch: WriteBatch, keys: KeyArray, rows: StateBatch | None,
-                  removed: KeyArray) -> None:
+    def put_rows(self, batch: WriteBatch, keys: KeyArray, rows: StateBatch | None,
+                 removed: KeyArray) -> None:
+        """Add rows (`keys` aligned with `rows`) and the removal of `removed` to `batch`."""
         if rows is not None:
             put = batch.put
             for key, value in zip(keys.to_list(), self._codec.encode(rows)):

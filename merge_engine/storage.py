@@ -17,7 +17,7 @@ import re
 import struct
 from typing import Iterator
 
-from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import BlockBasedOptions, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
 
 from merge_engine.memtables import MemtableCap
 from tally.errors import DiskFullError, StorageError, StorageWriteError
@@ -27,15 +27,21 @@ LOG = b"l"
 META = b"m"
 WRITER = b"w"
 LOG_TIME = b"t"  # first offset of a changelog entry -> when it was written (ms since epoch)
+# First offset of the last changelog entry of a write made by an idempotent writer -> that
+# writer (sequence, id): followers and a new leader rebuild the writers' states from it.
+LOG_WRITER = b"u"
 
 END_OFFSET = META + b"end"
 START_OFFSET = META + b"start"
 KV_APPLIED = META + b"applied"  # the rows hold every changelog record below this offset
 DESCRIPTOR = META + b"descriptor"
+LEADER_EPOCHS = META + b"leader-epochs"  # (epoch, start offset) pairs, ascending
 BASE_WIDTH = META + b"base-width"  # columns of the rows written before a column was added
 
 _U64 = struct.Struct(">Q")
 _WRITER_STATE = struct.Struct(">qq")
+_SEQUENCE = struct.Struct(">q")
+_EPOCH = struct.Struct(">qq")
 
 
 def offset_key(offset: int) -> bytes:
@@ -185,8 +191,44 @@ class TabletStore:
 
     @staticmethod
     def delete_log_entry(batch: WriteBatch, first_offset: int) -> None:
+        """Delete the entry with its time and, if it has one, its writer record."""
         batch.delete(offset_key(first_offset))
         batch.delete(LOG_TIME + _U64.pack(first_offset))
+        batch.delete(LOG_WRITER + _U64.pack(first_offset))
+
+    def entry_end(self, first_offset: int, log_end: int) -> int:
+        """The end offset of the entry at `first_offset`: the next entry's first offset, or
+        the log end for the last one."""
+        it = self.db.iter()
+        it.seek(offset_key(first_offset + 1))
+        return offset_of(it.key()) if it.valid() and it.key().startswith(LOG) else log_end
+
+    def log_entry_time(self, first_offset: int) -> int:
+        value = self.db.get(LOG_TIME + _U64.pack(first_offset))
+        return 0 if value is None else _U64.unpack(value)[0]
+
+    @staticmethod
+    def put_entry_writer(batch: WriteBatch, first_offset: int, writer_id: str,
+                         sequence: int) -> None:
+        batch.put(LOG_WRITER + _U64.pack(first_offset),
+                  _SEQUENCE.pack(sequence) + writer_id.encode())
+
+    def entry_writer(self, first_offset: int) -> tuple[str, int] | None:
+        """The (writer id, sequence) of the write whose last entry starts at `first_offset`."""
+        value = self.db.get(LOG_WRITER + _U64.pack(first_offset))
+        return None if value is None else _decode_entry_writer(value)
+
+    def entry_writers_below(self, offset: int) -> Iterator[tuple[int, str, int]]:
+        """(first offset, writer id, sequence) of the writer records of entries below
+        `offset`, newest first."""
+        it = self.db.iter()
+        it.seek_for_prev(LOG_WRITER + _U64.pack(offset))
+        while it.valid() and it.key().startswith(LOG_WRITER):
+            first = _U64.unpack(it.key()[len(LOG_WRITER):])[0]
+            if first < offset:
+                writer_id, sequence = _decode_entry_writer(it.value())
+                yield first, writer_id, sequence
+            it.prev()
 
     # --- bookkeeping ------------------------------------------------------------------------
 
@@ -201,6 +243,28 @@ class TabletStore:
         value = self.db.get(WRITER + writer_id.encode())
         return None if value is None else _WRITER_STATE.unpack(value)
 
+    def writer_states(self) -> dict[str, tuple[int, int]]:
+        """Every writer id's (last sequence, end offset)."""
+        states = {}
+        it = self.db.iter()
+        it.seek(WRITER)
+        while it.valid() and it.key().startswith(WRITER):
+            states[it.key()[len(WRITER):].decode()] = _WRITER_STATE.unpack(it.value())
+            it.next()
+        return states
+
+    def leader_epochs(self) -> list[tuple[int, int]]:
+        value = self.db.get(LEADER_EPOCHS) or b""
+        return [_EPOCH.unpack_from(value, at) for at in range(0, len(value), _EPOCH.size)]
+
+    def checkpoint(self, directory: str) -> None:
+        """A consistent copy of the whole database in `directory` (which must not exist):
+        hard links to its table files where the file system allows, so it is quick."""
+        try:
+            Checkpoint(self.db).create_checkpoint(directory)
+        except Exception as exc:  # noqa: BLE001 - rocksdict raises plain Exceptions
+            raise storage_failure(self.name, exc, "making a checkpoint") from None
+
     # --- atomic writes ----------------------------------------------------------------------
 
     def new_batch(self) -> WriteBatch:
@@ -214,6 +278,14 @@ class TabletStore:
     def put_writer(batch: WriteBatch, writer_id: str, sequence: int, end_offset: int) -> None:
         batch.put(WRITER + writer_id.encode(), _WRITER_STATE.pack(sequence, end_offset))
 
+    @staticmethod
+    def delete_writer(batch: WriteBatch, writer_id: str) -> None:
+        batch.delete(WRITER + writer_id.encode())
+
+    @staticmethod
+    def put_leader_epochs(batch: WriteBatch, epochs: list[tuple[int, int]]) -> None:
+        batch.put(LEADER_EPOCHS, b"".join(_EPOCH.pack(e, s) for e, s in epochs))
+
     def commit(self, batch: WriteBatch) -> None:
         """Write `batch` atomically, or raise a StorageWriteError (DiskFullError for a full
         disk) and apply none of it; after a refusal every later commit raises it too, since
@@ -225,3 +297,7 @@ class TabletStore:
         except Exception as exc:  # noqa: BLE001 - rocksdict raises plain Exceptions
             self.failure = storage_failure(self.name, exc, "writing")
             raise self.failure from None
+
+
+def _decode_entry_writer(value: bytes) -> tuple[str, int]:
+    return value[_SEQUENCE.size:].decode(), _SEQUENCE.unpack_from(value)[0]

@@ -1,7 +1,9 @@
 """KvTablet: one bucket of a primary-key table, rows in RocksDB plus an Arrow changelog.
 
-Reads, the changelog's reading and truncation, and the row TTL's sweep are parts of the class
-kept in modules of their own (tablet_reads, tablet_log, tablet_expiry).
+Reads, the changelog's reading and truncation, the row TTL's sweep and replication (a follower's
+copy of the leader's changelog, leader epochs, cutting the log's tail, checkpoints) are parts of
+the class kept in modules of their own (tablet_reads, tablet_log, tablet_expiry,
+tablet_replica, tablet_epochs).
 
 A write runs in four steps: validate the input and group its rows by key; then, a slice of
 keys at a time (merge_engine.write_slices), take those keys' current rows (BucketRows: the
@@ -40,12 +42,14 @@ from merge_engine.state import StateBatch
 from merge_engine.storage import BASE_WIDTH, DESCRIPTOR, END_OFFSET, START_OFFSET, TabletStore
 from merge_engine.tablet_expiry import TabletExpiry
 from merge_engine.tablet_log import TabletLog
+from merge_engine.tablet_epochs import TabletEpochs
 from merge_engine.tablet_reads import TabletReads
+from merge_engine.tablet_replica import TabletReplica
 from merge_engine.write_slices import SLICE_ROWS, key_slices
 from tally.errors import DeleteDisabledError, InvalidInputError, StorageError, StorageWriteError
 
 
-class KvTablet(TabletReads, TabletLog, TabletExpiry):
+class KvTablet(TabletReads, TabletLog, TabletExpiry, TabletReplica, TabletEpochs):
     """One bucket. Thread-safe: writes are serialised, reads run alongside them."""
 
     slice_rows = SLICE_ROWS  # rows merged at a time in a large write (whole keys)
@@ -269,11 +273,16 @@ class KvTablet(TabletReads, TabletLog, TabletExpiry):
         """The write's one atomic RocksDB write batch: its changelog, offsets and writer
         sequence; then its changed rows join the buffer, which may flush. The end offset
         after it."""
-        start = self._end
         staged = pending.seal(self._rows, writer)
-        if not pending.batch.is_empty():
-            self._store.commit(pending.batch)
-        self._end = pending.end
+        return self._commit_batch(pending.batch, staged, pending.end)
+
+    def _commit_batch(self, batch, staged, end: int) -> int:
+        """Commit `batch` (changelog entries up to `end`, END_OFFSET), then hand the rows
+        `staged` for it (if any) to the row buffer. The new log end offset."""
+        start = self._end
+        if not batch.is_empty():
+            self._store.commit(batch)
+        self._end = end
         if staged is not None:
             # The write is committed even if the disk refuses the flush: the buffer keeps its
             # rows, and the store refuses the next write (a reopen replays the changelog).

@@ -63,6 +63,11 @@ class OffsetOutOfRangeError(TallyError):
     """A changelog offset lies outside [log start offset, log end offset]."""
 
 
+class FencedLeaderEpochError(TallyError):
+    """A bucket was asked to record a leader epoch below (or conflicting with) one it already
+    recorded: the leader that asked was deposed; nothing was recorded."""
+
+
 # --- cluster, metadata and locks -----------------------------------------------------------------
 
 
