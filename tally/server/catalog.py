@@ -292,7 +292,7 @@ class Catalog:
             return dataclasses.replace(record, buckets=tuple(change(record.buckets))).to_json()
 
         try:
-            return PartitionRecord.from_json(self.store.update(path, apply))
+            return PartitionRecord.from_json(self.store.update(path, apply).value)
         except NotFoundError:
             return None
 

@@ -151,6 +151,8 @@ class Coordinator:
             if body.get("ignore_if_exists"):
                 return {"table_id": self.catalog.get_table(name).table_id, "created": False}
             raise
+        if owners is not None:
+            self.replicas.created(owners)
         log.info("created table %s (id %d)", name, record.table_id)
         return {"table_id": record.table_id, "created": True}
 
@@ -240,6 +242,7 @@ class Coordinator:
             owners = self.assign(self.parse_descriptor(record.descriptor), routing.bucket_count,
                                  salt=len(self.catalog.partitions(record.table_id)))
             created = self.catalog.create_partition(record.table_id, partition, owners)
+        self.replicas.created(created.buckets)
         log.info("partition %s of %s: id %d", partition, record.name, created.partition_id)
         return created.to_json()
 

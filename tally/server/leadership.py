@@ -37,6 +37,9 @@ class Leadership:
         now = clock()
         self._fetched: dict[str, int] = {}        # follower -> offset it holds up to
         self._last_fetch: dict[str, float] = {s: now for s in self.replicas}
+        # when each follower left the in-sync set: it rejoins only by fetching after that,
+        # never on progress it reported before (a dead follower's last fetch looks caught up)
+        self._left_at: dict[str, float] = {s: now for s in self.replicas if s not in isr}
         self._cond = threading.Condition()
         self._ended: str | None = None
         self._hw = 0
@@ -120,6 +123,9 @@ class Leadership:
 
     def update(self, isr, min_isr: int) -> None:
         with self._cond:
+            now = self._clock()
+            for follower in self.isr - frozenset(isr):
+                self._left_at[follower] = now
             self.isr = frozenset(isr) | {self.server_id}
             self.min_isr = min_isr
             self._cond.notify_all()
@@ -150,7 +156,8 @@ class Leadership:
                 if follower in self.isr and recent:
                     wanted.add(follower)
                 elif follower not in self.isr and recent and \
-                        self._fetched.get(follower, -1) >= hw:
+                        self._last_fetch.get(follower, 0) > self._left_at.get(follower, 0) \
+                        and self._fetched.get(follower, -1) >= hw:
                     wanted.add(follower)
             if wanted == set(self.isr):
                 return None

@@ -75,6 +75,10 @@ class ReplicaControl:
         min_insync_replicas(descriptor, factor)  # a bad value is refused at create
         return place(live, bucket_count, factor, salt)
 
+    def created(self, buckets) -> None:
+        """New buckets exist: their servers take their roles now."""
+        self._changed({s for r in buckets for s in r.replicas})
+
     # --- actions --------------------------------------------------------------------------
 
     def bucket_replicas(self, body: dict) -> list[list]:

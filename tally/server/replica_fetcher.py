@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 FETCH_WAIT_MS = 500
 FETCH_BYTES = 4 << 20
 ERROR_PAUSE = 0.2
+UNREACHABLE_PAUSE = 1.0
 
 
 class Following:
@@ -82,9 +83,11 @@ class LeaderFetcher:
                         self._truncate_divergent(key, following)
                 self._fetch([(k, f) for k, f in todo if f.checked])
             except TallyError as e:
+                # the leader may be gone: our roles are asked for again, and the pause keeps a
+                # dead address from being hammered until the election moves us on
                 log.info("fetching from %s: %s (retried)", self.address, e)
                 self.roles._wake.set()
-                self._stop.wait(ERROR_PAUSE)
+                self._stop.wait(UNREACHABLE_PAUSE)
             except Exception:  # a follower must keep following: retried
                 log.exception("fetching from %s failed (retried)", self.address)
                 self._stop.wait(ERROR_PAUSE)

@@ -78,6 +78,7 @@ class ReplicaRoles:
             lead = self.leading.get(key)
             role = self.roles.get(key)
         if lead is None or lead.ended:
+            self._wake.set()  # a bucket made since our last refresh, or a change we missed
             leader = role.get("leader") if role else None
             where = f"server {leader} leads it" if leader else \
                 "its leader is not known here yet"

@@ -49,13 +49,12 @@ def conn(trio):
 
 def make_table(conn, buckets: int = 3, **options) -> str:
     name = f"default.r{next(_names)}"
-    schema = tally.Schema.of(
-        tally.Schema.column("k", pa.int64()),
-        tally.agg_column("total", pa.int64(), tally.AggFunction.SUM),
-        tally.agg_column("last", pa.string(), tally.AggFunction.LAST_VALUE),
-        primary_key=["k"])
+    schema = (tally.Schema.builder().column("k", pa.int64())
+              .agg_column("total", pa.int64(), tally.AggFunction.SUM)
+              .agg_column("last", pa.string(), tally.AggFunction.LAST_VALUE)
+              .primary_key("k").build())
     conn.admin.create_table(name, tally.TableDescriptor(schema, bucket_count=buckets,
-                                                        options=options))
+                                                        properties={"table.merge-engine": "aggregation", **options}))
     return name
 
 
@@ -69,7 +68,7 @@ def write(conn, name: str, keys, amount: int, tag: str) -> None:
 
 
 def totals(conn, name: str) -> dict[int, int]:
-    rows = conn.table(name).scan().to_pylist()
+    rows = conn.table(name).to_arrow().to_pylist()
     return {r["k"]: r["total"] for r in rows}
 
 
@@ -180,7 +179,7 @@ def test_a_zombie_leader_never_acknowledges_after_a_new_leader_exists(trio, conn
     assert not thread.is_alive()
     assert "ack" not in outcome, f"the deposed leader acknowledged a write: {outcome}"
     wait_fully_in_sync(conn, name)
-    rows = conn.table(name).scan().to_pylist()
+    rows = conn.table(name).to_arrow().to_pylist()
     assert rows == [{"k": 7, "total": 11, "last": "new leader"}]
 
 
