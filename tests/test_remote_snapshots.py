@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from rocksdict import Checkpoint
 
 from merge_engine import KvTablet
-from tally.errors import OffsetOutOfRangeError, RemoteStorageError, StorageError
+from tally.errors import InvalidOptionError, OffsetOutOfRangeError, RemoteStorageError, StorageError
 from tally.server.remote_snapshots import BucketPath, RemoteSnapshots, SnapshotInfo
 from tests.crashing_filesystem import SimulatedCrash, crashing_filesystem
 from tests.tablet_helpers import one_column_tablet
@@ -90,8 +90,8 @@ def test_second_upload_sends_only_new_table_files_and_each_snapshot_restores(tmp
 
 def test_manifest_round_trips_through_json(tmp_path):
     remote = RemoteSnapshots(str(tmp_path / "remote"))
-    info = remote.upload(BUCKET, write_checkpoint(tmp_path / "cp", {"1.sst": b"x", "CURRENT": b"y"}),
-                         5)
+    files = {"1.sst": b"x", "CURRENT": b"y"}
+    info = remote.upload(BUCKET, write_checkpoint(tmp_path / "cp", files), 5)
     assert SnapshotInfo.from_json(info.to_json()) == info
     assert info.files == ("1.sst", "CURRENT") and info.total_bytes == 2
 
@@ -106,7 +106,8 @@ upload_op = st.fixed_dictionaries({
     "crash_after": st.none() | st.integers(0, 9),
     "advance": st.integers(0, 50),
 })
-segment_op = st.fixed_dictionaries({"op": st.just("segment"), "length": st.integers(1, 30)})
+segment_op = st.fixed_dictionaries({"op": st.just("segment"), "length": st.integers(1, 30),
+                                    "crash_after": st.none() | st.integers(0, 1)})
 retain_op = st.fixed_dictionaries({"op": st.just("retain")})
 
 
@@ -140,7 +141,8 @@ class FakeRocksDb:
         os.makedirs(directory)
         if recreate:
             self.generation, self.number, self.tables = self.generation + 1, 0, []
-        kept = [n for n, keep in zip(self.tables, keep_tables) if keep] + self.tables[len(keep_tables):]
+        kept = [n for n, keep in zip(self.tables, keep_tables) if keep]
+        kept += self.tables[len(keep_tables):]
         for name in kept:
             os.link(os.path.join(self.last_dir, name), os.path.join(directory, name))
         fresh = []
@@ -195,8 +197,14 @@ def test_uploads_crashes_and_retention_keep_exactly_what_kept_snapshots_need(ops
             elif op["op"] == "segment":
                 first = max((end for _, end in model.segments), default=0)
                 data = os.urandom(op["length"])
-                remote.upload_segment(BUCKET, first, first + op["length"], data)
-                model.segments[(first, first + op["length"])] = data
+                crashes.crash_after = op["crash_after"]
+                try:
+                    remote.upload_segment(BUCKET, first, first + op["length"], data)
+                except SimulatedCrash:
+                    pass
+                else:
+                    model.segments[(first, first + op["length"])] = data
+                crashes.crash_after = None
             else:
                 remote.retain(BUCKET)
                 model.retain()
@@ -220,14 +228,19 @@ def test_segments_list_from_an_offset_read_back_and_retain_below_oldest_snapshot
     remote = RemoteSnapshots(str(tmp_path / "remote"), keep=1)
     ranges = [(0, 10), (10, 25), (25, 40), (40, 41)]
     for first, end in ranges:
-        info = remote.upload_segment(BUCKET, first, end, f"entries {first}-{end}".encode())
-        assert (info.first_offset, info.end_offset, info.bytes) == (first, end, len(f"entries {first}-{end}"))
+        data = f"entries {first}-{end}".encode()
+        info = remote.upload_segment(BUCKET, first, end, data)
+        assert (info.first_offset, info.end_offset, info.bytes) == (first, end, len(data))
     assert [(s.first_offset, s.end_offset) for s in remote.segments(BUCKET)] == ranges
     assert [(s.first_offset, s.end_offset) for s in remote.segments(BUCKET, 10)] == ranges[1:]
     assert [(s.first_offset, s.end_offset) for s in remote.segments(BUCKET, 12)] == ranges[1:]
     assert remote.segments(BUCKET, 41) == []
     assert [remote.read_segment(s) for s in remote.segments(BUCKET)] == \
         [f"entries {a}-{b}".encode() for a, b in ranges]
+
+    replaced = remote.upload_segment(BUCKET, 0, 10, b"written again")
+    assert remote.read_segment(remote.segments(BUCKET)[0]) == b"written again"
+    assert remote.segments(BUCKET)[0] == replaced
 
     remote.retain(BUCKET)  # no snapshot yet: every segment may still be needed
     assert len(remote.segments(BUCKET)) == 4
@@ -280,9 +293,24 @@ def test_damaged_file_fails_the_download_and_leaves_nothing(tmp_path, damage, na
         with open(path, "wb") as f:
             f.write(data[:-1] + b"?" if damage == "flip" else data[:-1])
     word = "missing" if damage == "delete" else "corrupt"
-    with pytest.raises(RemoteStorageError, match=rf"snapshot {info.snapshot_id} .*{name} is {word}"):
+    message = rf"snapshot {info.snapshot_id} .*{name} is {word}"
+    with pytest.raises(RemoteStorageError, match=message):
         remote.download(info, str(tmp_path / "restore" / "rocksdb"))
     assert os.listdir(tmp_path / "restore") == []
+
+
+def test_download_needs_a_snapshot_that_says_where_its_files_are(tmp_path):
+    remote, info = uploaded(tmp_path)
+    bare = SnapshotInfo(info.bucket, info.snapshot_id, info.offset, info.files, info.total_bytes,
+                        info.created_ms)
+    with pytest.raises(RemoteStorageError, match=f"snapshot {info.snapshot_id} "):
+        remote.download(bare, str(tmp_path / "restore"))
+    assert not os.path.exists(tmp_path / "restore")
+
+
+def test_keeping_no_snapshot_is_refused(tmp_path):
+    with pytest.raises(InvalidOptionError, match="at least 1"):
+        RemoteSnapshots(str(tmp_path), keep=0)
 
 
 def test_download_refuses_an_existing_destination(tmp_path):

@@ -115,7 +115,8 @@ class RemoteSnapshots:
             self._put(bucket, snapshot_id, offset, info.manifest_key(), [manifest], "manifest")
             return info
 
-    def _checksum(self, bucket: BucketPath, path: str, digests: dict[tuple, str]) -> tuple[int, str]:
+    def _checksum(self, bucket: BucketPath, path: str,
+                  digests: dict[tuple, str]) -> tuple[int, str]:
         """Size and SHA-256 of a checkpoint file; a table file's from the last upload when it is
         the very same file (table files never change once written)."""
         if not path.endswith(".sst"):
@@ -176,6 +177,9 @@ class RemoteSnapshots:
         """Write the snapshot's checkpoint into the new directory `dest_dir`, every file checked
         against its size and checksum. Complete or nothing: the files go to a temporary
         directory beside it, renamed to `dest_dir` once all are there and on disk."""
+        if [e.name for e in snapshot.entries] != list(snapshot.files):
+            raise RemoteStorageError(f"{snapshot} does not say where its files are stored: "
+                                     f"take it from snapshots() or latest()")
         if os.path.lexists(dest_dir):
             raise StorageError(f"cannot download {snapshot}: its destination already exists")
         parent = os.path.dirname(os.path.abspath(dest_dir))
@@ -262,29 +266,35 @@ class RemoteSnapshots:
         kept snapshot names (also what interrupted uploads left), then the segments wholly
         below the offset of the oldest kept snapshot, which no restore will replay."""
         with self._lock(bucket):
-            found = self.snapshots(bucket)
-            kept = found[-self.keep:]
-            for old in found[:-self.keep]:
-                self.files.delete(old.manifest_key())
-            prefix = bucket.prefix()
-            needed = {s.manifest_key() for s in kept}
-            needed.update(f"{prefix}/{e.key}" for s in kept for e in s.entries)
-            kept_dirs = {f"{prefix}/{own_file_key(s.snapshot_id, '')}".rstrip("/") for s in kept}
-            for f in self.files.list(f"{prefix}/{SNAPSHOTS}"):
-                if f.is_dir and f.key not in kept_dirs:
-                    self.files.delete_tree(f.key)
-            for area in (f"{prefix}/{SHARED}", *sorted(kept_dirs),
-                         f"{prefix}/{SNAPSHOTS}"):
-                for f in self.files.list(area):
-                    if not f.is_dir and f.key not in needed:
-                        self.files.delete(f.key)
-            floor = min((s.offset for s in kept), default=None)
-            for f in self.files.list(f"{prefix}/{LOG}"):
-                if is_temporary(f.key):
+            try:
+                self._retain(bucket)
+            except OSError as exc:
+                raise RemoteStorageError(f"retention of {bucket} stopped: {exc}; the next "
+                                         f"one finishes it") from None
+
+    def _retain(self, bucket: BucketPath) -> None:
+        found = self.snapshots(bucket)
+        kept = found[-self.keep:]
+        for old in found[:-self.keep]:
+            self.files.delete(old.manifest_key())
+        prefix = bucket.prefix()
+        needed = {s.manifest_key() for s in kept}
+        needed.update(f"{prefix}/{e.key}" for s in kept for e in s.entries)
+        kept_dirs = {f"{prefix}/{own_file_key(s.snapshot_id, '')}".rstrip("/") for s in kept}
+        for f in self.files.list(f"{prefix}/{SNAPSHOTS}"):
+            if f.is_dir and f.key not in kept_dirs:
+                self.files.delete_tree(f.key)
+        for area in (f"{prefix}/{SHARED}", *sorted(kept_dirs), f"{prefix}/{SNAPSHOTS}"):
+            for f in self.files.list(area):
+                if not f.is_dir and f.key not in needed:
                     self.files.delete(f.key)
-            for segment in self.segments(bucket) if floor is not None else ():
-                if segment.end_offset <= floor:
-                    self.files.delete(segment.path)
+        for f in self.files.list(f"{prefix}/{LOG}"):
+            if is_temporary(f.key):
+                self.files.delete(f.key)
+        floor = min((s.offset for s in kept), default=-1)  # no snapshot: replay needs them all
+        for segment in self.segments(bucket):
+            if segment.end_offset <= floor:
+                self.files.delete(segment.path)
 
     def drop(self, table_id: int) -> None:
         """Delete everything stored for table `table_id` (a dropped table)."""
