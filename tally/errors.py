@@ -59,6 +59,11 @@ class DiskFullError(StorageWriteError):
     """The bucket's disk is full ("no space left on device"); see StorageWriteError."""
 
 
+class RemoteStorageError(StorageError):
+    """A bucket's remote snapshot or changelog segment is missing, corrupt or could not be
+    written to the remote directory."""
+
+
 class OffsetOutOfRangeError(TallyError):
     """A changelog offset lies outside [log start offset, log end offset]."""
 
