@@ -127,3 +127,21 @@ def spark_read(result: dict, directory: Path) -> list[Path]:
                ["tab:blue"] + ["tab:gray"] * (len(legs) - 1), "rows/s")
     ax.set_title("Spark batch read from each system")
     return [_save(fig, directory / "spark_read.png")]
+
+
+def replication(result: dict, directory: Path) -> list[Path]:
+    """Ingest at RF 1 and RF 3, and the failover times of every kill."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(8.4, 3.6))
+    rates = [result["rf1"]["rows_per_s"], result["rf3"]["rows_per_s"]]
+    _rate_bars(left, ["RF 1", "RF 3"], rates, ["tab:gray", "tab:blue"], "rows/s")
+    left.set_title(f"Ingest, RF 3 / RF 1 = {result['ratio']:.2f}x")
+    seconds = result["failover"]["seconds"]
+    right.plot(range(1, len(seconds) + 1), seconds, marker="o")
+    right.axhline(result["failover_target_s"], color="tab:red", linestyle="--", linewidth=1,
+                  label=f"p99 target {result['failover_target_s']:g} s")
+    right.set_xlabel("kill")
+    right.set_ylabel("seconds to the first acknowledged write")
+    right.set_title("Failover after kill -9 of a leader")
+    right.legend(fontsize=8)
+    return [_save(fig, directory / "replication.png")]

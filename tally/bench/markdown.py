@@ -102,3 +102,30 @@ def spark_read(result: dict) -> str:
                "verified"], rows),
         f"{ratios}.",
     ])
+
+
+def replication(result: dict) -> str:
+    f = result["failover"]
+    ingest = table(["table", "rows/s", "seconds"], [
+        ["replication factor 1", f"{result['rf1']['rows_per_s']:,.0f}",
+         f"{result['rf1']['seconds']:.2f}"],
+        ["replication factor 3 (min.insync.replicas 2)", f"{result['rf3']['rows_per_s']:,.0f}",
+         f"{result['rf3']['seconds']:.2f}"],
+    ])
+    failover = table(["failover (kill -9 of a leader to the first acknowledged write)", "p50 s",
+                      "p99 s", "max s"],
+                     [[f"{f['kills']} kills", f"{f['p50_s']:.2f}", f"{f['p99_s']:.2f}",
+                       f"{f['max_s']:.2f}"]])
+    session = result.get("session_timeout") or "the default 6"
+    return "\n\n".join([
+        f"Workload: {result['workload']}, 3 tablet servers, 4 buckets, session timeout "
+        f"{session} s.",
+        ingest,
+        f"RF 3 / RF 1: **{result['ratio']:.2f}x** (target >= {result['ratio_target']}x: "
+        f"{_mark(result['ratio'] >= result['ratio_target'])}).",
+        failover,
+        f"Failover p99 target <= {result['failover_target_s']:g} s: "
+        f"{_mark(f['p99_s'] <= result['failover_target_s'])}. Verification: "
+        f"{result['verify']['samples']} sampled keys, {result['verify']['mismatches']} "
+        "mismatches.",
+    ])

@@ -101,6 +101,13 @@ def _spark_read(s: Sizes):
     return spark_read.run(rows=s.read_rows, seed=s.seed)
 
 
+def _replication(s: Sizes):
+    from tally.bench import replication
+
+    return replication.run(rows=max(10_000, s.rows // 2), keys=max(1_000, s.keys // 2),
+                           batch=max(1_000, s.batch // 2), seed=s.seed)
+
+
 def lazy(module: str, attribute: str) -> Callable:
     """`module.attribute`, imported at the first call: listing the benchmarks (the CLI's
     choices) must not import pyarrow, Spark or matplotlib."""
@@ -163,6 +170,15 @@ BENCHMARKS = [
         "writer; rows/s (median of rotated rounds after a warm-up round), every leg verified "
         "(count and sums). See tally.bench.spark_read.",
         _spark_read, lambda r: r["ok"]),
+    by_convention(
+        "replication", "Replication: ingest at RF 1 and RF 3, failover time",
+        "Half the ingest workload (case a) through one client upsert writer into two tables "
+        "of one 3-server LocalCluster, replication factor 1 and 3 (min.insync.replicas 2), "
+        "timed until the flush that acknowledges every row (target RF 3 >= 0.5x RF 1); then "
+        "20 kill -9 of the leader of one bucket, each timed until the first write of that "
+        "bucket is acknowledged by the new leader (target p99 <= 10 s). Sampled keys are "
+        "compared between the two tables. See tally.bench.replication.",
+        _replication, lambda r: r["ok"]),
 ]
 NAMES = [b.name for b in BENCHMARKS]
 

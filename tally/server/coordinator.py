@@ -102,7 +102,10 @@ class Coordinator:
         self.consumers = ConsumerRegistry(self)  # adds the changelog consumers' actions
         ColumnAddition(self)  # adds add_column
         AdminTruncation(self)  # adds truncate_log
-        self.replicas = ReplicaControl(self, default_replication_factor, replica_replace_after)
+        # heartbeats arrive within a session; ZooKeeper's live nodes are read at once
+        grace = session_timeout + 1.0 if not self._zookeeper else 1.0
+        self.replicas = ReplicaControl(self, default_replication_factor, replica_replace_after,
+                                       grace)
 
     # --- databases and tables -----------------------------------------------------------
 

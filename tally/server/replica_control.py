@@ -40,12 +40,16 @@ class ReplicaControl:
     """Added to a Coordinator; adds the replication actions to its action table."""
 
     def __init__(self, coordinator, default_factor: int = 1, replace_after: float = 60.0,
-                 interval: float = 0.5, clock=time.monotonic) -> None:
+                 grace: float = 0.0, clock=time.monotonic) -> None:
+        """`grace`: seconds after start before servers not seen live count as gone: a
+        coordinator that has just started has heard no heartbeats yet, and electing then
+        would depose every leader for nothing."""
         self.coordinator = coordinator
         self.catalog = coordinator.catalog
         self.default_factor = default_factor
         self.replace_after = replace_after
         self._clock = clock
+        self._acting_from = clock() + grace
         self._instance = uuid.uuid4().hex[:8]
         self._changes = 0
         self._lock = threading.Lock()
@@ -159,8 +163,10 @@ class ReplicaControl:
 
     def check(self, force: bool = False) -> int:
         """One pass: elections, in-sync shrinks, replacements. Returns buckets changed."""
-        live = self.coordinator.liveness.live()
         now = self._clock()
+        if now < self._acting_from:
+            return 0
+        live = self.coordinator.liveness.live()
         live_set = frozenset(live)
         for sid in self.catalog.known_servers():
             if sid in live_set:

@@ -85,7 +85,10 @@ def elect(current: BucketReplicas, live: set[str]) -> BucketReplicas:
 
 
 def without_dead_followers(current: BucketReplicas, live: set[str]) -> BucketReplicas:
-    """The in-sync set without followers that are not live (the leader stays)."""
+    """The in-sync set without followers that are not live (the leader stays). An offline
+    bucket keeps its set: whichever of them returns first must be able to lead."""
+    if current.leader is None:
+        return current
     isr = tuple(r for r in current.isr if r in live or r == current.leader)
     return current if isr == current.isr else dataclasses.replace(current, isr=isr)
 

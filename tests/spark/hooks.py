@@ -61,3 +61,23 @@ def kill_job(plan, epoch, attempt_number: int, bucket: int) -> None:
         except ProcessLookupError:
             pass
     os._exit(137)
+
+
+def kill_tablet_server(plan, epoch, attempt_number: int, bucket: int) -> None:
+    """SIGKILL a tablet server (the kill file's "server_pid") from inside a bucket's write of
+    the chosen epoch, once: the job itself goes on, and its writes must find the new leaders."""
+    path = os.environ.get(KILL_FILE)
+    if not path or not os.path.exists(path):
+        return
+    with open(path) as f:
+        spec = json.load(f)
+    if spec.get("point") != "server" or spec.get("epoch") != epoch.epoch:
+        return
+    try:
+        os.mkdir(path + ".done")  # one task kills; the others go on writing
+    except FileExistsError:
+        return
+    try:
+        os.kill(spec["server_pid"], signal.SIGKILL)
+    except ProcessLookupError:
+        pass

@@ -8,6 +8,8 @@ TallySink; "tally": writeStream.format("tally")), kill (null or {"point", "epoch
   point "task":          SIGKILL from inside a bucket's write of that epoch (bucket >= "bucket"),
                          after half its writes: a TallySink write task, or the data source's
                          commit process
+  point "server":        SIGKILL of the tablet server "server_pid" from inside a bucket's write
+                         of that epoch; the job goes on (replicated tables fail over)
   point "before_commit": SIGKILL on the driver after every task wrote, before the sink commits
   point "after_commit":  SIGKILL after the sink's commit, before Spark's own commit log
 (before_commit and after_commit: TallySink only, whose commit runs on the driver.)
@@ -44,7 +46,8 @@ def main(spec: dict) -> int:
              .json(spec["source"]))
     if spec.get("select"):
         frame = frame.select(*spec["select"])
-    hook = "tests.spark.hooks:kill_job" if kill else None
+    hook = None if not kill else "tests.spark.hooks:kill_tablet_server" \
+        if kill["point"] == "server" else "tests.spark.hooks:kill_job"
     if spec.get("format") == "tally":
         query, owners = _start_data_source(spark, spec, frame, hook), lambda: []
     else:

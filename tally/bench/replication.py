@@ -1,0 +1,170 @@
+"""Replication benchmark: what three copies cost on ingest, and how long a failover takes.
+
+One LocalCluster of three tablet-server processes (embedded metadata), two tables of the same
+shape in the same run:
+  RF 1    `table.replication.factor` 1: a write is acknowledged once its leader has it
+  RF 3    factor 3, min.insync.replicas 2: acknowledged once every in-sync copy has it
+The ingest workload (case a) goes through one client upsert writer into each, timed from the
+first upsert to the flush that acknowledges every row; the ratio RF 3 / RF 1 is the cost of
+replication (target >= 0.5x).
+
+Failover: `kills` times, kill -9 the leader of bucket 0 of the RF 3 table and time until the
+first write of a key of that bucket is acknowledged by the new leader (the session timeout,
+the election, the new leader's start and the client's retry, all included); then restart the
+killed server and wait until every copy is in sync again before the next kill. p50 and p99.
+Both tables are verified against each other on sampled keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tally.bench.progress import Progress
+from tally.bench.workload import Workload, table_descriptor
+
+RATIO_TARGET = 0.5
+FAILOVER_P99_TARGET_S = 10.0
+TABLES = {1: "default.rf1", 3: "default.rf3"}
+
+
+def _ingest(conn, name: str, factor: int, batches, total: int, progress: Progress) -> dict:
+    descriptor = table_descriptor()
+    descriptor.bucket_count = 4
+    descriptor.properties["table.replication.factor"] = str(factor)
+    conn.admin.create_table(name, descriptor)
+    progress.step(f"client upserts, replication factor {factor}")
+    writer = conn.table(name).upsert_writer()
+    started = time.perf_counter()
+    done = 0
+    for batch in batches:
+        writer.upsert(batch)
+        done += batch.num_rows
+        progress.rows(done, total)
+    writer.flush()
+    seconds = time.perf_counter() - started
+    writer.close()
+    progress.done(f"{total / seconds:,.0f} rows/s")
+    return {"rows": total, "seconds": seconds, "rows_per_s": total / seconds}
+
+
+def _failovers(cluster, conn, name: str, kills: int, progress: Progress) -> dict:
+    import pyarrow as pa
+
+    from tally.wire.bucket_hash import bucket_ids
+
+    routing = conn.table_meta(name).routing
+    key = next(k for k in range(10_000) if int(bucket_ids(
+        pa.table({"id": pa.array([k], pa.int64())}), ["id"], routing.bucket_count)[0]) == 0)
+    row = conn.table(name).lookup({"id": key})
+    progress.step(f"{kills} kill -9 failovers of a leader")
+    seconds = []
+    for i in range(kills):
+        leader = conn.admin.bucket_replicas(name)[(None, 0)]["leader"]
+        victim = next(j for j, h in enumerate(cluster.tablet_servers)
+                      if h.info.get("server_id") == leader)
+        writer = conn.table(name).upsert_writer()
+        cluster.kill_tablet_server(victim)
+        started = time.perf_counter()
+        writer.upsert(pa.Table.from_pylist([row], schema=routing.arrow_schema))
+        writer.flush()
+        seconds.append(time.perf_counter() - started)
+        writer.close()
+        cluster.start_tablet_server(victim)
+        _wait_in_sync(conn, name)
+        progress.rows(i + 1, kills)
+    ordered = sorted(seconds)
+    p50 = ordered[len(ordered) // 2]
+    p99 = ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
+    progress.done(f"p50 {p50:.2f} s, p99 {p99:.2f} s")
+    return {"kills": kills, "p50_s": p50, "p99_s": p99, "max_s": ordered[-1],
+            "seconds": seconds}
+
+
+def _wait_in_sync(conn, name: str, deadline: float = 300.0) -> None:
+    stop = time.monotonic() + deadline
+    while time.monotonic() < stop:
+        replicas = conn.admin.bucket_replicas(name)
+        if all(r["leader"] and sorted(r["isr"]) == sorted(r["replicas"])
+               for r in replicas.values()):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"{name} did not get back in sync within {deadline:.0f} s")
+
+
+def _verify(conn, workload: Workload, samples: int) -> dict:
+    import random
+
+    ids = random.Random(workload.seed).sample(range(workload.keys), min(samples, workload.keys))
+    one, three = conn.table(TABLES[1]), conn.table(TABLES[3])
+    wrong = [i for i in ids if one.lookup({"id": i}) != three.lookup({"id": i})]
+    return {"samples": len(ids), "mismatches": len(wrong)}
+
+
+def run(rows: int = 500_000, keys: int = 50_000, batch: int = 50_000, seed: int = 42,
+        kills: int = 20, samples: int = 200, session_timeout: float | None = None,
+        workdir: str | None = None, stream=sys.stdout) -> dict:
+    import tally
+    from tally.server import LocalCluster
+
+    workload = Workload(rows=rows, keys=keys, batch=batch, seed=seed)
+    progress = Progress(3, stream)
+    root = Path(workdir or tempfile.mkdtemp(prefix="tally-bench-replication-"))
+    try:
+        with LocalCluster(str(root / "cluster"), tablet_servers=3,
+                          session_timeout=session_timeout) as cluster:
+            with tally.connect(cluster.url, retry_timeout=300) as conn:
+                batches = list(workload.batches())
+                sides = {factor: _ingest(conn, name, factor, batches, workload.rows, progress)
+                         for factor, name in TABLES.items()}
+                check = _verify(conn, workload, samples)
+                failover = _failovers(cluster, conn, TABLES[3], kills, progress)
+    finally:
+        if workdir is None:
+            shutil.rmtree(root, ignore_errors=True)
+    ratio = sides[3]["rows_per_s"] / sides[1]["rows_per_s"]
+    return {"workload": workload.label, "rf1": sides[1], "rf3": sides[3], "ratio": ratio,
+            "ratio_target": RATIO_TARGET, "failover": failover,
+            "failover_target_s": FAILOVER_P99_TARGET_S,
+            "session_timeout": session_timeout, "verify": check,
+            "ok": check["mismatches"] == 0}
+
+
+def format_text(result: dict) -> str:
+    f = result["failover"]
+    lines = [
+        f"replication benchmark: {result['workload']}, 3 tablet servers, 4 buckets",
+        f"  RF 1   {result['rf1']['rows_per_s']:>12,.0f} rows/s  ({result['rf1']['seconds']:.2f} s)",
+        f"  RF 3   {result['rf3']['rows_per_s']:>12,.0f} rows/s  ({result['rf3']['seconds']:.2f} s)",
+        f"  RF 3 / RF 1: {result['ratio']:.2f}x (target >= {result['ratio_target']}x)",
+        f"  failover over {f['kills']} kill -9 of a leader: p50 {f['p50_s']:.2f} s, "
+        f"p99 {f['p99_s']:.2f} s, max {f['max_s']:.2f} s "
+        f"(target p99 <= {result['failover_target_s']:g} s)",
+        f"  verified: {result['verify']['samples']} sampled keys, "
+        f"{result['verify']['mismatches']} mismatches",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tally.bench.replication",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=500_000)
+    parser.add_argument("--keys", type=int, default=50_000)
+    parser.add_argument("--batch", type=int, default=50_000)
+    parser.add_argument("--kills", type=int, default=20)
+    parser.add_argument("--session-timeout", type=float, default=None)
+    args = parser.parse_args(argv)
+    result = run(rows=args.rows, keys=args.keys, batch=args.batch, kills=args.kills,
+                 session_timeout=args.session_timeout)
+    print()
+    print(format_text(result))
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
