@@ -24,11 +24,13 @@ REPLICA_LAG_TIME = 10.0      # a follower silent this long leaves the in-sync se
 
 
 class Leadership:
-    def __init__(self, server_id: str, label: str, tablet, epoch: int, replicas, isr,
+    def __init__(self, server_id: str, hosted, epoch: int, replicas, isr,
                  min_isr: int, clock=time.monotonic) -> None:
+        """`hosted`: the server's HostedTablet, whose tablet is replaced when the bucket is
+        reopened (a column added, a disk repaired): always read through it."""
         self.server_id = server_id
-        self.label = label
-        self.tablet = tablet
+        self.hosted = hosted
+        self.label = hosted.label
         self.epoch = epoch
         self.replicas = tuple(replicas)
         self.isr = frozenset(isr) | {server_id}
@@ -43,6 +45,10 @@ class Leadership:
         self._cond = threading.Condition()
         self._ended: str | None = None
         self._hw = 0
+
+    @property
+    def tablet(self):
+        return self.hosted.tablet
 
     @property
     def single(self) -> bool:

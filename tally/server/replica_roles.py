@@ -80,8 +80,8 @@ class ReplicaRoles:
         if lead is None or lead.ended:
             self._wake.set()  # a bucket made since our last refresh, or a change we missed
             leader = role.get("leader") if role else None
-            where = f"server {leader} leads it" if leader else \
-                "its leader is not known here yet"
+            where = "it is taking the lead (retry)" if leader == self.server_id else \
+                f"server {leader} leads it" if leader else "its leader is not known here yet"
             raise NotLeaderError(f"{label} is not led by tablet server {self.server_id}: "
                                  f"{where}")
         return lead
@@ -145,11 +145,14 @@ class ReplicaRoles:
                     return
                 if old is not None:
                     old.end("a newer leader epoch began here")
-                hosted.tablet.record_leader_epoch(role["leader_epoch"],
-                                                  hosted.tablet.log_end_offset)
-                lead = Leadership(self.server_id, hosted.label, hosted.tablet,
-                                  role["leader_epoch"], role["replicas"], role["isr"],
-                                  role["min_isr"])
+                epochs = hosted.tablet.leader_epochs
+                if not epochs or epochs[-1][0] < role["leader_epoch"]:
+                    # a new epoch starts at our log end; a restarted leader of the same epoch
+                    # keeps the start it recorded then
+                    hosted.tablet.record_leader_epoch(role["leader_epoch"],
+                                                      hosted.tablet.log_end_offset)
+                lead = Leadership(self.server_id, hosted, role["leader_epoch"],
+                                  role["replicas"], role["isr"], role["min_isr"])
                 with self._lock:
                     self.leading[key] = lead
                 log.info("leading %s under epoch %d (in sync: %s)", hosted.label,
