@@ -13,6 +13,10 @@ its row buffer survives solely as changelog records. Steps:
   die:N               end with os._exit(0) right after the N-th RocksDB commit from here on:
                       a crash at a chosen point of a write (after its changelog, between
                       the batches of a flush)
+  follow:SOURCE:BYTES as a follower, apply the changelog entries of the bucket at SOURCE
+                      (closed, of the same table) from this one's log end until caught up,
+                      BYTES of entries per apply_replicated
+  tail:OFFSET         truncate_tail(OFFSET)
 
 Protocol on stdout, one flushed line per event:
   ready <log_start_offset> <log_end_offset>
@@ -21,6 +25,8 @@ Protocol on stdout, one flushed line per event:
   flushed <log_end_offset>
   truncated <log_start_offset>
   retained <log_start_offset>
+  followed <log_end_offset>       after each apply_replicated of a follow step
+  cut <log_end_offset>
   exit <log_end_offset>           just before os._exit(0)
   died                            just before the os._exit(0) of a die:N step
 
@@ -175,6 +181,12 @@ def die_after_commits(tablet, count: int) -> None:
     store.commit = commit_then_die
 
 
+def follow(tablet, source, max_bytes: int) -> None:
+    """Copy `source`'s changelog entries into `tablet` (a follower) until it has them all."""
+    while entries := source.replication_entries(tablet.log_end_offset, max_bytes):
+        print(f"followed {tablet.apply_replicated(entries)}", flush=True)
+
+
 def main(argv: list[str]) -> None:
     from merge_engine import KvTablet
     from merge_engine.log_retention import enforce_retention
@@ -201,6 +213,11 @@ def main(argv: list[str]) -> None:
             print(f"truncated {tablet.truncate_log(tablet.log_end_offset)}", flush=True)
         elif step == "retain":
             print(f"retained {enforce_retention(tablet)}", flush=True)
+        elif step.startswith("follow:"):
+            _, source_path, max_bytes = step.rsplit(":", 2)
+            follow(tablet, KvTablet.open(source_path, table_spec.descriptor()), int(max_bytes))
+        elif step.startswith("tail:"):
+            print(f"cut {tablet.truncate_tail(int(step.split(':')[1]))}", flush=True)
         elif step.startswith("batch-rows:"):
             tablet._rows.batch_rows = int(step.split(":")[1])
         elif step.startswith("die:"):
