@@ -41,6 +41,20 @@ def write_runs(draw, kind: str, sequences: dict, size: int):
     return run
 
 
+def writers_after_cut(history: list, cut: int) -> dict:
+    """The writers' states truncate_tail(cut) leaves: a writer whose last write ended at or
+    below the cut keeps it; one that wrote past it gets its last write that changed rows and
+    ended at or below the cut (writes that changed nothing leave no entry to find), or none."""
+    states = {}
+    for writer, sequence, end, changed in history:
+        last = [h for h in history if h[0] == writer][-1]
+        if last[2] <= cut:
+            states[writer] = (last[1], last[2])
+        elif changed and end <= cut:
+            states[writer] = (sequence, end)
+    return states
+
+
 def same_bucket(tablet, twin) -> None:
     assert tablet.log_end_offset == twin.log_end_offset
     assert tablet.changelog().equals(twin.changelog())
@@ -65,18 +79,23 @@ def test_truncate_tail_equals_a_twin_that_stopped_there(data, kind, slice_rows, 
     try:
         for bucket in (tablet, twin):
             bucket.record_leader_epoch(1, 0)
+        history = []  # (writer, sequence, end, changed) of the writers' accepted writes
         for op, seconds in before:
             clock.now += seconds
-            assert apply_write(tablet, op) == apply_write(twin, op)
+            start = tablet.log_end_offset
+            end = apply_write(tablet, op)
+            assert apply_write(twin, op) == end
+            if op.writer is not None and end is not None:
+                history.append((*op.writer, end, end > start))
         cut = tablet.log_end_offset
         for bucket in (tablet, twin):
             bucket.record_leader_epoch(2, cut)
-        kept_writers = {}  # writes after the cut that changed nothing: no entry, so they stay
         for op, seconds in after:
             clock.now += seconds
-            unchanged = tablet.log_end_offset == cut
-            if apply_write(tablet, op) == cut and unchanged and op.writer is not None:
-                kept_writers[op.writer[0]] = (op.writer[1], cut)
+            start = tablet.log_end_offset
+            end = apply_write(tablet, op)
+            if op.writer is not None and end is not None:
+                history.append((*op.writer, end, end > start))
         if tablet.log_end_offset > cut:
             tablet.record_leader_epoch(3, tablet.log_end_offset)
         offset = cut
@@ -88,19 +107,25 @@ def test_truncate_tail_equals_a_twin_that_stopped_there(data, kind, slice_rows, 
             tablet = rw.open_bucket(f"{directory}/bucket", kind, clock, buffer_size, slice_rows)
         assert tablet.truncate_tail(offset) == cut
         same_bucket(tablet, twin)
-        assert tablet.writer_states() == {**twin.writer_states(), **kept_writers}
+        expected = writers_after_cut(history, cut)
+        assert tablet.writer_states() == expected
 
-        # The same writes again on both (the cut ones' sequences apply anew), then more.
+        # The same writes again on both (the cut ones' sequences apply anew), then more; not
+        # those whose sequences the bucket kept (writes that changed nothing at the cut).
         further = [(op, s) for op, s in after
-                   if op.writer is None or op.writer[0] not in kept_writers]
+                   if op.writer is None or op.writer[1] > expected.get(op.writer[0], (0,))[0]]
         further += data.draw(write_runs(kind, sequences, 4), label="further")
+        wrote = set()
         for op, seconds in further:
             clock.now += seconds
-            assert apply_write(tablet, op) == apply_write(twin, op)
-            if op.writer is not None:
-                kept_writers.pop(op.writer[0], None)
+            end = apply_write(tablet, op)
+            assert apply_write(twin, op) == end
+            if op.writer is not None and end is not None:
+                wrote.add(op.writer[0])
         same_bucket(tablet, twin)
-        assert tablet.writer_states() == {**twin.writer_states(), **kept_writers}
+        twin_states = twin.writer_states()
+        assert tablet.writer_states() == {
+            **expected, **{w: twin_states[w] for w in wrote if w in twin_states}}
     finally:
         tablet.close()
         twin.close()
