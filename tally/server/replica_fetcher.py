@@ -128,6 +128,9 @@ class LeaderFetcher:
             if error == "not_leader":
                 self.roles._wake.set()  # our roles are stale: ask the coordinator
                 continue
+            if error == "diverged":
+                following.checked = False  # cut back to the leader's log before fetching
+                continue
             if error == "out_of_range":
                 following.stalled = (f"the leader's log starts at {info['log_start']}, past "
                                      f"this copy's end {following.hosted.tablet.log_end_offset}")

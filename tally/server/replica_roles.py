@@ -244,8 +244,13 @@ class ReplicaRoles:
             except NotLeaderError as e:
                 meta.append({"error": "not_leader", "message": str(e)})
                 continue
-            lead.follower_fetched(follower, offset)
             tablet = lead.tablet
+            if offset > tablet.log_end_offset:
+                # a copy longer than ours under our epoch has not cut its divergent tail:
+                # its offset must not count towards the high watermark
+                meta.append({"error": "diverged", "log_end": tablet.log_end_offset})
+                continue
+            lead.follower_fetched(follower, offset)
             info = {"hw": lead.high_watermark(), "log_start": tablet.log_start_offset,
                     "log_end": tablet.log_end_offset,
                     "leader_epochs": [list(e) for e in tablet.leader_epochs]}
