@@ -27,6 +27,7 @@ from tally.server.periodic import PeriodicDuty
 from tally.server.remote_snapshots import BucketPath, RemoteSnapshots
 from tally.server.settings import SEGMENT_INTERVAL, SNAPSHOT_INTERVAL
 from tally.server.tablets import HostedTablet, TabletKey
+from tally.wire.messages import field
 from tally.server.remote_segments import encode_segment
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class SnapshotUploads:
         # leadership starts from what the remote directory holds
         self._segment_end: dict[tuple[TabletKey, int], int] = {}
         self._snapshot_offset: dict[tuple[TabletKey, int], int] = {}
+        self._registered_end: dict[tuple[TabletKey, int], int] = {}  # told the coordinator
         self._busy: dict[TabletKey, threading.Lock] = {}
         self._guard = threading.Lock()
         server.actions["upload_snapshots"] = self.upload_all
@@ -78,9 +80,12 @@ class SnapshotUploads:
 
     # --- passes -----------------------------------------------------------------------------
 
-    def upload_all(self, body: dict | None = None) -> dict:
-        """Upload every led bucket's segments and snapshot now (operators and tests)."""
-        return {"segments": self.upload_segments(), "snapshots": self.upload_snapshots()}
+    def upload_all(self, body: dict) -> dict:
+        """Upload every led bucket's segments and (unless `segments_only`) snapshot now, as
+        the duties would: for operators before a planned risk, and for tests."""
+        segments = self.upload_segments()
+        only = field(body, "segments_only", bool, False)
+        return {"segments": segments, "snapshots": {} if only else self.upload_snapshots()}
 
     def upload_segments(self) -> dict:
         """{bucket label: uploaded log end} for the led buckets this pass uploaded."""
@@ -128,7 +133,6 @@ class SnapshotUploads:
                         "restore from the remote directory cannot replay them", hosted.label,
                         start, log_start)
             start = log_start
-        first = start
         while start < hw:
             with hosted.lock:
                 entries = hosted.tablet.replication_entries(start, SEGMENT_BYTES)
@@ -139,9 +143,10 @@ class SnapshotUploads:
                                        encode_segment(entries))
             start = entries[-1].end_offset
         self._segment_end[(hosted.key, lead.epoch)] = start
-        if start == first:
+        if self._registered_end.get((hosted.key, lead.epoch)) == start:
             return None
         self._register(hosted, lead, segment_end=start)
+        self._registered_end[(hosted.key, lead.epoch)] = start
         return start
 
     def _remote_log_end(self, bucket: BucketPath) -> int:
