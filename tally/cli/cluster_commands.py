@@ -1,4 +1,5 @@
-"""The `tally` commands that ask a running cluster: `servers`, `buckets` and `locks`.
+"""The `tally` commands that ask a running cluster: `servers`, `buckets`, `locks` and
+`restore`.
 
 Each command connects with the client when it runs, so `tally --help` loads none of it.
 """
@@ -40,6 +41,17 @@ def cmd_buckets(args: argparse.Namespace) -> int:
                      ",".join(r["isr"]), r["leader_epoch"], state))
     emit(header_for(("PARTITION", "BUCKET", "LEADER", "REPLICAS", "IN SYNC", "EPOCH", "STATE"),
                     args.format), rows, args.format)
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    """Restore a bucket whose every copy is gone from the remote directory; print what was
+    restored and what was lost (exit status 0 either way: the loss is reported, not an
+    error of the command)."""
+    with open_connection(args) as conn:
+        answer = conn.admin.restore_bucket(args.table, args.bucket, partition=args.partition,
+                                           server=args.server)
+    print(answer["message"])
     return 0
 
 
@@ -93,6 +105,18 @@ def add_commands(commands, common: argparse.ArgumentParser) -> None:
     buckets.add_argument("--format", choices=FORMATS, default="table")
     add_connection_arguments(buckets)
     buckets.set_defaults(func=cmd_buckets)
+
+    restore = commands.add_parser("restore", parents=[common],
+                                  help="rebuild a bucket whose every copy is gone from its "
+                                       "remote snapshot and log segments (admin)")
+    restore.add_argument("table", help="'<database>.<table>'")
+    restore.add_argument("--bucket", type=int, required=True)
+    restore.add_argument("--partition", help="the partition (partitioned tables)")
+    restore.add_argument("--server", metavar="ID",
+                         help="the live tablet server to restore it on (default: the least "
+                              "loaded)")
+    add_connection_arguments(restore)
+    restore.set_defaults(func=cmd_restore)
 
     locks = commands.add_parser("locks", parents=[common],
                                 help="show column locks: owner, columns, expiry, "

@@ -174,6 +174,22 @@ class Admin:
                 for p, b, leader, replicas, isr, epoch in self._call("bucket_replicas",
                                                                      name=name)}
 
+    def restore_bucket(self, name: str, bucket: int, partition: str | None = None,
+                       server: str | None = None) -> dict:
+        """Rebuild a bucket whose every copy is gone from its newest remote snapshot and the
+        remote changelog after it, on live tablet server `server` (default: the least loaded),
+        which then leads it. The answer says what was restored and, in `lost` ([first, end)
+        offsets, or None), what was acknowledged but never uploaded; `message` says it in
+        words. Refused while the bucket has a live leader."""
+        return self._call("restore_bucket", name=name, bucket=bucket, partition=partition,
+                          server=server)
+
+    def bucket_snapshots(self, name: str) -> dict[tuple[str | None, int], dict]:
+        """Per bucket, what its leaders registered of their remote uploads: `snapshot_id`,
+        `snapshot_offset`, `segment_end` (where the uploaded changelog ends),
+        `high_watermark` (the last one reported) and `leader_epoch`; {} before any."""
+        return {(p, b): record for p, b, record in self._call("bucket_snapshots", name=name)}
+
     def list_servers(self) -> list[dict]:
         """Every tablet server the coordinator knows: id, address, live, healthy and the
         problems a live one reported (a bucket whose disk is full, ...)."""

@@ -40,6 +40,8 @@ REQUIRED_ROLE: dict[str, str] = {
     "drop_table": ADMIN,
     "drop_partition": ADMIN,
     "truncate_log": ADMIN,
+    "restore_bucket": ADMIN,  # rebuilds a bucket whose copies are all gone from remote snapshots
+    "bucket_snapshots": READ,
     # the coordinator: locks, commits, baselines
     "lock_describe": READ,
     "last_commit": READ,
@@ -67,6 +69,7 @@ REQUIRED_ROLE: dict[str, str] = {
     "consumer_floor": CLUSTER,
     "server_buckets": CLUSTER,
     "alter_isr": CLUSTER,  # only a bucket's current leader may change its in-sync set
+    "snapshot_register": CLUSTER,  # only a bucket's current leader may register its uploads
     # tablet servers: rows
     "lookup": READ,
     "lookup_many": READ,
@@ -83,6 +86,8 @@ REQUIRED_ROLE: dict[str, str] = {
     "expire_rows": CLUSTER,
     "reopen_tablets": CLUSTER,
     "server_id": CLUSTER,
+    "upload_snapshots": CLUSTER,
+    "restore_bucket_copy": CLUSTER,
     # tablet servers: asked by the coordinator and by other tablet servers (followers)
     "replicas_changed": CLUSTER,
     "replica_fetch": CLUSTER,

@@ -32,7 +32,9 @@ from tally.server.column_addition import ColumnAddition
 from tally.server.catalog import (DEFAULT_DATABASE, Catalog, PartitionRecord, TableRecord,
                                   split_table_name)
 from tally.server.consumer_registry import ConsumerRegistry
+from tally.server.bucket_restore import BucketRestore
 from tally.server.replica_control import ReplicaControl
+from tally.server.snapshot_registry import SnapshotRegistry
 from tally.server.membership import (COORDINATOR, EphemeralRegistration, HeartbeatLiveness,
                                      ZooKeeperLiveness)
 from tally.server.metric_reports import MetricReports
@@ -106,6 +108,8 @@ class Coordinator:
         grace = session_timeout + 1.0 if not self._zookeeper else 1.0
         self.replicas = ReplicaControl(self, default_replication_factor, replica_replace_after,
                                        grace)
+        self.snapshots = SnapshotRegistry(self)  # adds snapshot_register, bucket_snapshots
+        BucketRestore(self)  # adds restore_bucket
 
     # --- databases and tables -----------------------------------------------------------
 
@@ -119,6 +123,7 @@ class Coordinator:
         for record in dropped:
             self.locking.drop_table(record.table_id)
             self.consumers.drop_table(record.table_id)
+            self.snapshots.drop_table(record.table_id)
             self._forget_tablets(record.table_id)
 
     @staticmethod
@@ -168,6 +173,7 @@ class Coordinator:
             raise
         self.locking.drop_table(record.table_id)
         self.consumers.drop_table(record.table_id)
+        self.snapshots.drop_table(record.table_id)
         self._forget_tablets(record.table_id)
 
     def _forget_tablets(self, table_id: int) -> None:
@@ -288,6 +294,7 @@ class Coordinator:
         problems = field(body, "problems", list, [])
         if not all(isinstance(p, str) for p in problems):
             raise InvalidInputError("malformed request: the field 'problems' must hold strings")
+        reports = self.snapshots.check_reports(body.get("high_watermarks", []))
         dropped = []
         for table_id in table_ids:
             try:
@@ -298,6 +305,7 @@ class Coordinator:
         self.catalog.remember_server(server_id, address)
         self._problems[server_id] = problems
         self.liveness.heartbeat(server_id, address)
+        self.snapshots.heartbeat(server_id, reports)
         return {"dropped_table_ids": dropped, "replica_version": self.replicas.version}
 
     def _refuse_address_hijack(self, server_id: str, address: str) -> None:

@@ -127,9 +127,16 @@ class Leadership:
 
     # --- changes ------------------------------------------------------------------------
 
-    def update(self, isr, min_isr: int) -> None:
+    def update(self, isr, min_isr: int, replicas=None) -> None:
+        """A new in-sync set and minimum; with `replicas`, a new set of copies (a gone
+        server's copy made again elsewhere: the newcomer joins once it has caught up)."""
         with self._cond:
             now = self._clock()
+            if replicas is not None and tuple(replicas) != self.replicas:
+                for added in set(replicas) - set(self.replicas):
+                    self._last_fetch.setdefault(added, now)
+                    self._left_at[added] = now
+                self.replicas = tuple(replicas)
             for follower in self.isr - frozenset(isr):
                 self._left_at[follower] = now
             self.isr = frozenset(isr) | {self.server_id}

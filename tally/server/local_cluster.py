@@ -128,7 +128,9 @@ class LocalCluster:
                  tls=None, metrics: bool = False, metrics_per_bucket: bool = False,
                  replication_factor: int | None = None,
                  replica_replace_after: float | None = None,
-                 session_timeout: float | None = None) -> None:
+                 session_timeout: float | None = None, remote_dir: str | None = None,
+                 snapshot_interval: float | None = None,
+                 segment_interval: float | None = None) -> None:
         """`lock_clock_file`: every server judges lock expiry by the wall clock plus the
         seconds in this file, so tests expire locks without sleeping (server.clock).
         `tls`: a tally.wire.tls.TlsFiles every server uses (its certificate, key, CA and
@@ -139,7 +141,9 @@ class LocalCluster:
         tablet servers or more, else 1); `replica_replace_after`: seconds before a gone
         server's copies are made again elsewhere (None: the server's default, 60);
         `session_timeout`: seconds of missed heartbeats before a tablet server counts as gone
-        (embedded metadata only; None: the server's default)."""
+        (embedded metadata only; None: the server's default). `remote_dir`: every tablet
+        server uploads snapshots and changelog segments there, every `snapshot_interval` and
+        `segment_interval` seconds (None: the server's defaults)."""
         self.data_dir = os.path.abspath(data_dir)
         os.makedirs(self.data_dir, exist_ok=True)
         saved = self._load_settings()
@@ -174,6 +178,13 @@ class LocalCluster:
                                 if max_batch_bytes else [])
         if memory_budget is not None:
             tablet_args += ["--memory-budget", str(memory_budget)]
+        if remote_dir is not None:
+            tablet_args += ["--remote-dir", remote_dir if "://" in remote_dir
+                            else os.path.abspath(remote_dir)]
+        for flag, seconds in (("--snapshot-interval", snapshot_interval),
+                              ("--segment-interval", segment_interval)):
+            if seconds is not None:
+                tablet_args += [flag, str(seconds)]
         if replication_factor is None:
             replication_factor = saved.get("replication_factor") or (3 if count >= 3 else 1)
         self.replication_factor = replication_factor

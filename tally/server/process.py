@@ -156,12 +156,20 @@ class ServerProcess:
                 link = CoordinatorLink(cluster_token, url=args.coordinator, store=zk, tls=tls)
             else:
                 raise SystemExit("a tablet server needs --coordinator URL or --zookeeper")
+            remote = None
+            if args.remote_dir:
+                from tally.server.remote_snapshots import RemoteSnapshots
+
+                remote = RemoteSnapshots(args.remote_dir, keep=args.snapshot_keep)
             self.tablet_server = TabletServer(args.data_dir, self.address, link,
                                               max_batch_bytes=args.max_batch_bytes,
                                               memory_budget=args.memory_budget,
                                               clock=lock_clock(args.lock_clock_file),
                                               metrics=self.metrics,
-                                              peers=ChannelPool(cluster_token, tls=tls))
+                                              peers=ChannelPool(cluster_token, tls=tls),
+                                              remote=remote,
+                                              snapshot_interval=args.snapshot_interval,
+                                              segment_interval=args.segment_interval)
             self.flight.attach(tablet_server=self.tablet_server)
             if zk is not None:
                 from tally.server.membership import EphemeralRegistration, live_path

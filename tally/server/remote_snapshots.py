@@ -9,7 +9,11 @@ Below the root, per bucket (<table id>/<partition id>/<bucket>):
     snapshots/<id>.json               its manifest: offset, files, sizes, checksums
     log/<first>-<end>.seg             changelog entries of [first, end)
 
-ids and offsets are zero-padded to 20 digits so a listing sorts numerically. A snapshot exists
+ids and offsets are zero-padded to 20 digits so a listing sorts numerically. A snapshot's id
+carries the leader epoch it was taken under (`leader_epoch * EPOCH_SPAN + n`), so the ids of
+different epochs never collide and every snapshot of a newer leader sorts after every snapshot
+of an older one: a deposed leader that still uploads can neither overwrite nor outrank the
+current leader's snapshots. A snapshot exists
 once its manifest does, and the manifest is written last, whole or not at all: a crash during
 an upload leaves only files no manifest names, which the next `retain` deletes.
 
@@ -33,7 +37,7 @@ import pyarrow.fs as pafs
 from tally.errors import InvalidOptionError, OffsetOutOfRangeError, RemoteStorageError, StorageError
 from tally.server.remote_files import RemoteFiles, file_chunks, is_temporary
 from tally.server.snapshot_manifest import (
-    DIGITS, LOG, SHARED, SNAPSHOTS, BucketPath, SegmentInfo, SnapshotFile, SnapshotInfo,
+    DIGITS, EPOCH_SPAN, LOG, SHARED, SNAPSHOTS, BucketPath, SegmentInfo, SnapshotFile, SnapshotInfo,
     manifest_key, own_file_key, segment_key, shared_file_key,
 )
 
@@ -79,16 +83,21 @@ class RemoteSnapshots:
 
     # --- snapshots --------------------------------------------------------------------------
 
-    def upload(self, bucket: BucketPath, checkpoint_dir: str, offset: int) -> SnapshotInfo:
+    def upload(self, bucket: BucketPath, checkpoint_dir: str, offset: int,
+               leader_epoch: int = 0) -> SnapshotInfo:
         """Store the RocksDB checkpoint in `checkpoint_dir` as the bucket's next snapshot, taken
-        at log end offset `offset`. Table files already stored are not sent again."""
+        at log end offset `offset` by the leader of `leader_epoch`. Table files already stored
+        are not sent again."""
+        if not 0 <= leader_epoch < 10 ** DIGITS // EPOCH_SPAN:
+            raise InvalidOptionError(f"cannot upload a snapshot of {bucket} under leader epoch "
+                                     f"{leader_epoch}")
         with self._lock(bucket):
             try:
                 names = sorted(e.name for e in os.scandir(checkpoint_dir) if e.is_file())
             except OSError as exc:
                 raise StorageError(f"cannot read the checkpoint of {bucket} at offset {offset}: "
                                    f"{exc.strerror}") from None
-            snapshot_id = self._next_id(bucket)
+            snapshot_id = self._next_id(bucket, leader_epoch)
             stored = {f.key: f.size for f in self.files.list(f"{bucket.prefix()}/{SHARED}")}
             digests: dict[tuple, str] = {}
             entries, sent_files, sent_bytes = [], 0, 0
@@ -138,14 +147,16 @@ class RemoteSnapshots:
             raise RemoteStorageError(f"uploading snapshot {snapshot_id} (offset {offset}) of "
                                      f"{bucket}: cannot write {name}: {exc}") from None
 
-    def _next_id(self, bucket: BucketPath) -> int:
-        """One past every snapshot id in use, manifests and the directories of interrupted
-        uploads alike, so a new snapshot never mixes its files with a crashed one's."""
-        used = [0]
+    def _next_id(self, bucket: BucketPath, leader_epoch: int) -> int:
+        """One past every snapshot id of the epoch in use, manifests and the directories of
+        interrupted uploads alike, so a new snapshot never mixes its files with a crashed
+        one's."""
+        low, high = leader_epoch * EPOCH_SPAN, (leader_epoch + 1) * EPOCH_SPAN
+        used = [low]
         for f in self.files.list(f"{bucket.prefix()}/{SNAPSHOTS}"):
             base = f.key.rsplit("/", 1)[-1]
             match = (_SNAPSHOT_DIR if f.is_dir else _MANIFEST).match(base)
-            if match:
+            if match and low <= int(match.group(1)) < high:
                 used.append(int(match.group(1)))
         return max(used) + 1
 

@@ -238,6 +238,14 @@ class ReplicaControl:
                 threading.Thread(target=self._nudge, args=(address,), daemon=True,
                                  name=f"nudge {sid}").start()
 
+    def changed(self, servers: set[str]) -> None:
+        """A bucket's replicas were changed outside this loop (a restore): tell the servers."""
+        self._changed(servers)
+
+    def all_partitions(self):
+        """(table id, PartitionRecord) of every partition of every table."""
+        return self._all_partitions()
+
     def _nudge(self, address: str) -> None:
         try:
             self.coordinator.channels.get(address).action("replicas_changed", {},

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 
 from tally.errors import TallyError
 from tally.server.tablets import HostedTablet, TabletKey
@@ -26,6 +27,7 @@ FETCH_WAIT_MS = 500
 FETCH_BYTES = 4 << 20
 ERROR_PAUSE = 0.2
 UNREACHABLE_PAUSE = 1.0
+REBUILD_RETRY = 10.0   # seconds before a copy that no remote snapshot could rebuild tries again
 
 
 class Following:
@@ -37,6 +39,7 @@ class Following:
         self.role = role
         self.checked = False
         self.stalled: str | None = None  # why fetching stopped (e.g. the leader's log moved on)
+        self.retry_at: float | None = None  # when a stalled copy tries a snapshot again
 
     @property
     def epoch(self) -> int:
@@ -72,8 +75,10 @@ class LeaderFetcher:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            now = time.monotonic()
             with self._lock:
-                todo = [(k, f) for k, f in self.buckets.items() if f.stalled is None]
+                todo = [(k, f) for k, f in self.buckets.items() if f.stalled is None
+                        or (f.retry_at is not None and now >= f.retry_at)]
             if not todo:
                 self._stop.wait(ERROR_PAUSE)
                 continue
@@ -132,10 +137,7 @@ class LeaderFetcher:
                 following.checked = False  # cut back to the leader's log before fetching
                 continue
             if error == "out_of_range":
-                following.stalled = (f"the leader's log starts at {info['log_start']}, past "
-                                     f"this copy's end {following.hosted.tablet.log_end_offset}")
-                log.error("%s cannot follow: %s; it needs a snapshot", following.hosted.label,
-                          following.stalled)
+                self._out_of_range(key, following, info)
                 continue
             entries = []
             if slots is not None:
@@ -154,6 +156,25 @@ class LeaderFetcher:
                     if epoch > last and start <= end:
                         tablet.record_leader_epoch(int(epoch), int(start))
                         last = epoch
+
+    def _out_of_range(self, key: TabletKey, following: Following, info: dict) -> None:
+        """The leader's log starts past this copy's end: rebuild the copy from a remote
+        snapshot when the server has a remote directory, else stop fetching it."""
+        why = (f"the leader's log starts at {info['log_start']}, past this copy's end "
+               f"{following.hosted.tablet.log_end_offset}")
+        loads = self.roles.server.snapshot_loads
+        if loads is not None and self.current(key, following):
+            try:
+                loads.rebuild(following.hosted, int(info["log_start"]), int(info["hw"]),
+                              lambda: self.current(key, following))
+                following.stalled = following.retry_at = None
+                following.checked = False
+                return
+            except TallyError as e:
+                why += f", and no remote snapshot rebuilt it ({e})"
+                following.retry_at = time.monotonic() + REBUILD_RETRY
+        following.stalled = why
+        log.error("%s cannot follow: %s; it needs a snapshot", following.hosted.label, why)
 
     def close_later(self) -> None:
         """Stop the thread without waiting for its fetch in flight (called under a lock)."""

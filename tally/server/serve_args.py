@@ -10,7 +10,9 @@ import argparse
 import os
 
 from tally.errors import InvalidOptionError
-from tally.server.settings import DEFAULT_MAX_BATCH_BYTES, DEFAULT_MEMORY_BUDGET, SESSION_TIMEOUT
+from tally.server.settings import (DEFAULT_MAX_BATCH_BYTES, DEFAULT_MEMORY_BUDGET,
+                                   SEGMENT_INTERVAL, SESSION_TIMEOUT, SNAPSHOT_INTERVAL,
+                                   SNAPSHOT_KEEP)
 from tally.sizes import parse_size
 
 ROLES = ("all", "coordinator", "tablet")
@@ -112,6 +114,18 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("--remote-dir", metavar="URI",
                         help="upload each led bucket's snapshots and changelog segments here "
                              "(a local path or a pyarrow filesystem URI such as s3://...)")
+    parser.add_argument("--snapshot-interval", type=_seconds, default=SNAPSHOT_INTERVAL,
+                        metavar="SECONDS",
+                        help="with --remote-dir: seconds between snapshots of each led bucket "
+                             f"whose log moved (default {SNAPSHOT_INTERVAL:g})")
+    parser.add_argument("--segment-interval", type=_seconds, default=SEGMENT_INTERVAL,
+                        metavar="SECONDS",
+                        help="with --remote-dir: seconds between uploads of each led bucket's "
+                             "acknowledged changelog; at most this much is lost when every "
+                             f"copy of a bucket is (default {SEGMENT_INTERVAL:g})")
+    parser.add_argument("--snapshot-keep", type=_positive, default=SNAPSHOT_KEEP, metavar="N",
+                        help=f"with --remote-dir: snapshots kept per bucket (default "
+                             f"{SNAPSHOT_KEEP})")
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("--lock-clock-file", metavar="PATH", help=argparse.SUPPRESS)  # tests
     return parser

@@ -6,3 +6,8 @@ SESSION_TIMEOUT = 6.0                # seconds of silence before a tablet server
 HEARTBEAT_INTERVAL = 1.0             # seconds between a tablet server's heartbeats
 STORAGE_PROBE_INTERVAL = 1.0         # seconds between looks for buckets to reopen (disk full)
 DEFAULT_SCAN_BATCH_ROWS = 65536        # rows per batch of a scan that names no batch_size
+
+# remote snapshots (--remote-dir)
+SNAPSHOT_INTERVAL = 300.0            # seconds between snapshots of each led bucket that moved
+SEGMENT_INTERVAL = 10.0              # seconds between uploads of acknowledged changelog
+SNAPSHOT_KEEP = 3                    # remote snapshots kept per bucket

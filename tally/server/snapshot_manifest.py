@@ -70,6 +70,11 @@ class SnapshotInfo:
     def manifest_key(self) -> str:
         return manifest_key(self.bucket, self.snapshot_id)
 
+    @property
+    def leader_epoch(self) -> int:
+        """The leader epoch the snapshot was taken under (encoded in its id)."""
+        return self.snapshot_id // EPOCH_SPAN
+
     def to_json(self) -> dict:
         return {"format": MANIFEST_FORMAT, "table_id": self.bucket.table_id,
                 "partition_id": self.bucket.partition_id, "bucket": self.bucket.bucket,
@@ -119,6 +124,7 @@ SHARED = "shared"
 SNAPSHOTS = "snapshots"
 LOG = "log"
 DIGITS = 20  # zero-padded ids and offsets list in numeric order
+EPOCH_SPAN = 10 ** 10  # snapshot ids per leader epoch: id = epoch * EPOCH_SPAN + n
 
 
 def manifest_key(bucket: BucketPath, snapshot_id: int) -> str:

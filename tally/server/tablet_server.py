@@ -28,15 +28,18 @@ import pyarrow.compute as pc
 
 from locks.tablet_check import TabletLocks
 from merge_engine.row_snapshot import scan_schema
-from tally.errors import InvalidInputError, NotFoundError, StaleMetadataError
+from tally.errors import InvalidInputError, InvalidOptionError, NotFoundError, StaleMetadataError
 from tally.server.periodic import PeriodicDuty
 from tally.server.replica_digest import ReplicaDigest
 from tally.server.replica_roles import ReplicaRoles
 from tally.server.metrics import ServerMetrics
 from tally.server.retention import RetentionKeeper
 from tally.server.row_expiry import EXPIRY_INTERVAL, RowExpiry
+from tally.server.snapshot_loads import SnapshotLoads
+from tally.server.snapshot_uploads import SnapshotUploads
 from tally.server.settings import (DEFAULT_MAX_BATCH_BYTES, DEFAULT_SCAN_BATCH_ROWS,
-                                   HEARTBEAT_INTERVAL, STORAGE_PROBE_INTERVAL)
+                                   HEARTBEAT_INTERVAL, SEGMENT_INTERVAL, SNAPSHOT_INTERVAL,
+                                   STORAGE_PROBE_INTERVAL)
 from tally.server.storage_health import StorageHealth
 from tally.server.tablets import HostedTablet, TabletHost, TabletKey
 from tally.wire.bucket_hash import bucket_ids
@@ -108,14 +111,19 @@ class TabletServer:
                  clock: Callable[[], float] = time.time,
                  storage_probe_interval: float = STORAGE_PROBE_INTERVAL,
                  metrics: ServerMetrics | None = None,
-                 expiry_interval: float = EXPIRY_INTERVAL, peers=None) -> None:
+                 expiry_interval: float = EXPIRY_INTERVAL, peers=None,
+                 remote=None, snapshot_interval: float = SNAPSHOT_INTERVAL,
+                 segment_interval: float = SEGMENT_INTERVAL) -> None:
         """`memory_budget`: bytes of write memory all hosted buckets share (None: no cap
         beyond each bucket's own; `tally serve` passes --memory-budget). `clock`: the time
         lock expiry and the row TTL are judged by (tests move it; see server.clock). Every
         `storage_probe_interval` seconds, buckets whose disk refused a write are reopened
         once it has room (storage_health). `metrics`: the process's (a registry of its own
         when None). `peers`: a ChannelPool (with the cluster credential) to reach the other
-        tablet servers, which followers fetch from (None: a plaintext pool without one)."""
+        tablet servers, which followers fetch from (None: a plaintext pool without one).
+        `remote`: a RemoteSnapshots (`--remote-dir`): led buckets upload snapshots every
+        `snapshot_interval` and changelog segments every `segment_interval` seconds, and
+        copies are rebuilt from them (None: no remote directory)."""
         self.clock = clock
         self.metrics = metrics if metrics is not None else ServerMetrics()
         self.server_id = load_server_id(data_dir)
@@ -140,6 +148,13 @@ class TabletServer:
         self.peers = peers
         self.replicas = ReplicaRoles(self, peers)
         ReplicaDigest(self)  # adds replica_digest
+        self.snapshot_uploads = self.snapshot_loads = None
+        for action in ("upload_snapshots", "restore_bucket_copy"):
+            self.actions[action] = self._no_remote_dir
+        if remote is not None:
+            self.snapshot_uploads = SnapshotUploads(self, remote, snapshot_interval,
+                                                    segment_interval)
+            self.snapshot_loads = SnapshotLoads(self, remote)
 
     def coordinator(self, action: str, body: dict):
         """Ask the coordinator (used by the lock and retention helpers)."""
@@ -151,14 +166,17 @@ class TabletServer:
         self.expiry.start()
         self.storage.start()
         self.replicas.start()
+        if self.snapshot_uploads is not None:
+            self.snapshot_uploads.start()
 
     def send_heartbeat(self) -> None:
-        answer = self._coordinator("heartbeat", {"server_id": self.server_id,
-                                                 "address": self.address,
-                                                 "table_ids": self.host.table_ids(),
-                                                 "problems": self.problems()})
+        body = {"server_id": self.server_id, "address": self.address,
+                "table_ids": self.host.table_ids(), "problems": self.problems()}
+        if self.snapshot_uploads is not None:  # what a restore would know was acknowledged
+            body["high_watermarks"] = self.snapshot_uploads.high_watermarks()
+        answer = self._coordinator("heartbeat", body)
         for table_id in answer["dropped_table_ids"]:
-            self.host.drop_table(int(table_id))
+            self.drop_tablets({"table_id": int(table_id)})
         self.replicas.heartbeat_answer(answer)
 
     def problems(self) -> list[str]:
@@ -355,6 +373,10 @@ class TabletServer:
             out.append([start, max(start, int(lead.high_watermark()))])
         return out
 
+    def _no_remote_dir(self, body: dict) -> None:
+        raise InvalidOptionError(f"tablet server {self.server_id} has no --remote-dir: it "
+                                 f"neither uploads nor restores snapshots")
+
     def reopen_tablets(self, body: dict) -> None:
         """Reopen the open buckets of a table with its new descriptor (add_column)."""
         from merge_engine import TableDescriptor
@@ -365,10 +387,15 @@ class TabletServer:
             self.host.reopen(hosted, descriptor)
 
     def drop_tablets(self, body: dict) -> None:
-        self.host.drop_table(field(body, "table_id", int))
+        table_id = field(body, "table_id", int)
+        self.host.drop_table(table_id)
+        if self.snapshot_uploads is not None:
+            self.snapshot_uploads.drop_table(table_id)
 
     def close(self) -> None:
         self._heartbeat.close()
+        if self.snapshot_uploads is not None:
+            self.snapshot_uploads.close()
         self.replicas.close()
         self.retention.close()
         self.expiry.close()

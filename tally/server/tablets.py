@@ -14,10 +14,12 @@ import os
 import shutil
 import threading
 import time
+import uuid
 from typing import Callable
 
 from merge_engine import KvTablet, TableDescriptor
 from merge_engine.budget import MemoryBudget
+from tally.errors import StaleMetadataError
 from tally.wire.routing import TableRouting
 
 log = logging.getLogger(__name__)
@@ -115,6 +117,41 @@ class TabletHost:
                                           self.budget, name=hosted.label, clock=self.clock)
             if self.metrics is not None:
                 self.metrics.opened(hosted, started)
+
+    def install(self, key: TabletKey, directory: str, descriptor_json: str,
+                routing: TableRouting, partition: str | None,
+                still: Callable[[], bool] = lambda: True) -> HostedTablet:
+        """Make the bucket directory `directory` (a checkpoint: its RocksDB in `rocksdb`) the
+        bucket's, in place of what the bucket held, and open it. `directory` must be on this
+        data directory's file system: it is renamed into place, never copied. `still` is
+        asked under the bucket's lock: when false (the bucket's role changed meanwhile),
+        nothing is replaced and StaleMetadataError is raised."""
+        hosted = self.get(key)
+        if hosted is not None:
+            with hosted.lock:
+                if not still():
+                    raise StaleMetadataError(f"{hosted.label} changed role while its copy was "
+                                             f"being built; the copy was not installed")
+                hosted.tablet.close()
+                self._swap(key, directory)
+                started = time.perf_counter()
+                hosted.tablet = KvTablet.open(self.path(key), hosted.tablet.descriptor,
+                                              self.budget, name=hosted.label, clock=self.clock)
+                if self.metrics is not None:
+                    self.metrics.opened(hosted, started)
+            log.info("replaced %s with a copy", hosted.label)
+            return hosted
+        self._swap(key, directory)
+        return self.open(key, descriptor_json, routing, partition)
+
+    def _swap(self, key: TabletKey, directory: str) -> None:
+        path = self.path(key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        old = f"{path}.replaced-{uuid.uuid4().hex[:8]}"
+        if os.path.lexists(path):
+            os.rename(path, old)
+        os.rename(directory, path)
+        shutil.rmtree(old, ignore_errors=True)
 
     def all_hosted(self) -> list[HostedTablet]:
         with self._lock:
