@@ -38,7 +38,7 @@ from tally.errors import InvalidOptionError, OffsetOutOfRangeError, RemoteStorag
 from tally.server.remote_files import RemoteFiles, file_chunks, is_temporary
 from tally.server.snapshot_manifest import (
     DIGITS, EPOCH_SPAN, LOG, SHARED, SNAPSHOTS, BucketPath, SegmentInfo, SnapshotFile, SnapshotInfo,
-    manifest_key, own_file_key, segment_key, shared_file_key,
+    own_file_key, segment_key, shared_file_key,
 )
 
 __all__ = ["BucketPath", "RemoteSnapshots", "SegmentInfo", "SnapshotFile", "SnapshotInfo"]
