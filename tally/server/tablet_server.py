@@ -15,11 +15,8 @@ the built-in checks and before the tablet is touched (column-lock fencing plugs 
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
-import uuid
 from typing import Callable
 
 import numpy as np
@@ -41,6 +38,7 @@ from tally.server.settings import (DEFAULT_MAX_BATCH_BYTES, DEFAULT_SCAN_BATCH_R
                                    HEARTBEAT_INTERVAL, SEGMENT_INTERVAL, SNAPSHOT_INTERVAL,
                                    STORAGE_PROBE_INTERVAL)
 from tally.server.storage_health import StorageHealth
+from tally.server.server_identity import load_server_id
 from tally.server.tablets import HostedTablet, TabletHost, TabletKey
 from tally.wire.bucket_hash import bucket_ids
 from tally.wire.messages import (FOUND_COLUMN, MAX_SCAN_BATCH_ROWS, SCAN_OFFSET_KEY, field,
@@ -50,25 +48,6 @@ from tally.wire.routing import TableRouting, partition_names
 log = logging.getLogger(__name__)
 
 WriteCheck = Callable[[HostedTablet, dict, pa.Table], None]
-
-
-def load_server_id(data_dir: str) -> str:
-    """This server's identity, made on first start and kept in <data_dir>/server.json."""
-    path = os.path.join(data_dir, "server.json")
-    try:
-        with open(path) as f:
-            return json.load(f)["server_id"]
-    except FileNotFoundError:
-        pass
-    server_id = f"ts-{uuid.uuid4().hex[:10]}"
-    os.makedirs(data_dir, exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump({"server_id": server_id}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return server_id
 
 
 def write_options(header: dict) -> tuple[list[str] | None, tuple[str, int] | None]:
