@@ -141,7 +141,7 @@ class ReplicaRoles:
             if role["leader"] == self.server_id:
                 self.fetchers.unfollow(key)
                 if old is not None and old.epoch == role["leader_epoch"] and not old.ended:
-                    old.update(role["isr"], role["min_isr"])
+                    old.update(role["isr"], role["min_isr"], role["replicas"])
                     return
                 if old is not None:
                     old.end("a newer leader epoch began here")
