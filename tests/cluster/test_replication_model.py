@@ -31,7 +31,7 @@ import threading
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, event, settings
+from hypothesis import HealthCheck, Phase, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
                                  rule)
@@ -92,6 +92,7 @@ class ReplicationMachine(RuleBasedStateMachine):
         self.owner = Owner()
         self.ambiguous: list[tuple[dict, dict]] = []   # (rows if not applied, rows if applied)
         self.steps = 0
+        self.up = set(range(len(self.cluster.tablet_servers)))
 
     @initialize()
     def create_table(self):
@@ -104,6 +105,7 @@ class ReplicationMachine(RuleBasedStateMachine):
                   .primary_key("k").build())
         self.conn.admin.create_table(self.name, tally.TableDescriptor(
             schema, bucket_count=BUCKETS, properties={"table.merge-engine": "aggregation",
+                                                      "table.delete.behavior": "allow",
                                                       "table.replication.factor": "3"}))
         self.table = self.conn.table(self.name)
 
@@ -119,10 +121,12 @@ class ReplicationMachine(RuleBasedStateMachine):
     # --- helpers ---------------------------------------------------------------------------
 
     def running(self) -> list[int]:
-        return [i for i, h in enumerate(self.cluster.tablet_servers) if h.running]
+        """Servers up in the model (the rules' choices never depend on the processes, so a
+        replayed example draws the same steps)."""
+        return sorted(self.up)
 
     def dead(self) -> list[int]:
-        return [i for i, h in enumerate(self.cluster.tablet_servers) if not h.running]
+        return sorted(set(range(len(self.cluster.tablet_servers))) - self.up)
 
     def settle(self) -> None:
         """Until every bucket is led by a running server and every running copy is in sync,
@@ -205,6 +209,7 @@ class ReplicationMachine(RuleBasedStateMachine):
                             f"t{self.steps}")))
         thread.start()
         self.cluster.kill_tablet_server(victim)
+        self.up.discard(victim)
         thread.join(timeout=600)
         assert not thread.is_alive(), "a write hung past every retry"
         event("kill during a write")
@@ -298,12 +303,15 @@ class ReplicationMachine(RuleBasedStateMachine):
         self.settle()
         victim = data.draw(st.sampled_from(self.running()), label="victim")
         self.cluster.kill_tablet_server(victim)
+        self.up.discard(victim)
         event("kill -9")
 
     @precondition(lambda self: self.dead())
     @rule(data=st.data())
     def restart(self, data):
-        self.cluster.start_tablet_server(data.draw(st.sampled_from(self.dead()), label="dead"))
+        index = data.draw(st.sampled_from(self.dead()), label="dead")
+        self.cluster.start_tablet_server(index)
+        self.up.add(index)
         event("restart")
 
     @precondition(lambda self: len(self.running()) >= 2)
@@ -331,7 +339,7 @@ class ReplicationMachine(RuleBasedStateMachine):
     def wipe(self, data):
         """Kill a server and delete its disk while the other two hold every acknowledged
         write: it returns with a new identity and re-replication fills it."""
-        wait_fully_in_sync(self.conn, self.name)
+        wait_fully_in_sync(self.conn, self.name, self.cluster)
         index = data.draw(st.sampled_from(self.running()), label="wiped")
         handle = self.cluster.tablet_servers[index]
         old = handle.info["server_id"]
@@ -365,7 +373,7 @@ class ReplicationMachine(RuleBasedStateMachine):
     def copies_equal_when_all_up(self):
         if not hasattr(self, "table") or len(self.running()) < 3:
             return
-        wait_fully_in_sync(self.conn, self.name)
+        wait_fully_in_sync(self.conn, self.name, self.cluster)
         table_id = self.table.table_id
         for bucket in range(BUCKETS):
             copies = copies_of(self.cluster, table_id, 0, bucket, conn=self.conn,
@@ -402,7 +410,8 @@ def replicated(tmp_path_factory):
 def run_machine(replicated, **options):
     ReplicationMachine.cluster, ReplicationMachine.clock = replicated
     ReplicationMachine.TestCase.settings = settings(
-        deadline=None, suppress_health_check=list(HealthCheck), **options)
+        deadline=None, suppress_health_check=list(HealthCheck),
+        phases=[Phase.explicit, Phase.generate], verbosity=__import__("hypothesis").Verbosity.verbose, **options)  # no shrinking: steps take seconds
     ReplicationMachine.TestCase().runTest()
 
 
