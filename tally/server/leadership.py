@@ -128,17 +128,20 @@ class Leadership:
     # --- changes ------------------------------------------------------------------------
 
     def update(self, isr, min_isr: int, replicas=None) -> None:
-        """A new in-sync set and minimum; with `replicas`, a new set of copies (a gone
-        server's copy made again elsewhere: the newcomer joins once it has caught up)."""
+        """A new in-sync set (and, when the coordinator moved a copy, a new replica set: a
+        follower added by re-replication must be asked to join, and a removed one never
+        counts again)."""
         with self._cond:
             now = self._clock()
-            if replicas is not None and tuple(replicas) != self.replicas:
-                for added in set(replicas) - set(self.replicas):
-                    self._last_fetch.setdefault(added, now)
-                    self._left_at[added] = now
-                self.replicas = tuple(replicas)
             for follower in self.isr - frozenset(isr):
                 self._left_at[follower] = now
+            if replicas is not None and tuple(replicas) != self.replicas:
+                for follower in set(replicas) - set(self.replicas):
+                    self._left_at[follower] = now
+                    self._last_fetch[follower] = now
+                for gone in set(self.replicas) - set(replicas):
+                    self._fetched.pop(gone, None)
+                self.replicas = tuple(replicas)
             self.isr = frozenset(isr) | {self.server_id}
             self.min_isr = min_isr
             self._cond.notify_all()

@@ -15,11 +15,16 @@ def leader_index(cluster, server_id: str) -> int:
     raise AssertionError(f"no tablet server {server_id} in the cluster")
 
 
-def wait_fully_in_sync(conn, name: str) -> dict:
-    """Until every bucket of `name` has a leader and all its copies in sync."""
+def wait_fully_in_sync(conn, name: str, cluster=None) -> dict:
+    """Until every bucket of `name` has a leader and all its copies in sync; with `cluster`,
+    also until every copy is on a running server of it (a server just killed still counts as
+    in sync until its session expires, and a wiped one's old identity until it is replaced)."""
     def done():
+        running = set() if cluster is None else \
+            {h.info.get("server_id") for h in cluster.tablet_servers if h.running}
         replicas = conn.admin.bucket_replicas(name)
         ok = all(r["leader"] is not None and sorted(r["isr"]) == sorted(r["replicas"])
+                 and (cluster is None or set(r["replicas"]) <= running)
                  for r in replicas.values())
         return replicas if ok else None
 
