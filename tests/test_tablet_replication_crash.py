@@ -69,9 +69,11 @@ def test_a_follower_killed_while_it_applies_reopens_as_a_prefix_of_its_leader(tm
     source, changelog, rows, writers, entries = leader_bucket(tmp_path)
     follower = tmp_path / "follower"
     rnd = random.Random(SEED)
-    n, kills = 1, 0
+    n, kills, died = 1, 0, 0
     while True:
-        if kills % 3 == 2:  # now and then a real SIGKILL after a random delay
+        # now and then a real SIGKILL after a random delay, once the crashes at a commit
+        # (which do not depend on the machine's speed) have had their turns
+        if died >= 3 and kills % 3 == 2:
             child = spawn(follower, "batch-rows:2", f"follow:{source}:{rnd.choice([1, 2000])}")
             time.sleep(rnd.uniform(0.3, 1.5))
             if child.poll() is None:
@@ -80,8 +82,9 @@ def test_a_follower_killed_while_it_applies_reopens_as_a_prefix_of_its_leader(tm
             done = False
         else:
             run = run_writer(follower, props(SIZE), SEED, "batch-rows:2", f"die:{n}",
-                             f"follow:{source}:{rnd.choice([1, 700, 3000])}")
+                             f"follow:{source}:{rnd.choice([1, 700])}")
             done = not run.died
+            died += run.died
             n += 2
         kills += 1
         with check_consistent(follower) as tablet:
@@ -93,7 +96,9 @@ def test_a_follower_killed_while_it_applies_reopens_as_a_prefix_of_its_leader(tm
                 assert end == changelog.num_rows
                 assert all(map(same_row, tablet.to_arrow().to_pylist(), rows))
                 break
-    assert kills >= 5, f"only {kills} crashes: the follower caught up too soon"
+    # counted on the deterministic crashes only (at the n-th commit): the SIGKILLs after a
+    # random delay land wherever the machine's speed puts them
+    assert died >= 3, f"only {died} crashes at a commit: the follower caught up too soon"
 
 
 def test_a_bucket_killed_while_it_cuts_its_tail_reopens_before_or_after_the_cut(tmp_path):
