@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from tests.zookeeper_server import ZooKeeperServer
+from tests.zookeeper_server import ZooKeeperServer, running_zookeeper
 
 METADATA_STORES = ["embedded", "zookeeper"]
 
@@ -20,10 +20,8 @@ METADATA_STORES = ["embedded", "zookeeper"]
 @pytest.fixture(scope="session")
 def zookeeper(tmp_path_factory):
     """A running ZooKeeperServer (`.hosts`, `.stop()`, `.start()`, `.restart()`)."""
-    server = ZooKeeperServer(str(tmp_path_factory.mktemp("zookeeper")))
-    server.start()
-    yield server
-    server.stop()
+    with running_zookeeper(str(tmp_path_factory.mktemp("zookeeper"))) as server:
+        yield server
 
 
 def zookeeper_chroot(server: ZooKeeperServer) -> str:

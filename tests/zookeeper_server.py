@@ -9,6 +9,7 @@ restart keeps every znode and (within the session timeout) every session.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -95,3 +96,15 @@ class ZooKeeperServer:
     def restart(self) -> None:
         self.stop()
         self.start()
+
+
+@contextlib.contextmanager
+def running_zookeeper(data_dir: str):
+    """A ZooKeeperServer started in `data_dir` and stopped on exit (the session's, or a
+    private one a test may stop and start)."""
+    server = ZooKeeperServer(data_dir)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 
 import pyarrow as pa
 import pytest
@@ -22,6 +21,7 @@ from tally.cli.main import main as tally_main
 from tally.errors import DiskFullError
 from tally.server import LocalCluster
 from tally.wire.bucket_hash import bucket_ids
+from tests import waiting
 from tests.small_disk import fill, small_filesystem
 
 SIZE = 48 << 20
@@ -52,13 +52,7 @@ def rows_of_bucket(bucket: int, first_key: int) -> pa.Table:
 
 
 def wait_until(condition, what: str):
-    deadline = time.monotonic() + DEADLINE
-    while True:
-        found = condition()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"{what} did not happen within {DEADLINE}s"
-        time.sleep(0.2)
+    return waiting.wait_until(condition, what, deadline=DEADLINE, every=0.2)
 
 
 def server_state(conn) -> dict:

@@ -239,13 +239,11 @@ def test_task_attempts_fence_earlier_attempts_of_the_same_bucket(conn, table_nam
 
 def wait_until_expired(conn, table, owner, deadline=60.0):
     """Poll the coordinator (no fixed sleep) until `owner`'s lock on `table` has expired."""
-    stop = time.monotonic() + deadline
-    while time.monotonic() < stop:
+    def expired() -> bool:
         locks = {d["owner_id"]: d for d in conn.locks.describe(table, include_expired=True)}
-        if locks.get(owner, {}).get("expired"):
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"the lock of {owner} on {table} did not expire within {deadline}s")
+        return bool(locks.get(owner, {}).get("expired"))
+
+    wait_until(expired, f"the lock of {owner} on {table} expiring", deadline=deadline)
 
 
 def test_expired_lock_refuses_lease_less_writes_until_discarded(cluster, conn, table_name, capsys):

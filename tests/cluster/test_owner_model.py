@@ -371,7 +371,7 @@ def run_machine(owners_cluster, **options):
 
 
 def test_owners_fixed_seed_share(owners_cluster):
-    run_machine(owners_cluster, max_examples=40, stateful_step_count=50, derandomize=True)
+    run_machine(owners_cluster, max_examples=20, stateful_step_count=50, derandomize=True)
 
 
 @pytest.mark.slow

@@ -37,7 +37,9 @@ from tests.reliability.data_requests import get_requests, lookup_requests, put_r
 from tests.reliability.flight_requests import (Bucket, Context, Request, action_requests,
                                                bucket_keys)
 
-EXAMPLES = int(os.environ.get("TALLY_FUZZ_EXAMPLES", "1000"))
+# 300 examples per store in the default run; TALLY_SLOW_TESTS=1 (or TALLY_FUZZ_EXAMPLES) for more.
+EXAMPLES = int(os.environ.get("TALLY_FUZZ_EXAMPLES",
+                              "1000" if os.environ.get("TALLY_SLOW_TESTS") == "1" else "300"))
 TABLE, OWNER = "default.fuzz", "fuzz-owner"
 
 

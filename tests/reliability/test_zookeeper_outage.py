@@ -20,7 +20,7 @@ from tally.errors import UnavailableError
 from tally.meta.zookeeper import ZooKeeperStore
 from tally.server.membership import EphemeralRegistration, ZooKeeperLiveness, live_path
 from tests.waiting import wait_until
-from tests.zookeeper_server import ZooKeeperServer
+from tests.zookeeper_server import running_zookeeper
 
 pytestmark = pytest.mark.skipif(shutil.which("java") is None,
                                 reason="ZooKeeper needs Java (make test installs it)")
@@ -28,10 +28,8 @@ pytestmark = pytest.mark.skipif(shutil.which("java") is None,
 
 @pytest.fixture(scope="module")
 def zookeeper(tmp_path_factory):
-    server = ZooKeeperServer(str(tmp_path_factory.mktemp("zookeeper-outage")))
-    server.start()
-    yield server
-    server.stop()
+    with running_zookeeper(str(tmp_path_factory.mktemp("zookeeper-outage"))) as server:
+        yield server
 
 
 def test_a_retry_past_its_deadline_is_unavailable_not_a_kazoo_error(zookeeper):

@@ -73,7 +73,7 @@ def run_with_kills(cluster, conn, tmp_path, name, seed, cycles, columns=None,
 @pytest.mark.slow
 def test_kill_restart_full_row_writer(cluster, conn, tmp_path, table_name):
     sink_data.create_table(conn, table_name)
-    result = run_with_kills(cluster, conn, tmp_path, table_name, seed=11, cycles=6)
+    result = run_with_kills(cluster, conn, tmp_path, table_name, seed=11, cycles=3)
     owner = result["owners"][0] if result["owners"] else None
     assert owner is None or owner.startswith(f"spark-query:{result['query_id']}/{table_name}/")
 
@@ -81,7 +81,7 @@ def test_kill_restart_full_row_writer(cluster, conn, tmp_path, table_name):
 @pytest.mark.slow
 def test_kill_restart_partial_writer(cluster, conn, tmp_path, table_name):
     sink_data.create_table(conn, table_name)
-    run_with_kills(cluster, conn, tmp_path, table_name, seed=23, cycles=5,
+    run_with_kills(cluster, conn, tmp_path, table_name, seed=23, cycles=3,
                    columns=["v", "s", "a"])
 
 
