@@ -55,6 +55,16 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_move_leader(args: argparse.Namespace) -> int:
+    """Hand a bucket's leadership to a live in-sync replica (default: the preferred one)."""
+    with open_connection(args) as conn:
+        moved = conn.admin.move_leader(args.table, args.bucket, partition=args.partition,
+                                       to=args.to)
+    print(f"bucket {args.bucket} of {args.table} is led by {moved['leader']} under epoch "
+          f"{moved['leader_epoch']}")
+    return 0
+
+
 def cmd_locks(args: argparse.Namespace) -> int:
     """Print the column locks of one table, or of every table; or discard an expired one."""
     with open_connection(args) as conn:
@@ -117,6 +127,16 @@ def add_commands(commands, common: argparse.ArgumentParser) -> None:
                               "loaded)")
     add_connection_arguments(restore)
     restore.set_defaults(func=cmd_restore)
+
+    move = commands.add_parser("move-leader", parents=[common],
+                               help="hand a bucket's leadership to a live in-sync replica")
+    move.add_argument("table", help="'<database>.<table>'")
+    move.add_argument("--bucket", type=int, required=True)
+    move.add_argument("--partition", help="the partition (partitioned tables)")
+    move.add_argument("--to", metavar="SERVER",
+                      help="the server to lead (default: the bucket's first replica)")
+    add_connection_arguments(move)
+    move.set_defaults(func=cmd_move_leader)
 
     locks = commands.add_parser("locks", parents=[common],
                                 help="show column locks: owner, columns, expiry, "

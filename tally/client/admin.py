@@ -190,6 +190,12 @@ class Admin:
         `high_watermark` (the last one reported) and `leader_epoch`; {} before any."""
         return {(p, b): record for p, b, record in self._call("bucket_snapshots", name=name)}
 
+    def move_leader(self, name: str, bucket: int, partition: str | None = None,
+                    to: str | None = None) -> dict:
+        """Hand bucket `bucket`'s leadership to server `to` (default: its first replica, the
+        preferred leader), which must be live and in sync; the bucket's new replicas."""
+        return self._call("move_leader", name=name, bucket=bucket, partition=partition, to=to)
+
     def list_servers(self) -> list[dict]:
         """Every tablet server the coordinator knows: id, address, live, healthy and the
         problems a live one reported (a bucket whose disk is full, ...)."""

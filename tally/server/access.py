@@ -40,6 +40,7 @@ REQUIRED_ROLE: dict[str, str] = {
     "drop_table": ADMIN,
     "drop_partition": ADMIN,
     "truncate_log": ADMIN,
+    "move_leader": ADMIN,
     "restore_bucket": ADMIN,  # rebuilds a bucket whose copies are all gone from remote snapshots
     "bucket_snapshots": READ,
     # the coordinator: locks, commits, baselines

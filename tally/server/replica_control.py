@@ -61,6 +61,7 @@ class ReplicaControl:
             "bucket_replicas": self.bucket_replicas,
             "server_buckets": self.server_buckets,
             "alter_isr": self.alter_isr,
+            "move_leader": self.move_leader,
         })
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="replica control", daemon=True)
@@ -149,6 +150,45 @@ class ReplicaControl:
             raise NotFoundError(f"partition id {partition_id} of table id {table_id} is gone")
         self._changed(set(updated.buckets[bucket].replicas))
         return updated.buckets[bucket].to_json()
+
+    def move_leader(self, body: dict) -> dict:
+        """Hand a bucket's leadership to another live in-sync replica (default: its first
+        replica, the preferred leader) under the next epoch. The old leader's writes in
+        flight fail and are retried on the new one; its unreplicated tail is cut when it
+        follows."""
+        record = self.coordinator.named_table(body)
+        name = None if body.get("partition") is None else field(body, "partition", str)
+        bucket = field(body, "bucket", int)
+        to = None if body.get("to") is None else field(body, "to", str)
+        partition = self.catalog.get_partition(record.table_id, name)
+        if partition is None:
+            raise NotFoundError(f"table '{record.name}' has no partition {name!r}")
+        live = set(self.coordinator.liveness.live())
+
+        def change(buckets):
+            buckets = list(buckets)
+            if not 0 <= bucket < len(buckets):
+                raise NotFoundError(f"table '{record.name}' has no bucket {bucket}")
+            current = buckets[bucket]
+            target = to or current.replicas[0]
+            if target not in current.isr or target not in live:
+                raise InvalidInputError(
+                    f"server {target} cannot lead bucket {bucket} of '{record.name}': only a "
+                    f"live in-sync replica can (in sync: {list(current.isr)}); nothing changed")
+            if target == current.leader:
+                return buckets
+            buckets[bucket] = BucketReplicas(target, current.replicas, current.isr,
+                                             current.leader_epoch + 1)
+            return buckets
+
+        updated = self.catalog.update_buckets(record.table_id, name, change)
+        if updated is None:
+            raise NotFoundError(f"table '{record.name}' has no partition {name!r}")
+        moved = updated.buckets[bucket]
+        self._changed(set(moved.replicas))
+        log.info("bucket %d of %s partition %s: leader moved to %s (epoch %d)", bucket,
+                 record.name, name, moved.leader, moved.leader_epoch)
+        return moved.to_json()
 
     # --- the loop -------------------------------------------------------------------------
 

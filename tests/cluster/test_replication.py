@@ -194,3 +194,20 @@ def test_followers_hold_what_their_leader_holds(trio, conn):
         assert len(copies) == 3
         found = replica_rows_equal(trio, conn, name, bucket, copies)
         assert found[0]["row_count"] > 0
+
+
+def test_a_leader_moves_to_an_in_sync_replica_and_nothing_is_lost(trio, conn):
+    name = make_table(conn, buckets=1)
+    write(conn, name, [1, 2], 3, "before")
+    r = wait_fully_in_sync(conn, name)[(None, 0)]
+    target = next(s for s in r["replicas"] if s != r["leader"])
+    moved = conn.admin.move_leader(name, 0, to=target)
+    assert moved["leader"] == target and moved["leader_epoch"] == r["leader_epoch"] + 1
+    write(conn, name, [1, 2], 4, "after")
+    assert totals(conn, name) == {1: 7, 2: 7}
+    with pytest.raises(TallyError, match="in-sync"):
+        conn.admin.move_leader(name, 0, to="ts-nobody")
+    back = conn.admin.move_leader(name, 0)  # the preferred leader again
+    assert back["leader"] == r["replicas"][0]
+    write(conn, name, [1], 1, "back")
+    assert totals(conn, name) == {1: 8, 2: 7}
