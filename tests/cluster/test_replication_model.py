@@ -453,7 +453,7 @@ def test_replication_fixed_seed_share(replicated):
     run_machine(replicated, max_examples=12, stateful_step_count=12, derandomize=True)
     print(dict(STEPS_SEEN))
     # the share must reach every kind of failure, or it would pass without testing them
-    assert {"kill -9", "kill during a write", "restart", "SIGSTOP past the session",
+    assert {"kill -9", "kill during a write", "restart", "SIGSTOP past the session", "leader moved",
             "disk wiped", "owner crashed", "owner recovered",
             "owner committed"} <= set(STEPS_SEEN), dict(STEPS_SEEN)
 
