@@ -116,7 +116,7 @@ def test_wrong_bucket_and_wrong_partition(conn, table):
     here, there = meta.route("eu", 0), meta.route("eu", 1)
     assert here.address != there.address
     channel = FlightChannel(there.address)
-    with pytest.raises(StaleMetadataError, match="is hosted by"):
+    with pytest.raises(StaleMetadataError, match="is held by"):
         channel.put({"op": "put", **here.header()}, rows_for_bucket(table, 0))
     channel.close()
     assert_unchanged_and_serving(conn, table, before)
