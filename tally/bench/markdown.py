@@ -128,4 +128,9 @@ def replication(result: dict) -> str:
         f"{_mark(f['p99_s'] <= result['failover_target_s'])}. Verification: "
         f"{result['verify']['samples']} sampled keys, {result['verify']['mismatches']} "
         "mismatches.",
-    ])
+    ] + ([] if not result.get("restore") else [
+        f"Restore of a wiped replica from its remote snapshot: "
+        f"{result['restore']['seconds']:.1f} s for "
+        f"{result['restore']['snapshot_bytes'] / 1e6:,.0f} MB "
+        f"({result['restore']['rows']:,} rows), **{result['restore']['seconds_per_gb']:.0f} s "
+        "per GB** (from the wiped server's start to every copy in sync)."]))

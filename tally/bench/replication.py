@@ -13,6 +13,13 @@ first write of a key of that bucket is acknowledged by the new leader (the sessi
 the election, the new leader's start and the client's retry, all included); then restart the
 killed server and wait until every copy is in sync again before the next kill. p50 and p99.
 Both tables are verified against each other on sampled keys.
+
+Restore: in a second cluster with a remote dir, one bucket of `restore_rows` rows gets a
+remote snapshot, its leader's log is truncated to the snapshot (so the log alone cannot
+rebuild a copy), and a follower's disk is wiped; timed from the moment the coordinator places
+the new copy on the restarted (new identity) server to every copy in sync again, and reported
+as seconds per GB of the snapshot (the time to notice the server and place the copy is shown
+apart: it is the session timeout and --replica-replace-after, not the restore).
 """
 
 from __future__ import annotations
@@ -96,6 +103,72 @@ def _wait_in_sync(conn, name: str, deadline: float = 300.0) -> None:
     raise RuntimeError(f"{name} did not get back in sync within {deadline:.0f} s")
 
 
+def _restore(root: Path, rows: int, progress: Progress) -> dict:
+    """Seconds to rebuild a wiped follower from the newest remote snapshot, per GB of it."""
+    import tally
+    from tally.server import LocalCluster
+    from tally.server.remote_snapshots import BucketPath, RemoteSnapshots
+
+    remote = str(root / "remote")
+    progress.step(f"restore of a wiped replica ({rows:,} rows, one bucket)")
+    with LocalCluster(str(root / "restore"), tablet_servers=3, session_timeout=3.0,
+                      replica_replace_after=1.0, remote_dir=remote,
+                      snapshot_interval=3600, segment_interval=3600) as cluster, \
+            tally.connect(cluster.url, retry_timeout=300) as conn:
+        descriptor = table_descriptor()
+        descriptor.bucket_count = 1
+        name = "default.restore"
+        conn.admin.create_table(name, descriptor)
+        writer = conn.table(name).upsert_writer()
+        workload = Workload(rows=rows, keys=None, batch=min(rows, 100_000), seed=7)
+        for batch in workload.batches():
+            writer.upsert(batch)
+        end = writer.flush()
+        writer.close()
+        before = conn.admin.bucket_replicas(name)[(None, 0)]
+        leader = next(h for h in cluster.tablet_servers
+                      if h.info.get("server_id") == before["leader"])
+        from tally.wire.channel import FlightChannel
+        channel = FlightChannel(leader.address, cluster.cluster_token, timeout=600)
+        try:
+            channel.action("upload_snapshots", {})
+        finally:
+            channel.close()
+        offset = max(end.values()) if isinstance(end, dict) else None
+        table_id = conn.table_meta(name).table_id
+        snapshot = RemoteSnapshots(remote).latest(BucketPath(table_id, 0, 0))
+        conn.admin.truncate_log(name, 0, snapshot.offset, force=True)
+        victim = next(i for i, h in enumerate(cluster.tablet_servers)
+                      if h.info.get("server_id") in before["replicas"]
+                      and h.info.get("server_id") != before["leader"])
+        cluster.kill_tablet_server(victim)
+        shutil.rmtree(cluster.tablet_servers[victim].data_dir)
+        started = time.perf_counter()
+        cluster.start_tablet_server(victim)
+        newcomer = cluster.tablet_servers[victim].info["server_id"]
+        placed = None
+        stop = time.monotonic() + 900
+        while time.monotonic() < stop:
+            r = conn.admin.bucket_replicas(name)[(None, 0)]
+            if placed is None and newcomer in r["replicas"]:
+                placed = time.perf_counter()  # the copy exists: its rebuild starts
+            if newcomer in r["isr"] and sorted(r["isr"]) == sorted(r["replicas"]):
+                break
+            time.sleep(0.05)
+        else:
+            raise RuntimeError("the wiped replica was not rebuilt within 900 s")
+        done = time.perf_counter()
+        seconds = done - (placed or started)
+        placing = (placed or started) - started
+    gigabytes = snapshot.total_bytes / 1e9
+    progress.done(f"{seconds:.1f} s for {snapshot.total_bytes / 1e6:,.0f} MB "
+                  f"(after {placing:.1f} s to notice the wiped server and place its copy)")
+    return {"rows": rows, "snapshot_bytes": snapshot.total_bytes, "seconds": seconds,
+            "placing_seconds": placing,
+            "seconds_per_gb": seconds / gigabytes if gigabytes else None,
+            "log_end": offset}
+
+
 def _verify(conn, workload: Workload, samples: int) -> dict:
     import random
 
@@ -107,12 +180,13 @@ def _verify(conn, workload: Workload, samples: int) -> dict:
 
 def run(rows: int = 500_000, keys: int = 50_000, batch: int = 50_000, seed: int = 42,
         kills: int = 20, samples: int = 200, session_timeout: float | None = None,
-        workdir: str | None = None, stream=sys.stdout) -> dict:
+        restore_rows: int = 1_000_000, workdir: str | None = None,
+        stream=sys.stdout) -> dict:
     import tally
     from tally.server import LocalCluster
 
     workload = Workload(rows=rows, keys=keys, batch=batch, seed=seed)
-    progress = Progress(3, stream)
+    progress = Progress(4 if restore_rows else 3, stream)
     root = Path(workdir or tempfile.mkdtemp(prefix="tally-bench-replication-"))
     try:
         with LocalCluster(str(root / "cluster"), tablet_servers=3,
@@ -123,6 +197,7 @@ def run(rows: int = 500_000, keys: int = 50_000, batch: int = 50_000, seed: int 
                          for factor, name in TABLES.items()}
                 check = _verify(conn, workload, samples)
                 failover = _failovers(cluster, conn, TABLES[3], kills, progress)
+        restore = _restore(root, restore_rows, progress) if restore_rows else None
     finally:
         if workdir is None:
             shutil.rmtree(root, ignore_errors=True)
@@ -130,7 +205,7 @@ def run(rows: int = 500_000, keys: int = 50_000, batch: int = 50_000, seed: int 
     return {"workload": workload.label, "rf1": sides[1], "rf3": sides[3], "ratio": ratio,
             "ratio_target": RATIO_TARGET, "failover": failover,
             "failover_target_s": FAILOVER_P99_TARGET_S,
-            "session_timeout": session_timeout, "verify": check,
+            "session_timeout": session_timeout, "verify": check, "restore": restore,
             "ok": check["mismatches"] == 0}
 
 
@@ -147,6 +222,11 @@ def format_text(result: dict) -> str:
         f"  verified: {result['verify']['samples']} sampled keys, "
         f"{result['verify']['mismatches']} mismatches",
     ]
+    r = result.get("restore")
+    if r:
+        lines.append(f"  restore of a wiped replica from a remote snapshot: {r['seconds']:.1f} s "
+                     f"for {r['snapshot_bytes'] / 1e6:,.0f} MB ({r['rows']:,} rows): "
+                     f"{r['seconds_per_gb']:.0f} s per GB")
     return "\n".join(lines)
 
 
@@ -158,9 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=50_000)
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--session-timeout", type=float, default=None)
+    parser.add_argument("--restore-rows", type=int, default=1_000_000,
+                        help="rows of the bucket whose wiped replica is restored (0: skip)")
     args = parser.parse_args(argv)
     result = run(rows=args.rows, keys=args.keys, batch=args.batch, kills=args.kills,
-                 session_timeout=args.session_timeout)
+                 session_timeout=args.session_timeout, restore_rows=args.restore_rows)
     print()
     print(format_text(result))
     return 0 if result["ok"] else 1
