@@ -7,6 +7,22 @@ from tally.wire.channel import FlightChannel
 from tests.waiting import wait_until
 
 
+def restart_stopped_servers(cluster) -> None:
+    """Leave every tablet server running: resume a paused one, start a killed one (what each
+    test of a shared cluster owes the next)."""
+    import os
+    import signal
+
+    for i, handle in enumerate(cluster.tablet_servers):
+        if handle.proc is not None and handle.running:
+            try:
+                os.kill(handle.proc.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        if not handle.running:
+            cluster.start_tablet_server(i)
+
+
 def leader_index(cluster, server_id: str) -> int:
     """The LocalCluster index of the tablet server `server_id`."""
     for i, handle in enumerate(cluster.tablet_servers):

@@ -18,7 +18,7 @@ from tally.server import LocalCluster
 from tally.server.remote_snapshots import BucketPath, RemoteSnapshots
 from tally.wire.channel import FlightChannel
 from tests.cluster.replica_checks import (copies_of, digest, leader_index, replica_rows_equal,
-                                          wait_fully_in_sync)
+                                          restart_stopped_servers, wait_fully_in_sync)
 from tests.cluster.test_replication import make_table, totals, write
 from tests.waiting import wait_until
 
@@ -41,9 +41,7 @@ def trio(tmp_path_factory, remote_dir):
 def conn(trio):
     with tally.connect(trio.url, retry_timeout=120) as c:
         yield c
-    for i, handle in enumerate(trio.tablet_servers):  # leave every server running
-        if not handle.running:
-            trio.start_tablet_server(i)
+    restart_stopped_servers(trio)
 
 
 def registered(conn, name: str, bucket: int = 0) -> dict:

@@ -20,7 +20,7 @@ import tally
 from tally.errors import NotEnoughReplicasError, TallyError
 from tally.server import LocalCluster
 from tests.cluster.replica_checks import (copies_of, leader_index, replica_rows_equal,
-                                          wait_fully_in_sync)
+                                          restart_stopped_servers, wait_fully_in_sync)
 from tests.waiting import wait_until
 
 _names = itertools.count()
@@ -37,14 +37,7 @@ def trio(tmp_path_factory):
 def conn(trio):
     with tally.connect(trio.url, retry_timeout=120) as c:
         yield c
-    for i, handle in enumerate(trio.tablet_servers):  # leave every server running
-        if handle.proc is not None and handle.running:
-            try:
-                os.kill(handle.proc.pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-        if not handle.running:
-            trio.start_tablet_server(i)
+    restart_stopped_servers(trio)
 
 
 def make_table(conn, buckets: int = 3, **options) -> str:
