@@ -26,6 +26,7 @@ import os
 import threading
 
 from tally.errors import AlreadyExistsError, NotFoundError, StorageError, VersionConflictError
+from tally.fsync import fsync_dir
 from tally.meta.store import (ChildrenCallback, CrashPoints, MetadataStore, Node, join_path,
                               split_path)
 
@@ -49,14 +50,6 @@ _crash_point = CrashPoints(CRASH_STEPS)
 
 
 # --- file primitives -----------------------------------------------------------------------------
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_new(path: str, payload: bytes) -> None:
@@ -153,7 +146,7 @@ class EmbeddedStore(MetadataStore):
         _crash_point("file.written")
         os.replace(tmp, target)
         _crash_point("file.renamed")
-        _fsync_dir(os.path.dirname(target))
+        fsync_dir(os.path.dirname(target))
 
     def _put(self, path: str, node: Node) -> None:
         """Write a persistent node, creating it and its missing parents (as {}) in one rename."""
@@ -172,8 +165,8 @@ class EmbeddedStore(MetadataStore):
             os.mkdir(directory)
             _write_new(os.path.join(directory, NODE_FILE),
                        _node_payload(node if i == len(parts) - 1 else Node({}, 0)))
-            _fsync_dir(directory)
-            _fsync_dir(os.path.dirname(directory))
+            fsync_dir(directory)
+            fsync_dir(os.path.dirname(directory))
             _crash_point("create.staged")
         target = os.path.join(self._root, *parts[: top + 1])
         try:
@@ -181,7 +174,7 @@ class EmbeddedStore(MetadataStore):
         except OSError as e:
             raise StorageError(f"metadata node {path}: cannot place {target}: {e}") from e
         _crash_point("create.renamed")
-        _fsync_dir(os.path.dirname(target))
+        fsync_dir(os.path.dirname(target))
 
     def _remove(self, path: str) -> None:
         """Delete a persistent node and its subtree: gone with one rename, then cleaned up."""
@@ -191,7 +184,7 @@ class EmbeddedStore(MetadataStore):
         doomed = self._scratch_name()
         os.rename(directory, doomed)
         _crash_point("delete.renamed")
-        _fsync_dir(os.path.dirname(directory))
+        fsync_dir(os.path.dirname(directory))
         _remove_tree(doomed)
 
     def _parent(self, path: str) -> str:
@@ -357,7 +350,7 @@ class EmbeddedStore(MetadataStore):
         _crash_point("journal.applied")
         os.remove(self._journal)
         _crash_point("journal.removed")
-        _fsync_dir(self._root)
+        fsync_dir(self._root)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -35,6 +35,7 @@ import time
 import pyarrow.fs as pafs
 
 from tally.errors import InvalidOptionError, OffsetOutOfRangeError, RemoteStorageError, StorageError
+from tally.fsync import fsync_dir
 from tally.server.remote_files import RemoteFiles, file_chunks, is_temporary
 from tally.server.snapshot_manifest import (
     DIGITS, EPOCH_SPAN, LOG, SHARED, SNAPSHOTS, BucketPath, SegmentInfo, SnapshotFile, SnapshotInfo,
@@ -203,7 +204,7 @@ class RemoteSnapshots:
         except BaseException:
             shutil.rmtree(temporary, ignore_errors=True)
             raise
-        _sync_dir(parent)
+        fsync_dir(parent)
 
     def _fetch(self, snapshot: SnapshotInfo, entry: SnapshotFile, directory: str) -> None:
         if os.path.basename(entry.name) != entry.name or entry.name in ("", ".", ".."):
@@ -318,11 +319,3 @@ class RemoteSnapshots:
             raise RemoteStorageError(f"cannot delete the remote data of table {table_id}: "
                                      f"{exc}") from None
 
-
-def _sync_dir(path: str) -> None:
-    """Make a rename in directory `path` survive a power loss."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -10,6 +10,8 @@ import json
 import os
 import uuid
 
+from tally.fsync import write_durably
+
 
 def load_server_id(data_dir: str) -> str:
     """This server's identity, made on first start and kept in <data_dir>/server.json."""
@@ -21,10 +23,5 @@ def load_server_id(data_dir: str) -> str:
         pass
     server_id = f"ts-{uuid.uuid4().hex[:10]}"
     os.makedirs(data_dir, exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump({"server_id": server_id}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_durably(path, json.dumps({"server_id": server_id}).encode())
     return server_id
