@@ -159,21 +159,41 @@ class LeaderFetcher:
 
     def _out_of_range(self, key: TabletKey, following: Following, info: dict) -> None:
         """The leader's log starts past this copy's end: rebuild the copy from a remote
-        snapshot when the server has a remote directory, else stop fetching it."""
+        snapshot when the server has a remote directory, else stop fetching it. The rebuild
+        runs on its own thread: a download takes long, and the other buckets this thread
+        fetches must keep their followers in sync meanwhile."""
         why = (f"the leader's log starts at {info['log_start']}, past this copy's end "
                f"{following.hosted.tablet.log_end_offset}")
         loads = self.roles.server.snapshot_loads
-        if loads is not None and self.current(key, following):
-            try:
-                loads.rebuild(following.hosted, int(info["log_start"]), int(info["hw"]),
-                              lambda: self.current(key, following))
-                following.stalled = following.retry_at = None
-                following.checked = False
-                return
-            except TallyError as e:
-                why += f", and no remote snapshot rebuilt it ({e})"
-                following.retry_at = time.monotonic() + REBUILD_RETRY
-        following.stalled = why
+        if loads is None or not self.current(key, following):
+            self._stall(following, why, retry=False)
+            return
+        with self._lock:
+            following.stalled, following.retry_at = f"{why}; rebuilding from a snapshot", None
+        threading.Thread(target=self._rebuild, name=f"rebuild {following.hosted.label}",
+                         args=(loads, key, following, why, int(info["log_start"]),
+                               int(info["hw"])), daemon=True).start()
+
+    def _rebuild(self, loads, key: TabletKey, following: Following, why: str, log_start: int,
+                 high_watermark: int) -> None:
+        try:
+            loads.rebuild(following.hosted, log_start, high_watermark,
+                          lambda: self.current(key, following))
+        except TallyError as e:
+            self._stall(following, f"{why}, and no remote snapshot rebuilt it ({e})", retry=True)
+            return
+        except Exception as e:  # the fetch thread must learn of it, or the copy stays stalled
+            log.exception("%s: rebuilding from a remote snapshot failed", following.hosted.label)
+            self._stall(following, f"{why}, and rebuilding it failed ({e})", retry=True)
+            return
+        with self._lock:
+            following.checked = False
+            following.stalled = following.retry_at = None
+
+    def _stall(self, following: Following, why: str, retry: bool) -> None:
+        with self._lock:
+            following.stalled = why
+            following.retry_at = time.monotonic() + REBUILD_RETRY if retry else None
         log.error("%s cannot follow: %s; it needs a snapshot", following.hosted.label, why)
 
     def close_later(self) -> None:
