@@ -6,7 +6,9 @@ import json
 
 import pyarrow as pa
 
+from merge_engine.lake_options import LAKE_OPTIONS, LakeSettings, lake_settings
 from merge_engine.modes import DeleteBehavior
+from merge_engine.option_values import parse_bool_option
 from merge_engine.schema import Schema
 from tally.durations import parse_duration_ms
 from tally.errors import InvalidOptionError, SchemaError
@@ -55,18 +57,10 @@ KNOWN_TABLE_OPTIONS = {
     CONSUMER_RETENTION,
     "table.agg.remove-record-on-empty",
     "table.replication.factor",  # read by the coordinator's placement, not by the tablet
+    *LAKE_OPTIONS,  # read by the tiering service
 }
 
 AGGREGATION = "aggregation"
-
-
-def parse_bool_option(key: str, value) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text not in ("true", "false"):
-        raise InvalidOptionError(f"Invalid value for option '{key}': {value!r} (expected true or false)")
-    return text == "true"
 
 
 def sequence_field_problem(descriptor: "TableDescriptor", names: tuple[str, ...]) -> str | None:
@@ -168,6 +162,7 @@ class TableDescriptor:
         self.kv_buffer_size  # validates the value
         self.sequence_fields  # validates the columns
         self.row_ttl_ms  # validates the value
+        self.lake  # validates the lake options, and the columns when the lake is enabled
         for key in (COLUMN_LOCK_ENABLED, KV_SYNC, RETENTION_IGNORE_LOCKS,
                     "table.agg.remove-record-on-empty",
                     "table.partition.dynamic-creation.enabled"):
@@ -265,6 +260,10 @@ class TableDescriptor:
                 f"Invalid value for option '{ROW_TTL}': {value!r} (expected a positive duration; "
                 "leave the option out for rows that never expire)")
         return ttl
+
+    @property
+    def lake(self) -> LakeSettings:
+        return lake_settings(self.properties, self.schema.to_arrow())
 
     def bool_option(self, key: str, default: bool = False) -> bool:
         return parse_bool_option(key, self.properties.get(key, default))

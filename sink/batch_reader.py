@@ -97,7 +97,7 @@ class ReadOptions:
 
     @classmethod
     def parse(cls, options) -> "ReadOptions":
-        from merge_engine.descriptor import parse_bool_option
+        from merge_engine.option_values import parse_bool_option
 
         raw = lowered(options)
         unknown = sorted(k for k in raw if k not in READ_KEYS and k not in SPARK_KEYS)

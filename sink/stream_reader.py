@@ -32,7 +32,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
-from merge_engine.descriptor import parse_bool_option
+from merge_engine.option_values import parse_bool_option
 from merge_engine.hidden_columns import CHANGE_TYPE
 from sink.options import connection_options, lowered
 from tally.errors import InvalidOptionError

@@ -160,6 +160,16 @@ class RecoveryError(TallyError):
     """Undo recovery cannot run safely (truncated log, re-created table, bad baseline)."""
 
 
+class TieringFencedError(TallyError):
+    """A tiering process no longer holds a table (another one took it under a newer tiering
+    epoch): its lake commit or report is refused; nothing of it was recorded."""
+
+
+class LakeError(TallyError):
+    """A table's lake copy cannot be read or written as it is (not a lake table of this table,
+    missing, or its commits do not carry Tally's offsets)."""
+
+
 def error_class(name: str) -> type[TallyError]:
     """The TallyError subclass called `name`, or TallyError itself for an unknown name."""
     found = globals().get(name)

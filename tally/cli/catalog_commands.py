@@ -165,8 +165,9 @@ def cmd_add_column(args: argparse.Namespace) -> int:
 
 def cmd_drop(args: argparse.Namespace) -> int:
     with open_connection(args) as conn:
-        conn.admin.drop_table(args.table, ignore_if_not_exists=args.if_exists)
-    print(f"dropped {args.table}")
+        conn.admin.drop_table(args.table, ignore_if_not_exists=args.if_exists,
+                              purge_lake=args.purge_lake)
+    print(f"dropped {args.table}" + (" and its lake table" if args.purge_lake else ""))
     return 0
 
 
@@ -221,5 +222,7 @@ def add_commands(commands, common: argparse.ArgumentParser) -> None:
     drop = commands.add_parser("drop", parents=[common], help="drop a table and its data")
     drop.add_argument("table", help="'<database>.<table>'")
     drop.add_argument("--if-exists", action="store_true", help="succeed when it is absent")
+    drop.add_argument("--purge-lake", action="store_true",
+                      help="delete its lake table too (by default the lake table stays)")
     add_connection_arguments(drop)
     drop.set_defaults(func=cmd_drop)

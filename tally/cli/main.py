@@ -11,8 +11,8 @@ import os
 import shlex
 import sys
 
-from tally.cli import (catalog_commands, cluster_commands, exit_codes, read_commands,
-                       server_commands)
+from tally.cli import (catalog_commands, cluster_commands, exit_codes, lake_commands,
+                       read_commands, server_commands)
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -98,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     cluster_commands.add_commands(commands, common)  # servers, locks
     catalog_commands.add_commands(commands, common)  # tables, describe, create, drop
     read_commands.add_commands(commands, common)  # lookup, scan, changelog, offsets
+    lake_commands.add_commands(commands, common)  # tier, lake, set-options
     return parser
 
 

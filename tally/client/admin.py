@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from tally.client.consumer_position import ConsumerPosition
+from tally.client.lake_snapshot import LakeSnapshot, LakeStatus
 from tally.errors import InvalidInputError
 from tally.timestamps import iso
 
@@ -79,9 +80,37 @@ class Admin:
         self._conn.invalidate(name)
         return int(answer["column_id"])
 
-    def drop_table(self, name: str, ignore_if_not_exists: bool = False) -> None:
-        self._call("drop_table", name=name, ignore_if_not_exists=ignore_if_not_exists)
+    def drop_table(self, name: str, ignore_if_not_exists: bool = False,
+                   purge_lake: bool = False) -> None:
+        """Drop a table. Its lake table (if the lake was enabled) stays where it is, readable
+        and no longer updated, unless `purge_lake` deletes it too."""
+        self._call("drop_table", name=name, ignore_if_not_exists=ignore_if_not_exists,
+                   purge_lake=purge_lake)
         self._conn.invalidate(name)
+
+    def set_table_options(self, name: str, options: dict) -> dict:
+        """Change the options a live table may change (the lake's: `table.datalake.*`,
+        `table.log.retention.ignore-lake`); a value of None removes an option. The table's
+        lake options after the change."""
+        answer = self._call("set_table_options", name=name, options=options)
+        self._conn.invalidate(name)
+        return answer["options"]
+
+    # --- the lake ---------------------------------------------------------------------
+
+    def lake_snapshot(self, name: str) -> LakeSnapshot | None:
+        """The table's lake table at its newest version the coordinator knows of (path,
+        version, offsets), or None before the first tiering round committed."""
+        return self.lake_status(name).snapshot
+
+    def lake_status(self, name: str) -> LakeStatus:
+        """How far the table's lake is (`tally lake TABLE`); InvalidInputError when the table
+        does not tier to a lake."""
+        return LakeStatus.from_json(self._call("lake_status", name=name)[0])
+
+    def lake_statuses(self) -> list[LakeStatus]:
+        """The lake status of every table that tiers to a lake."""
+        return [LakeStatus.from_json(doc) for doc in self._call("lake_status")]
 
     def list_tables(self, database: str) -> list[str]:
         return self._call("list_tables", database=database)

@@ -62,6 +62,13 @@ REQUIRED_ROLE: dict[str, str] = {
     # keeps (bounded by table.log.retention.consumer-ms), so a read-only token may stream
     "consumer_commit": READ,
     "consumer_remove": ADMIN,  # lets retention drop what that consumer has not read
+    # the coordinator: the lake
+    "lake_status": READ,
+    "lake_stable_offsets": READ,
+    "set_table_options": ADMIN,
+    # a tiering process decides what the lake shows and holds retention for it: operators'
+    "tier_heartbeat": ADMIN,
+    "tier_report": ADMIN,
     # the coordinator: asked by tablet servers only
     "heartbeat": CLUSTER,
     "bucket_info": CLUSTER,

@@ -98,11 +98,15 @@ class ConsumerRegistry:
     def floor(self, body: dict) -> dict:
         """Per bucket, the lowest position of a consumer that still holds (asked by tablet
         servers' retention), and how many hold: a bucket they have no position for keeps
-        everything while any holds."""
+        everything while any holds. The lake's tiering position is such a consumer, held
+        without a time bound (see the lake registry)."""
         record = self.coordinator.catalog.table_by_id(field(body, "table_id", int))
         hold, now = self._hold_seconds(record), self.coordinator.clock()
         held = [{(p, b): o for p, b, o in doc["positions"]} for doc in
                 self._records(record.table_id) if now <= doc["updated_at"] + hold]
+        lake_holds, lake_offsets = self.coordinator.lake.retention_hold(record)
+        if lake_holds:  # what the lake has not copied yet, for as long as the lake is on
+            held.append(lake_offsets)
         keys = {key for positions in held for key in positions}
         floor = {key: min(positions.get(key, 0) for positions in held) for key in keys}
         return {"offsets": offsets_to_json(floor), "holding_consumers": len(held)}

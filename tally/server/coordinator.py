@@ -35,11 +35,13 @@ from tally.server.consumer_registry import ConsumerRegistry
 from tally.server.bucket_restore import BucketRestore
 from tally.server.replica_control import ReplicaControl
 from tally.server.snapshot_registry import SnapshotRegistry
+from tally.server.lake_registry import LakeRegistry
 from tally.server.membership import (COORDINATOR, EphemeralRegistration, HeartbeatLiveness,
                                      ZooKeeperLiveness)
 from tally.server.metric_reports import MetricReports
 from tally.server.metrics import ServerMetrics
-from tally.server.settings import SESSION_TIMEOUT
+from tally.server.option_changes import OptionChanges
+from tally.server.settings import SESSION_TIMEOUT, TIER_TIMEOUT
 from tally.wire.channel import ChannelPool, FlightChannel
 from tally.wire.messages import check_json_depth, field, int_items
 from tally.wire.routing import TableRouting
@@ -58,12 +60,14 @@ class Coordinator:
     def __init__(self, store: MetadataStore, address: str, token: str | None = None,
                  session_timeout: float = SESSION_TIMEOUT, clock=time.time, tls=None,
                  metrics: ServerMetrics | None = None, default_replication_factor: int = 1,
-                 replica_replace_after: float = 60.0) -> None:
+                 replica_replace_after: float = 60.0, datalake_dir: str | None = None,
+                 tier_timeout: float = TIER_TIMEOUT) -> None:
         """`clock`: the time lock expiry is judged by (tests move it; see server.clock).
         `metrics`: the process's (a registry of its own when None).
         `default_replication_factor`: copies of each bucket of a table that names none;
         `replica_replace_after`: seconds a server may be gone before its copies are made
-        again on other servers."""
+        again on other servers; `datalake_dir`: the root of the lake tables (None: no lake);
+        `tier_timeout`: seconds a tiering process may miss heartbeats before its tables move."""
         self.store = store
         self.metrics = metrics if metrics is not None else ServerMetrics()
         self.clock = clock
@@ -103,6 +107,7 @@ class Coordinator:
         self.reports = MetricReports(self)  # adds undo_report; shows the lock holders
         self.consumers = ConsumerRegistry(self)  # adds the changelog consumers' actions
         ColumnAddition(self)  # adds add_column
+        OptionChanges(self)  # adds set_table_options
         AdminTruncation(self)  # adds truncate_log
         # heartbeats arrive within a session; ZooKeeper's live nodes are read at once
         grace = session_timeout + 1.0 if not self._zookeeper else 1.0
@@ -110,6 +115,7 @@ class Coordinator:
                                        grace)
         self.snapshots = SnapshotRegistry(self)  # adds snapshot_register, bucket_snapshots
         BucketRestore(self)  # adds restore_bucket
+        self.lake = LakeRegistry(self, datalake_dir, tier_timeout)  # adds the tiering actions
 
     # --- databases and tables -----------------------------------------------------------
 
@@ -124,6 +130,7 @@ class Coordinator:
             self.locking.drop_table(record.table_id)
             self.consumers.drop_table(record.table_id)
             self.snapshots.drop_table(record.table_id)
+            self.lake.drop_table(record, bool(body.get("purge_lake")))
             self._forget_tablets(record.table_id)
 
     @staticmethod
@@ -174,6 +181,7 @@ class Coordinator:
         self.locking.drop_table(record.table_id)
         self.consumers.drop_table(record.table_id)
         self.snapshots.drop_table(record.table_id)
+        self.lake.drop_table(record, bool(body.get("purge_lake")))
         self._forget_tablets(record.table_id)
 
     def _forget_tablets(self, table_id: int) -> None:

@@ -41,10 +41,13 @@ PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 class ServerHandle:
     """One server process: its command line, log file, address once ready."""
 
-    def __init__(self, name: str, data_dir: str, args: list[str]) -> None:
+    def __init__(self, name: str, data_dir: str, args: list[str],
+                 module: str = "tally.server", env: dict | None = None) -> None:
         self.name = name
         self.data_dir = data_dir
         self.args = args
+        self.module = module  # tally.server, or tally.cli for a tiering process
+        self.env = env or {}
         self.proc: subprocess.Popen | None = None
         self.address: str | None = None
         self.info: dict = {}
@@ -65,10 +68,11 @@ class ServerHandle:
     def start(self, extra: list[str], timeout: float) -> None:
         os.makedirs(self.data_dir, exist_ok=True)
         log = open(os.path.join(self.data_dir, "server.log"), "ab")
-        env = dict(os.environ)
+        env = {**os.environ, **self.env}
         env["PYTHONPATH"] = PROJECT_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+        where = ["--data-dir", self.data_dir] if self.module == "tally.server" else []
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tally.server", "--data-dir", self.data_dir, *self.args, *extra],
+            [sys.executable, "-m", self.module, *where, *self.args, *extra],
             stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, env=env,
             cwd=PROJECT_ROOT)
         log.close()
@@ -130,7 +134,8 @@ class LocalCluster:
                  replica_replace_after: float | None = None,
                  session_timeout: float | None = None, remote_dir: str | None = None,
                  snapshot_interval: float | None = None,
-                 segment_interval: float | None = None) -> None:
+                 segment_interval: float | None = None, datalake_dir: str | None = None,
+                 tiering: bool | int = False, tier_timeout: float | None = None) -> None:
         """`lock_clock_file`: every server judges lock expiry by the wall clock plus the
         seconds in this file, so tests expire locks without sleeping (server.clock).
         `tls`: a tally.wire.tls.TlsFiles every server uses (its certificate, key, CA and
@@ -143,7 +148,10 @@ class LocalCluster:
         `session_timeout`: seconds of missed heartbeats before a tablet server counts as gone
         (embedded metadata only; None: the server's default). `remote_dir`: every tablet
         server uploads snapshots and changelog segments there, every `snapshot_interval` and
-        `segment_interval` seconds (None: the server's defaults)."""
+        `segment_interval` seconds (None: the server's defaults). `datalake_dir`: the root of
+        the lake tables; `tiering`: start a tiering process (or that many) once the cluster
+        is up (`cluster.tier_processes`); `tier_timeout`: seconds a tiering process may miss
+        heartbeats before its tables move (None: the server's default, 15)."""
         self.data_dir = os.path.abspath(data_dir)
         os.makedirs(self.data_dir, exist_ok=True)
         saved = self._load_settings()
@@ -194,6 +202,20 @@ class LocalCluster:
             coordinator_args += ["--replica-replace-after", str(replica_replace_after)]
         if session_timeout is not None:
             coordinator_args += ["--session-timeout", str(session_timeout)]
+        if datalake_dir is not None:
+            coordinator_args += ["--datalake-dir", datalake_dir if "://" in datalake_dir
+                                 else os.path.abspath(datalake_dir)]
+        if tier_timeout is not None:
+            coordinator_args += ["--tier-timeout", str(tier_timeout)]
+        tier_env = {"TALLY_TOKEN": self.tokens["admin"]} if self.tokens else {}
+        tier_args = ["tier", "--verbose"]
+        if tls is not None and tls.ca:
+            tier_args += ["--tls-ca", os.path.abspath(tls.ca)]
+        self.tier_processes = [
+            ServerHandle(f"tiering process {i}", os.path.join(self.data_dir, f"tier-{i}"),
+                         tier_args + ["--tier-id", f"local-tier-{i}"], module="tally.cli",
+                         env=tier_env)
+            for i in range(int(tiering))]
         self.coordinator = ServerHandle("coordinator", os.path.join(self.data_dir, "coordinator"),
                                         coordinator_args)
         self.tablet_servers = [
@@ -242,6 +264,8 @@ class LocalCluster:
             for i in range(len(self.tablet_servers)):
                 self.start_tablet_server(i, wait=False)
             self.wait_for_tablet_servers()
+            for i in range(len(self.tier_processes)):
+                self.start_tier_process(i)
         except BaseException:
             self.stop()
             raise
@@ -267,6 +291,12 @@ class LocalCluster:
         self.tablet_servers[i].start(extra, self.startup_timeout)
         if wait:
             self.wait_for_tablet_servers()
+
+    def start_tier_process(self, i: int = 0) -> None:
+        self.tier_processes[i].start(["--url", self.url], self.startup_timeout)
+
+    def kill_tier_process(self, i: int = 0) -> None:
+        self.tier_processes[i].kill()
 
     def kill_tablet_server(self, i: int) -> None:
         self.tablet_servers[i].kill()
@@ -300,6 +330,8 @@ class LocalCluster:
             channel.close()
 
     def stop(self) -> None:
+        for handle in self.tier_processes:
+            handle.stop()
         for handle in self.tablet_servers:
             handle.stop()
         self.coordinator.stop()

@@ -146,7 +146,8 @@ class ServerProcess:
                 clock=lock_clock(args.lock_clock_file), metrics=self.metrics,
                 session_timeout=args.session_timeout,
                 default_replication_factor=args.default_replication_factor,
-                replica_replace_after=args.replica_replace_after)
+                replica_replace_after=args.replica_replace_after,
+                datalake_dir=args.datalake_dir, tier_timeout=args.tier_timeout)
             self.flight.attach(coordinator=self.coordinator)
         if args.role in ("all", "tablet"):
             zk = self._store(open_store(zookeeper=args.zookeeper)) if args.zookeeper else None

@@ -12,7 +12,7 @@ import os
 from tally.errors import InvalidOptionError
 from tally.server.settings import (DEFAULT_MAX_BATCH_BYTES, DEFAULT_MEMORY_BUDGET,
                                    SEGMENT_INTERVAL, SESSION_TIMEOUT, SNAPSHOT_INTERVAL,
-                                   SNAPSHOT_KEEP)
+                                   SNAPSHOT_KEEP, TIER_TIMEOUT)
 from tally.sizes import parse_size
 
 ROLES = ("all", "coordinator", "tablet")
@@ -111,6 +111,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                         help="without ZooKeeper: how long a tablet server may miss heartbeats "
                              "before it counts as gone and its buckets' leadership moves "
                              f"(coordinator; default {SESSION_TIMEOUT:g})")
+    parser.add_argument("--datalake-dir", metavar="URI",
+                        help="the root of the lake tables that `tally tier` writes (coordinator; "
+                             "a local path or a pyarrow filesystem URI); a table's lake table "
+                             "is <root>/<database>/<table>")
+    parser.add_argument("--tier-timeout", type=_seconds, default=TIER_TIMEOUT, metavar="SECONDS",
+                        help="how long a tiering process may miss heartbeats before its tables "
+                             f"go to another (coordinator; default {TIER_TIMEOUT:g})")
     parser.add_argument("--remote-dir", metavar="URI",
                         help="upload each led bucket's snapshots and changelog segments here "
                              "(a local path or a pyarrow filesystem URI such as s3://...)")

@@ -11,3 +11,6 @@ DEFAULT_SCAN_BATCH_ROWS = 65536        # rows per batch of a scan that names no 
 SNAPSHOT_INTERVAL = 300.0            # seconds between snapshots of each led bucket that moved
 SEGMENT_INTERVAL = 10.0              # seconds between uploads of acknowledged changelog
 SNAPSHOT_KEEP = 3                    # remote snapshots kept per bucket
+
+# the lake (--datalake-dir)
+TIER_TIMEOUT = 15.0                  # seconds a tiering process may miss heartbeats

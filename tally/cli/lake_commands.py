@@ -1,0 +1,105 @@
+"""The `tally` commands of the lake: `tier` (a tiering process), `lake` (how far each lake
+table is) and `set-options` (turn a live table's lake on or off)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from tally.cli.connect_args import add_connection_arguments, open_connection
+from tally.cli.output import FORMATS, emit, header_for
+from tally.errors import InvalidOptionError
+
+
+def cmd_tier(args: argparse.Namespace) -> int:
+    """Run a tiering process until SIGTERM or Ctrl-C."""
+    import json
+    import logging
+    import signal
+    import threading
+
+    from tally.lake import TierService
+    from tally.server.process import READY
+
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    with open_connection(args) as conn:
+        service = TierService(conn, tier_id=args.tier_id)
+        service.heartbeat()  # a coordinator without a lake is refused here, at once
+        print(f"tiering process {service.tier_id} started", flush=True)
+        # the line LocalCluster waits for, as for its servers
+        print(f"{READY} {json.dumps({'tier_id': service.tier_id, 'address': None})}",
+              flush=True)
+        service.run(stop)
+    return 0
+
+
+def cmd_lake(args: argparse.Namespace) -> int:
+    """Print per table: the lake version, how many records and seconds it is behind, its last
+    round, and who tiers it; ALERT where retention is held back by the lake or a round
+    failed."""
+    with open_connection(args) as conn:
+        statuses = [conn.admin.lake_status(args.table)] if args.table else \
+            conn.admin.lake_statuses()
+    rows, now = [], time.time()
+    for s in statuses:
+        lag = s.lag_records()
+        last = s.last_round or {}
+        behind = "" if s.committed_at is None else f"{max(0.0, now - s.committed_at):.1f}"
+        state = "ERROR: " + s.error if s.error else "not tiered yet" if s.snapshot is None \
+            else "no tiering process" if s.tier_id is None else "ok"
+        rows.append((s.name, "" if s.snapshot is None else s.snapshot.version,
+                     sum(lag.values()), behind, last.get("rows", ""),
+                     last.get("duration_ms", ""), s.tier_id or "", s.tiering_epoch, state,
+                     s.path or ""))
+    emit(header_for(("TABLE", "VERSION", "LAG RECORDS", "SECONDS SINCE COMMIT", "LAST ROWS",
+                     "LAST MS", "TIERED BY", "EPOCH", "STATE", "PATH"), args.format),
+         rows, args.format)
+    return 0
+
+
+def cmd_set_options(args: argparse.Namespace) -> int:
+    options = {}
+    for item in args.set or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidOptionError(f"--set {item!r}: expected KEY=VALUE")
+        options[key.strip()] = value.strip()
+    for key in args.reset or []:
+        options[key.strip()] = None
+    if not options:
+        raise InvalidOptionError("nothing to change: give --set KEY=VALUE or --reset KEY")
+    with open_connection(args) as conn:
+        now = conn.admin.set_table_options(args.table, options)
+    print(f"{args.table}: " + (", ".join(f"{k}={v}" for k, v in sorted(now.items()))
+                               or "no lake options set"))
+    return 0
+
+
+def add_commands(commands, common: argparse.ArgumentParser) -> None:
+    tier = commands.add_parser("tier", parents=[common],
+                               help="run a tiering process: copy lake-enabled tables into "
+                                    "Delta Lake (needs an admin credential)")
+    tier.add_argument("--tier-id", help="this process's name (default: made up)")
+    add_connection_arguments(tier)
+    tier.set_defaults(func=cmd_tier)
+
+    lake = commands.add_parser("lake", parents=[common],
+                               help="how far each table's lake copy is: version, lag, last "
+                                    "round")
+    lake.add_argument("table", nargs="?", help="only this table")
+    lake.add_argument("--format", choices=FORMATS, default="table")
+    add_connection_arguments(lake)
+    lake.set_defaults(func=cmd_lake)
+
+    options = commands.add_parser("set-options", parents=[common],
+                                  help="change a live table's lake options "
+                                       "(table.datalake.*)")
+    options.add_argument("table", help="'<database>.<table>'")
+    options.add_argument("--set", action="append", metavar="KEY=VALUE")
+    options.add_argument("--reset", action="append", metavar="KEY")
+    add_connection_arguments(options)
+    options.set_defaults(func=cmd_set_options)
