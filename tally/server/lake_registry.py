@@ -199,7 +199,7 @@ class LakeRegistry:
         """Per lake-enabled table (or the one named): holder, epoch, lake version and offsets,
         last round, the live end offsets to tell the lag by, the lag in seconds and the
         retention alert (tally.server.lake_health)."""
-        name = body.get("name")
+        name = field(body, "name", str, None)
         out = []
         for record, settings in self.lake_tables():
             if name is not None and record.name != name:
