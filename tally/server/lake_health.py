@@ -71,13 +71,17 @@ def retention_alert(properties: dict, ignores_lake: bool, ends: dict[Key, tuple[
     if keep is not None and behind:
         key, count = max(sorted(behind.items(), key=_order), key=lambda kv: kv[1])
         if count > int(keep):
-            return (f"{where(key)}: {count} records not in the lake, more than "
+            return (f"{where(key)}: {records(count)} not in the lake, more than "
                     f"{RETENTION_OFFSETS} = {int(keep)}: {effect}")
     total = sum(behind.values())
     if max_ms is not None and total and lag_seconds * 1000 > int(max_ms):
-        return (f"the lake lags {lag_seconds:.0f} s ({total} records not in it), longer than "
+        return (f"the lake lags {lag_seconds:.0f} s ({records(total)} not in it), longer than "
                 f"{RETENTION_MS} = {int(max_ms)}: {effect}")
     return None
+
+
+def records(count: int) -> str:
+    return f"{count} record" if count == 1 else f"{count} records"
 
 
 def _order(item) -> tuple:

@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 
 import deltalake
+import pyarrow as pa
 import pytest
 
+from merge_engine import Schema, TableDescriptor
 from tally import client
 from tally.server import LocalCluster
 from tally.wire.channel import FlightChannel
@@ -108,19 +110,11 @@ def test_tally_lake_refuses_a_table_it_cannot_show(conn, capsys):
     assert code == NOT_FOUND and out == ""
     assert err.startswith("tally: ") and err.count("\n") == 1 and "no_such_table" in err
     plain = "default.plain_table"
-    conn.admin.create_table(plain, _plain_descriptor())
-    code, out, err = run(capsys, "lake", plain)
-    assert code == USAGE and err.count("\n") == 1 and "table.datalake.enabled" in err, err
-
-
-def _plain_descriptor():
-    import pyarrow as pa
-
-    from merge_engine import Schema, TableDescriptor
-
     schema = Schema.builder().column("k", pa.string()).column("v", pa.int64()) \
         .primary_key("k").build()
-    return TableDescriptor(schema, bucket_count=1)
+    conn.admin.create_table(plain, TableDescriptor(schema, bucket_count=1))
+    code, out, err = run(capsys, "lake", plain)
+    assert code == USAGE and err.count("\n") == 1 and "table.datalake.enabled" in err, err
 
 
 def enforce_retention(cluster) -> None:
@@ -161,7 +155,7 @@ def test_retention_alert_while_the_lake_lags(cluster, conn, capsys):
         # by age: the lake lags for longer than retention.ms
         alert = wait_until(lambda: conn.admin.lake_status(aged).retention_alert,
                            "the retention.ms alert")
-        assert "table.log.retention.ms = 1500" in alert and "1 records not in it" in alert
+        assert "table.log.retention.ms = 1500" in alert and "1 record not in it" in alert
 
         # a table made while no tiering process runs: never tiered, nobody holds it
         never = lake_table(conn)
