@@ -4,7 +4,6 @@ table is) and `set-options` (turn a live table's lake on or off)."""
 from __future__ import annotations
 
 import argparse
-import time
 
 from tally.cli.connect_args import add_connection_arguments, open_connection
 from tally.cli.output import FORMATS, emit, header_for
@@ -39,26 +38,38 @@ def cmd_tier(args: argparse.Namespace) -> int:
 
 def cmd_lake(args: argparse.Namespace) -> int:
     """Print per table: the lake version, how many records and seconds it is behind, its last
-    round, and who tiers it; ALERT where retention is held back by the lake or a round
-    failed."""
+    round, who tiers it, and its state: ERROR where the last round failed, ALERT where the lake
+    lags further than the table's retention allows, and a holder that stopped heartbeating."""
     with open_connection(args) as conn:
         statuses = [conn.admin.lake_status(args.table)] if args.table else \
             conn.admin.lake_statuses()
-    rows, now = [], time.time()
+    rows = []
     for s in statuses:
-        lag = s.lag_records()
         last = s.last_round or {}
-        behind = "" if s.committed_at is None else f"{max(0.0, now - s.committed_at):.1f}"
-        state = "ERROR: " + s.error if s.error else "not tiered yet" if s.snapshot is None \
-            else "no tiering process" if s.tier_id is None else "ok"
         rows.append((s.name, "" if s.snapshot is None else s.snapshot.version,
-                     sum(lag.values()), behind, last.get("rows", ""),
-                     last.get("duration_ms", ""), s.tier_id or "", s.tiering_epoch, state,
-                     s.path or ""))
-    emit(header_for(("TABLE", "VERSION", "LAG RECORDS", "SECONDS SINCE COMMIT", "LAST ROWS",
+                     sum(s.lag_records().values()), round(s.lag_seconds, 1),
+                     last.get("rows", ""), last.get("duration_ms", ""), s.tier_id or "",
+                     s.tiering_epoch, lake_state(s), s.path or ""))
+    emit(header_for(("TABLE", "VERSION", "LAG RECORDS", "LAG SECONDS", "LAST ROWS",
                      "LAST MS", "TIERED BY", "EPOCH", "STATE", "PATH"), args.format),
          rows, args.format)
     return 0
+
+
+def lake_state(status) -> str:
+    """`ok`, or what is wrong with a table's tiering, most urgent first, `; ` between."""
+    parts = []
+    if status.error:
+        parts.append("ERROR: " + " ".join(status.error.split()))  # one line per table
+    if status.retention_alert:
+        parts.append("ALERT: " + status.retention_alert)
+    if status.tier_id is None:
+        parts.append("no tiering process")
+    elif not status.holder_live:
+        parts.append(f"tiering process {status.tier_id} is not heartbeating")
+    if status.snapshot is None:
+        parts.append("not tiered yet")
+    return "; ".join(parts) or "ok"
 
 
 def cmd_set_options(args: argparse.Namespace) -> int:

@@ -43,6 +43,9 @@ class LakeStatus:
     last_round: dict | None      # rows, duration_ms, finished_at of the holder's last round
     error: str | None            # why the holder's last round failed, if it did
     retention_ignores_lake: bool
+    lag_seconds: float = 0.0     # since the lake last held every change (0 while it does)
+    retention_alert: str | None = None  # why the lake lags further than retention allows
+    holder_live: bool = False    # whether the holder heartbeats (a killed one still holds)
 
     @classmethod
     def from_json(cls, doc: dict) -> "LakeStatus":
@@ -51,7 +54,8 @@ class LakeStatus:
                    int(doc.get("tiering_epoch", 0)), int(doc["freshness_ms"]),
                    {(p, int(b)): (int(s), int(e)) for p, b, s, e in doc["log_offsets"]},
                    doc.get("committed_at"), doc.get("round"), doc.get("error"),
-                   bool(doc.get("retention_ignores_lake")))
+                   bool(doc.get("retention_ignores_lake")), float(doc.get("lag_seconds", 0.0)),
+                   doc.get("retention_alert"), bool(doc.get("holder_live")))
 
     def lag_records(self) -> dict[tuple[str | None, int], int]:
         """Per bucket, how many changelog records are not in the lake yet."""

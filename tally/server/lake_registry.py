@@ -13,8 +13,10 @@ restart the holders keep their tables by heartbeating again.
 After each lake commit the holder reports its version and per-bucket offsets (`tier_report`):
 `lake_snapshot`, `tally lake` and retention read them. Retention keeps every bucket's changelog
 from the lake's offset on while the lake is enabled (from 0 before the first round), unless the
-table sets `table.log.retention.ignore-lake`. Layout in the metadata store, deleted with the
-table (the lake table itself stays, unless dropped with purge_lake):
+table sets `table.log.retention.ignore-lake`. `lake_status` adds each table's lag and retention
+alert (lake_health), and the coordinator's metrics count the reports and read the same status
+(lake_metrics). Layout in the metadata store, deleted with the table (the lake table itself
+stays, unless dropped with purge_lake):
 
     /lake/<table id>   {"tier_id", "tiering_epoch", "path", "version", "offsets",
                         "committed_at", "round", "error", "reported_at"}
@@ -28,8 +30,10 @@ import threading
 
 from locks.coordinator_actions import offsets_field
 from locks.lease import offsets_from_json, offsets_to_json
-from tally.errors import InvalidInputError, NotFoundError, TieringFencedError
+from tally.errors import InvalidInputError, NotFoundError, TallyError, TieringFencedError
 from tally.meta import join_path
+from tally.server.lake_health import LakeWatch
+from tally.server.lake_metrics import LakeMetrics
 from tally.server.settings import TIER_TIMEOUT
 from tally.wire.messages import field
 
@@ -57,6 +61,8 @@ class LakeRegistry:
         self.tier_timeout = tier_timeout
         self._seen: dict[str, float] = {}  # tiering process -> its last heartbeat (clock)
         self._lock = threading.Lock()
+        self.watch = LakeWatch(coordinator.clock)  # lag and the retention alert
+        self.metrics = LakeMetrics(coordinator.metrics, self)
         coordinator.actions.update({
             "tier_heartbeat": self.heartbeat,
             "tier_report": self.report,
@@ -156,8 +162,9 @@ class LakeRegistry:
         offsets = offsets_field(body, "offsets") if version is not None else None
         round_info = field(body, "round", dict, None)
         error = field(body, "error", str, None)
-        self.coordinator.catalog.table_by_id(table_id)  # NotFoundError once dropped
+        record = self.coordinator.catalog.table_by_id(table_id)  # NotFoundError once dropped
         now = self.coordinator.clock()
+        advanced = []  # whether the report moved the lake's version on (for the counters)
 
         def change(value: dict) -> dict:
             if value.get("tier_id") != tier_id or value.get("tiering_epoch") != epoch:
@@ -165,6 +172,7 @@ class LakeRegistry:
                     f"tiering process {tier_id} does not hold table id {table_id} under tiering "
                     f"epoch {epoch} (holder {value.get('tier_id')}, epoch "
                     f"{value.get('tiering_epoch')}): its report was refused")
+            advanced[:] = [version is not None and version > int(value.get("version", -1))]
             if version is not None and version >= int(value.get("version", -1)):
                 value.update(version=version, offsets=offsets_to_json(offsets),
                              path=field(body, "path", str), committed_at=now)
@@ -176,7 +184,9 @@ class LakeRegistry:
 
         with self._lock:
             self._seen[tier_id] = now
-            return self._update(table_id, change)
+            value = self._update(table_id, change)
+        self.metrics.reported(record.name, round_info, error, bool(advanced and advanced[0]))
+        return value
 
     # --- reads -----------------------------------------------------------------------------
 
@@ -187,24 +197,64 @@ class LakeRegistry:
 
     def status(self, body: dict) -> list[dict]:
         """Per lake-enabled table (or the one named): holder, epoch, lake version and offsets,
-        last round, and the live end offsets to tell the lag by."""
-        name = body.get("name")
+        last round, the live end offsets to tell the lag by, the lag in seconds and the
+        retention alert (tally.server.lake_health)."""
+        name = field(body, "name", str, None)
         out = []
         for record, settings in self.lake_tables():
             if name is not None and record.name != name:
                 continue
-            value = self._record(record.table_id)
-            ends = self.coordinator.log_offsets(record)
-            out.append({**value, "name": record.name, "table_id": record.table_id,
-                        "freshness_ms": settings.freshness_ms,
-                        "retention_ignores_lake": settings.retention_ignores_lake,
-                        "path": value.get("path") or (lake_table_uri(self.root, record.name)
-                                                      if self.root else None),
-                        "log_offsets": [[p, b, s, e] for (p, b), (s, e) in ends.items()]})
+            try:
+                out.append(self._status(record, settings))
+            except NotFoundError:
+                if name is not None:
+                    raise
+                continue  # dropped meanwhile
         if name is not None and not out:
             self.coordinator.catalog.get_table(name)  # NotFoundError for an unknown table
             raise InvalidInputError(f"table '{name}' does not tier to a lake: set "
                                     "'table.datalake.enabled' = 'true'")
+        return out
+
+    def _status(self, record, settings) -> dict:
+        value = self._record(record.table_id)
+        ends = self.coordinator.log_offsets(record)
+        health = self._assess(record, settings, value, ends)
+        holder = value.get("tier_id")
+        with self._lock:
+            seen = self._seen.get(holder) if holder is not None else None
+        live = seen is not None and self.coordinator.clock() - seen <= self.tier_timeout
+        return {**value, "name": record.name, "table_id": record.table_id,
+                "freshness_ms": settings.freshness_ms,
+                "retention_ignores_lake": settings.retention_ignores_lake,
+                "path": value.get("path") or (lake_table_uri(self.root, record.name)
+                                              if self.root else None),
+                "log_offsets": [[p, b, s, e] for (p, b), (s, e) in ends.items()],
+                "lag_seconds": round(health.lag_seconds, 3),
+                "retention_alert": health.retention_alert, "holder_live": live}
+
+    def _assess(self, record, settings, value: dict, ends: dict):
+        properties = self.coordinator.parse_descriptor(record.descriptor).properties
+        lake = offsets_from_json(value["offsets"]) if "offsets" in value else None
+        return self.watch.assess(record, properties, settings.retention_ignores_lake, value,
+                                 lake, ends)
+
+    def healths(self) -> list[tuple]:
+        """(name, lag in seconds, LakeHealth or None when its offsets could not be read) of
+        every lake-enabled table, for the metrics; tables dropped meanwhile left out."""
+        out = []
+        for record, settings in self.lake_tables():
+            value = self._record(record.table_id)
+            try:
+                ends = self.coordinator.log_offsets(record)
+            except NotFoundError:
+                continue  # dropped meanwhile
+            except TallyError as e:  # a bucket without a live leader: its lag is unknown
+                log.info("lake lag of %s not read for metrics: %s", record.name, e)
+                out.append((record.name, self.watch.lag_seconds(record, value), None))
+                continue
+            health = self._assess(record, settings, value, ends)
+            out.append((record.name, health.lag_seconds, health))
         return out
 
     def stable_offsets(self, body: dict) -> dict:
@@ -236,6 +286,8 @@ class LakeRegistry:
     def drop_table(self, record, purge: bool = False) -> None:
         """Forget a dropped table's tiering; its lake table stays unless `purge`."""
         self.store.delete(lake_path(record.table_id), recursive=True)
+        self.watch.forget(record.table_id)
+        self.metrics.dropped(record.name)
         if purge and self.root is not None:
             from tally.server.remote_files import RemoteFiles
 

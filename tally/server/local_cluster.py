@@ -35,7 +35,8 @@ from tally.server.credentials import Credentials, new_secret, write_auth_file
 from tally.server.process import READY
 from tally.wire.channel import FlightChannel
 
-PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the checkout this module is in: its servers run this code, not another installed copy
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class ServerHandle:

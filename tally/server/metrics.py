@@ -1,6 +1,7 @@
 """What a server process counts for Prometheus, and the HTTP endpoint that exposes it.
 
-Every metric of a server is defined here, in one `ServerMetrics` per process with a registry of
+Every metric of a server is defined here (the coordinator's lake metrics apart, in
+lake_metrics, on the same registry), in one `ServerMetrics` per process with a registry of
 its own (never prometheus_client's global one), so two servers in one process, and the tests,
 never share a counter. The server's parts call it at a few choke points (the Flight calls, the
 tablet write, bucket opens, retention, the undo report); what is cheap to read on demand (row buffer and
