@@ -141,9 +141,7 @@ class DeltaLakeTable:
                 dl.write_deltalake(self.table, schema.empty_table(), mode="append",
                                    schema_mode="merge", commit_properties=properties)
         except (dl.exceptions.CommitFailedError, FileExistsError) as e:
-            raise TieringFencedError(f"claiming the lake table at {self.path} under tiering "
-                                     f"epoch {epoch} conflicted with another commit: {e}") \
-                from None
+            self._conflicted(epoch, e)
         self.load()
 
     def merge(self, changes: pa.Table, epoch: int, offsets: Offsets, *,
@@ -163,10 +161,20 @@ class DeltaLakeTable:
             else:
                 self._merger(changes, properties, full).execute()
         except dl.exceptions.CommitFailedError as e:
-            raise TieringFencedError(f"the lake table at {self.path} moved on under another "
-                                     f"writer (tiering epoch {epoch} conflicted): {e}") from None
+            self._conflicted(epoch, e)
         self.load()
         return self.version
+
+    def _conflicted(self, epoch: int, error: Exception):
+        """A commit under `epoch` lost to a concurrent one: fenced when that one claimed a
+        newer epoch, else (another writer, such as a compaction) worth trying again."""
+        self.load()
+        if self.last is not None and self.last.tiering_epoch > epoch:
+            raise TieringFencedError(f"the lake table at {self.path} was claimed under tiering "
+                                     f"epoch {self.last.tiering_epoch}, past this process's "
+                                     f"{epoch}: its commit was refused ({error})") from None
+        raise LakeError(f"a commit to the lake table at {self.path} conflicted with a "
+                        f"concurrent commit; the round is tried again ({error})") from None
 
     def _merger(self, changes: pa.Table, properties, full: bool):
         on = " AND ".join(f"t.{_quote(k)} = s.{_quote(k)}" for k in self.primary_key)
