@@ -63,12 +63,26 @@ def tally_rows(rows: pa.Table | pa.RecordBatch, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
-def live_partitions_only(rows: pa.Table, routing, partitions: frozenset | None) -> pa.Table:
-    """`rows` of the partitions that still exist (the lake keeps a dropped partition's rows)."""
-    if partitions is None or not routing.partitioned or rows.num_rows == 0:
+def live_partitions_only(rows: pa.Table, partition_key: list[str],
+                         partitions: frozenset | None) -> pa.Table:
+    """`rows` of the partitions that still exist (the lake keeps a dropped partition's rows);
+    all of them when `partitions` is None (the table is not partitioned)."""
+    if partitions is None or not partition_key or rows.num_rows == 0:
         return rows
-    names = pa.array(partition_names(rows, list(routing.partition_key)), pa.string())
+    names = pa.array(partition_names(rows, partition_key), pa.string())
     return rows.filter(pc.is_in(names, value_set=pa.array(sorted(partitions), pa.string())))
+
+
+def without_keys(rows: pa.Table, keys: pa.Table, primary_key: list[str]) -> pa.Table:
+    """`rows` but those whose primary key is in `keys` (both in the table's types)."""
+    if keys.num_rows == 0 or rows.num_rows == 0:
+        return rows
+    # join the keys only: Arrow's joins carry no list or map columns
+    index = rows.select(primary_key).append_column(
+        "_tally_index", pa.array(range(rows.num_rows), pa.int64()))
+    kept = index.join(keys.select(primary_key), keys=primary_key, join_type="left anti",
+                      use_threads=False)
+    return rows.take(kept.column("_tally_index").combine_chunks().sort())
 
 
 def _sorted(rows: pa.Table, primary_key: list[str]) -> pa.Table:
@@ -114,7 +128,7 @@ class UnionPlan:
         """The union: the lake's rows with every changed key replaced or removed."""
         routing = conn.table(self.name).routing
         lake = read_lake(conn, self.name, self.snapshot)
-        lake = live_partitions_only(lake, routing, self.partitions)
+        lake = live_partitions_only(lake, list(routing.partition_key), self.partitions)
         return _sorted(apply_changes(lake, self.changes, list(self.primary_key)),
                        list(self.primary_key))
 
