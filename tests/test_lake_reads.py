@@ -151,6 +151,33 @@ def test_union_equals_a_live_read_while_the_lake_lags(conn, tier):
     assert read_union(conn, name).equals(expected)
 
 
+def test_every_widened_type_reads_back_as_the_tables_own(conn, tier):
+    """Half floats, fixed-size and large binaries, date64, lists and maps of unsigned
+    integers: the lake holds them as wider types, the reads give the table's types back."""
+    wide = {"half": pa.float16(), "fixed": pa.binary(4), "blob": pa.large_binary(),
+            "when": pa.date64(), "ids": pa.list_(pa.uint16()),
+            "counts": pa.map_(pa.string(), pa.uint32())}
+    builder = tally.Schema.builder().column("k", pa.int64())
+    for column, arrow_type in wide.items():
+        builder = builder.agg_column(column, arrow_type, tally.AggFunction.LAST_VALUE)
+    schema = builder.primary_key("k").build()
+    name, table = new_table(conn, schema, buckets=1)
+
+    def batch(keys, step):
+        return pa.Table.from_pylist([
+            {"k": k, "half": float(k + step) / 2, "fixed": bytes([k, step, 0, 255]),
+             "blob": b"x" * (k + step), "when": datetime.datetime(2024, 1, 1 + k),
+             "ids": [k, 65535 - step], "counts": [("a", 2**32 - 1 - step)]}
+            if k % 3 else {"k": k} for k in keys], schema=schema.to_arrow())
+
+    write(table, batch(range(6), 1))
+    tier_now(tier, conn, name)
+    assert read_lake(conn, name).equals(table.to_arrow())
+    write(table, batch([1, 2, 7], 2))
+    assert read_lake(conn, name).schema == schema.to_arrow()
+    assert read_union(conn, name).equals(table.to_arrow())
+
+
 @pytest.mark.parametrize("partition_type", [pa.int16(), pa.string()], ids=str)
 def test_union_of_a_partition_created_since_the_lake(conn, tier, partition_type):
     """A bucket missing from the lake's offsets is read from 0, and a key compares equal to
