@@ -220,6 +220,18 @@ def test_dropped_partition_leaves_the_union(conn, tier):
     assert read_union(conn, name).equals(expected)
 
 
+def test_union_refuses_a_changelog_truncated_past_the_lake(conn, tier):
+    name, table = new_table(conn, buckets=1, **{"table.log.retention.ignore-lake": "true"})
+    write(table, rows_of(range(4), 1))
+    tier_now(tier, conn, name)
+    write(table, rows_of(range(4), 2))
+    end = conn.admin.list_offsets(name)[(DAYS[0].isoformat(), 0)]
+    conn.admin.truncate_log(name, 0, end, partition=DAYS[0].isoformat(), force=True)
+    with pytest.raises(LakeError, match=f"{name}.*no longer reaches back"):
+        read_union(conn, name)
+    assert read_lake(conn, name).num_rows == 4  # the lake itself still reads
+
+
 # --- the union against a model --------------------------------------------------------------
 
 KEYS = 6

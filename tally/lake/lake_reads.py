@@ -27,7 +27,7 @@ from tally.lake.delta_table import deltalake
 from tally.wire.routing import partition_names
 
 CHUNK_RECORDS = 50_000  # changelog records per request
-PLAN_ATTEMPTS = 3       # a union planned against a snapshot whose changelog retention removed
+PLAN_ATTEMPTS = 3       # retention may remove a snapshot's changelog while it is read
 
 
 def lake_snapshot(conn, name: str) -> LakeSnapshot:
@@ -137,15 +137,14 @@ def union_plan(conn, name: str) -> UnionPlan:
     """The newest lake snapshot and the net changes since it, up to each bucket's end offset
     now. A snapshot whose changelog retention has meanwhile removed is planned again from a
     newer one; LakeError when the changelog does not reach back to the lake."""
-    for attempt in range(PLAN_ATTEMPTS):
+    failure = None
+    for _attempt in range(PLAN_ATTEMPTS):
         try:
             return _plan(conn, name, lake_snapshot(conn, name))
         except OffsetOutOfRangeError as e:
-            if attempt == PLAN_ATTEMPTS - 1:
-                raise LakeError(f"table {name}: the changelog no longer reaches back to the "
-                                f"lake's offsets ({e}): a union read cannot be made; read it "
-                                "live") from None
-    raise AssertionError("unreachable")
+            failure = e
+    raise LakeError(f"table {name}: the changelog no longer reaches back to the lake's "
+                    f"offsets ({failure}): a union read cannot be made; read it live")
 
 
 def _plan(conn, name: str, snapshot: LakeSnapshot) -> UnionPlan:
