@@ -6,6 +6,15 @@ The driver plans the read once (tally.client.table_scan): one Spark partition pe
 read by its task in one request at one changelog offset of that bucket, streamed as Arrow
 batches. Read options:
 
+- `snapshot`: what is read. `live` (the default): the table on its tablet servers, as above.
+  `lake`: the table's lake copy (a lake-enabled table's Delta table at the version the
+  coordinator knows of), read by the tasks from the Delta files themselves, one Spark
+  partition per file, with no Delta jars (sink.lake_reader). `union`: the lake copy plus every
+  change since, equal to a live read at the end offsets the driver read the changelog to
+  (sink.lake_reader). Lake and union reads take `columns`, `filter` (files are pruned by it,
+  rows filtered), `batch-size` and `sketch-estimates`; `unwritten` is refused (the lake does
+  not keep the written bits).
+
 - `columns`: the columns to read (comma-separated; default all). A schema given with
   `.schema(...)` that names a subset of the table's columns does the same. Spark's Python data
   sources cannot prune columns themselves (PySpark 4.3 has no such hook), so `select(...)`
@@ -49,8 +58,10 @@ from tally.wire.tls import TlsFiles
 
 COLUMNS, FILTER, UNWRITTEN_OPTION, BATCH_SIZE = "columns", "filter", "unwritten", "batch-size"
 SKETCH_ESTIMATES, KLL_QUANTILE = "sketch-estimates", "kll-quantile"
+SNAPSHOT, LIVE, LAKE, UNION = "snapshot", "live", "lake", "union"
+SNAPSHOTS = (LIVE, LAKE, UNION)
 READ_KEYS = {URL, TABLE, TOKEN, TOKEN_FILE, TLS_CA, TLS_CERT, TLS_KEY, COLUMNS, FILTER,
-             UNWRITTEN_OPTION, BATCH_SIZE, SKETCH_ESTIMATES, KLL_QUANTILE}
+             UNWRITTEN_OPTION, BATCH_SIZE, SKETCH_ESTIMATES, KLL_QUANTILE, SNAPSHOT}
 SPARK_KEYS = {"path"}
 ESTIMATED_FUNCTIONS = (AggFunction.HLL_SKETCH, AggFunction.THETA_SKETCH, AggFunction.KLL_SKETCH)
 
@@ -94,6 +105,7 @@ class ReadOptions:
     batch_size: int = 65536
     estimates: bool = False
     kll_rank: float = 0.5
+    snapshot: str = LIVE
 
     @classmethod
     def parse(cls, options) -> "ReadOptions":
@@ -128,11 +140,11 @@ class ReadOptions:
                 raise InvalidOptionError(f"Option '{BATCH_SIZE}' must be an integer from 1 to "
                                          f"{MAX_SCAN_BATCH_ROWS:,}, not {raw[BATCH_SIZE]!r}")
         estimates = parse_bool_option(SKETCH_ESTIMATES, raw.get(SKETCH_ESTIMATES, "false"))
+        unwritten = parse_bool_option(UNWRITTEN_OPTION, raw.get(UNWRITTEN_OPTION, "false"))
         return cls(url=url, table=table, token=token, tls=tls, columns=columns, filter=where,
-                   unwritten=parse_bool_option(UNWRITTEN_OPTION,
-                                               raw.get(UNWRITTEN_OPTION, "false")),
-                   batch_size=batch_size, estimates=estimates,
-                   kll_rank=_kll_rank(raw.get(KLL_QUANTILE), estimates))
+                   unwritten=unwritten, batch_size=batch_size, estimates=estimates,
+                   kll_rank=_kll_rank(raw.get(KLL_QUANTILE), estimates),
+                   snapshot=_snapshot(raw.get(SNAPSHOT), unwritten))
 
 
 def _open_table(options: ReadOptions, table_id: int | None = None):
@@ -145,6 +157,20 @@ def _open_table(options: ReadOptions, table_id: int | None = None):
     if table_id is None:
         return conn.table(options.table)
     return Table(conn, options.table, table_id)
+
+
+def _snapshot(value, unwritten: bool) -> str:
+    if value is None:
+        return LIVE
+    snapshot = str(value).strip().lower()
+    if snapshot not in SNAPSHOTS:
+        raise InvalidOptionError(f"Invalid value for option '{SNAPSHOT}': {value!r}; "
+                                 f"supported: {', '.join(SNAPSHOTS)}")
+    if unwritten and snapshot != LIVE:
+        raise InvalidOptionError(f"Option '{UNWRITTEN_OPTION}' cannot be read with "
+                                 f"'{SNAPSHOT}' = {snapshot}: the lake does not keep which "
+                                 "columns were written (read it live)")
+    return snapshot
 
 
 def _kll_rank(value, estimates: bool) -> float:

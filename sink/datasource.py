@@ -1,6 +1,6 @@
 """`format("tally")`: the sink as a Python data source, for batch and streaming writes,
-batch reads of the table (sink.batch_reader) and of its changelog, and the changelog
-stream (sink.stream_reader).
+batch reads of the table (sink.batch_reader), of its lake copy (sink.lake_reader) and of its
+changelog, and the changelog stream (sink.stream_reader).
 
     spark.read.format("tally").option("url", url).option("table", "db.t").load()
     df.write.format("tally").option("url", url).option("table", "db.t").mode("append").save()
@@ -83,8 +83,12 @@ class TallyDataSource(DataSource):
 
         if wants_changelog(self.options):
             return ChangelogBatchReader(dict(self.options), schema)
-        from sink.batch_reader import TallyBatchReader
+        from sink.batch_reader import LIVE, ReadOptions, TallyBatchReader
 
+        if ReadOptions.parse(self.options).snapshot != LIVE:
+            from sink.lake_reader import LakeBatchReader
+
+            return LakeBatchReader(dict(self.options), schema)
         return TallyBatchReader(dict(self.options), schema)
 
     def streamReader(self, schema):
