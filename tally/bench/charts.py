@@ -145,3 +145,20 @@ def replication(result: dict, directory: Path) -> list[Path]:
     right.set_title("Failover after kill -9 of a leader")
     right.legend(fontsize=8)
     return [_save(fig, directory / "replication.png")]
+
+
+def tiering(result: dict, directory: Path) -> list[Path]:
+    """The table's changelog and the lake's offsets over time, while ingest ran."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.2, 3.6))
+    samples = result["tiered"]["samples"]
+    seconds = [s[0] for s in samples]
+    ax.plot(seconds, [s[1] for s in samples], label="table (end offsets)")
+    ax.plot(seconds, [s[2] for s in samples], label="lake (its offsets)")
+    ax.set_xlabel("seconds since ingest began")
+    ax.set_ylabel("changelog records, all buckets")
+    t = result["tiered"]
+    ax.set_title(f"Tiering while ingesting: lag p50 {t['lag_p50_s']:.1f} s, "
+                 f"p99 {t['lag_p99_s']:.1f} s")
+    ax.legend(fontsize=8)
+    return [_save(fig, directory / "tiering.png")]

@@ -134,3 +134,27 @@ def replication(result: dict) -> str:
         f"{result['restore']['snapshot_bytes'] / 1e6:,.0f} MB "
         f"({result['restore']['rows']:,} rows), **{result['restore']['seconds_per_gb']:.0f} s "
         "per GB** (from the wiped server's start to every copy in sync)."]))
+
+
+def tiering(result: dict) -> str:
+    t = result["tiered"]
+    ingest = table(["table", "rows/s", "seconds"], [
+        ["the lake off", f"{result['plain']['rows_per_s']:,.0f}",
+         f"{result['plain']['seconds']:.2f}"],
+        ["tiered into Delta Lake while written", f"{t['rows_per_s']:,.0f}", f"{t['seconds']:.2f}"],
+    ])
+    lag = table(["tiering throughput (records/s)", "lag p50 s", "lag p99 s", "lag max s"],
+                [[f"{t['tiered_records_per_s']:,.0f}", f"{t['lag_p50_s']:.2f}",
+                  f"{t['lag_p99_s']:.2f}", f"{t['lag_max_s']:.2f}"]])
+    return "\n\n".join([
+        f"Workload: {result['workload']}, 1 tablet server, 4 buckets, one tiering process, "
+        f"`table.datalake.freshness` {result['freshness']}.",
+        ingest,
+        f"Tiered / plain: **{result['ratio']:.2f}x** (target >= {result['ratio_target']}x: "
+        f"{_mark(result['ratio'] >= result['ratio_target'])}).",
+        lag,
+        f"Lag: per sample of the table's end offsets, the seconds until the lake's offsets "
+        f"reached them ({t['lag_samples']} samples). Verified: the lake (version "
+        f"{result['verify']['version']}, {result['verify']['lake_rows']:,} rows) equals the "
+        f"live table: {_mark(result['verify']['equal'])}.",
+    ])

@@ -20,13 +20,16 @@ class ConsumerPosition:
     consumer: str
     positions: dict[tuple[str | None, int], int]   # (partition, bucket) -> next offset
     updated_at: float                               # seconds since the epoch (coordinator clock)
-    holds_until: float                              # updated_at + table.log.retention.consumer-ms
+    holds_until: float | None                       # updated_at + table.log.retention.consumer-ms
+    #                                                 (None: the lake, which holds while it is on)
     holding: bool                                   # whether retention still keeps its records
 
     @classmethod
     def from_json(cls, doc: dict) -> "ConsumerPosition":
         return cls(doc["consumer"], {(p, int(b)): int(o) for p, b, o in doc["positions"]},
-                   float(doc["updated_at"]), float(doc["holds_until"]), bool(doc["holding"]))
+                   float(doc["updated_at"]),
+                   None if doc["holds_until"] is None else float(doc["holds_until"]),
+                   bool(doc["holding"]))
 
     def positions_json(self) -> list[list]:
         """The positions in the JSON form changelog readers start from."""

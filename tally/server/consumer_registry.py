@@ -84,12 +84,16 @@ class ConsumerRegistry:
         return self.coordinator.parse_descriptor(record.descriptor).consumer_retention_ms / 1000
 
     def positions(self, body: dict) -> list[dict]:
-        """Every consumer of the table: positions, when registered, until when they hold."""
+        """Every consumer of the table: positions, when registered, until when they hold; the
+        lake's tiering position last, as consumer LAKE_CONSUMER, holding while the lake is on
+        (`holds_until` None)."""
         record = self.coordinator.named_table(body)
         hold, now = self._hold_seconds(record), self.coordinator.clock()
-        return [{**doc, "holds_until": doc["updated_at"] + hold,
-                 "holding": now <= doc["updated_at"] + hold}
-                for doc in sorted(self._records(record.table_id), key=lambda d: d["consumer"])]
+        out = [{**doc, "holds_until": doc["updated_at"] + hold,
+                "holding": now <= doc["updated_at"] + hold}
+               for doc in sorted(self._records(record.table_id), key=lambda d: d["consumer"])]
+        lake = self.coordinator.lake.consumer_doc(record)
+        return out + ([lake] if lake is not None else [])
 
     def remove(self, body: dict) -> bool:
         record = self.coordinator.named_table(body)

@@ -40,6 +40,9 @@ from tally.wire.messages import field
 log = logging.getLogger(__name__)
 
 
+LAKE_CONSUMER = "(lake)"  # how the lake's tiering position shows among a table's consumers
+
+
 def lake_path(table_id: int | None = None) -> str:
     return join_path("lake") if table_id is None else join_path("lake", str(table_id))
 
@@ -282,6 +285,17 @@ class LakeRegistry:
         if not settings.enabled or settings.retention_ignores_lake:
             return False, {}
         return True, self.lake_offsets(record.table_id) or {}
+
+    def consumer_doc(self, record) -> dict | None:
+        """The lake's tiering position as a changelog consumer (what `tally offsets` lists),
+        or None while the table does not tier."""
+        settings = self.coordinator.parse_descriptor(record.descriptor).lake
+        if not settings.enabled:
+            return None
+        value = self._record(record.table_id)
+        return {"consumer": LAKE_CONSUMER, "positions": value.get("offsets", []),
+                "updated_at": value.get("committed_at") or record.created_at,
+                "holds_until": None, "holding": not settings.retention_ignores_lake}
 
     def drop_table(self, record, purge: bool = False) -> None:
         """Forget a dropped table's tiering; its lake table stays unless `purge`."""
