@@ -152,14 +152,17 @@ class DeltaLakeTable:
         dl = deltalake()
         start = self.offsets() or {}
         properties = self._properties(epoch, offsets, start, "full" if full else "round")
+        before = self.version
         try:
-            if changes.num_rows == 0 and not full:
-                # a MERGE of nothing makes no commit: the offsets must move all the same
+            if changes.num_rows or full:
+                self._merger(changes, properties, full).execute()
+                self.load()
+            if self.version == before:
+                # a MERGE that changes no row (nothing to merge, or only removals of rows the
+                # lake never had) makes no commit: the offsets must move all the same
                 empty = changes.drop_columns([DELETED]).schema.empty_table()
                 dl.write_deltalake(self.table, empty, mode="append", schema_mode="merge",
                                    commit_properties=properties)
-            else:
-                self._merger(changes, properties, full).execute()
         except dl.exceptions.CommitFailedError as e:
             self._conflicted(epoch, e)
         self.load()

@@ -55,7 +55,7 @@ class TieringMachine(RuleBasedStateMachine):
         self.conn = client.connect(self.cluster.url, retry_timeout=60)
         self.name = f"default.tiered_{next(self.tables)}_{os.getpid()}"
         self.service = TierService(self.conn, tier_id=f"model-{os.getpid()}")
-        self.owner_conn = self.lease = None
+        self.owner_conn = self.lease = self.attempt = None
         self.state = "down"                 # down | running | crashed
         self.committed: dict = {}           # {(p, k): a} of the owner's committed epochs
         self.pending: dict = {}             # {(p, k): a} written since its last commit
@@ -185,6 +185,9 @@ class TieringMachine(RuleBasedStateMachine):
         self.lease = recovery.acquire(self.owner_conn, self.name, OWNER, ["a"], ttl=600)
         recovery.recover(self.owner_conn, self.name, self.lease, ["p", "k", "a"],
                          skip_idempotent=False)
+        # a restarted task registers a new attempt: its predecessor may no longer write
+        self.attempt = max(self.owner_conn.locks.register_attempt(self.lease, b)
+                           for b in (0, 1))
         if self.state == "crashed":
             event("owner restarted after a crash")
             SEEN["restart"] += 1
@@ -196,7 +199,8 @@ class TieringMachine(RuleBasedStateMachine):
     def owner_write(self, keys, amount):
         if not self.pending:
             self.owner_conn.locks.epoch_baseline(self.lease, self.epoch)
-        with self.table.upsert_writer(target_columns=["p", "k", "a"], lease=self.lease) as w:
+        with self.table.upsert_writer(target_columns=["p", "k", "a"], lease=self.lease,
+                                      attempt=self.attempt) as w:
             w.upsert([{"p": p, "k": k, "a": amount} for p, k in keys])
         for key in keys:
             self.pending[key] = self.pending.get(key, 0) + amount
