@@ -15,6 +15,7 @@ in-process tiering service, interleaved. After every round:
 - the Delta history is a chain: each Tally commit starts at the offsets the one before ended.
 
 At the end the owner commits and releases; once the lake caught up it equals the live table.
+The default run replays a fixed-seed share; TALLY_SLOW_TESTS=1 runs many random examples.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import os
 
 import deltalake
 import pyarrow as pa
+import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
@@ -226,12 +228,23 @@ class TieringMachine(RuleBasedStateMachine):
             event("owner crashed with uncommitted writes")
             SEEN["crash with uncommitted writes"] += 1
 
+    @precondition(lambda self: self.state == "running" and self.pending)
+    @rule()
+    def crash_mid_epoch(self):
+        """The case the guarantee is about, drawn on its own so every share reaches it."""
+        self.crash_owner()
+
     @precondition(lambda self: self.state == "running" and not self.pending)
     @rule()
     def release(self):
         self.owner_conn.locks.release(self.lease)
         self.owner_conn.close()
         self.owner_conn, self.lease, self.state = None, None, "down"
+
+    @precondition(lambda self: self.pending)
+    @rule()
+    def tier_round_mid_epoch(self):
+        self.tier_round()
 
     @rule()
     def tier_round(self):
@@ -251,7 +264,13 @@ def run_machine(cluster, **options) -> None:
 
 def test_tiering_fixed_seed_share(lake_cluster):
     SEEN.clear()
-    run_machine(lake_cluster, max_examples=6, stateful_step_count=25, derandomize=True)
+    run_machine(lake_cluster, max_examples=10, stateful_step_count=30, derandomize=True)
     # the share must reach the cases the guarantee is about
     assert SEEN["uncommitted round"] and SEEN["crash with uncommitted writes"] and \
         SEEN["restart"], SEEN
+
+
+@pytest.mark.skipif(os.environ.get("TALLY_SLOW_TESTS") != "1",
+                    reason="many examples: set TALLY_SLOW_TESTS=1")
+def test_tiering_many_examples(lake_cluster):
+    run_machine(lake_cluster, max_examples=200, stateful_step_count=40)
