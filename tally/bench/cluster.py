@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from tally.bench.proc import run_job
+from tally.bench.client_ingest import timed_upserts
 from tally.bench.progress import Progress
 from tally.bench.workload import Workload, table_descriptor
 
@@ -49,20 +50,7 @@ def _through_cluster(conn, workload: Workload, buckets: int, progress: Progress)
     conn.admin.create_table(TABLE, descriptor)
     batches = list(workload.batches())  # generated before the clock starts
     progress.step(f"client upserts to the cluster ({buckets} buckets)")
-    writer = conn.table(TABLE).upsert_writer()
-    started = time.perf_counter()
-    done = 0
-    for batch in batches:
-        writer.upsert(batch)
-        done += batch.num_rows
-        progress.rows(done, workload.rows)
-    offsets = writer.flush()
-    seconds = time.perf_counter() - started
-    writer.close()
-    rate = done / seconds
-    progress.done(f"{rate:,.0f} rows/s")
-    return {"rows": done, "seconds": seconds, "rows_per_s": rate,
-            "log_end_offsets": sum(offsets.values())}
+    return timed_upserts(conn, TABLE, batches, workload.rows, progress)
 
 
 def _lookups(conn, workload: Workload, count: int, progress: Progress) -> dict:

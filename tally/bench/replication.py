@@ -31,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tally.bench.client_ingest import timed_upserts
 from tally.bench.progress import Progress
 from tally.bench.workload import Workload, table_descriptor
 
@@ -45,18 +46,7 @@ def _ingest(conn, name: str, factor: int, batches, total: int, progress: Progres
     descriptor.properties["table.replication.factor"] = str(factor)
     conn.admin.create_table(name, descriptor)
     progress.step(f"client upserts, replication factor {factor}")
-    writer = conn.table(name).upsert_writer()
-    started = time.perf_counter()
-    done = 0
-    for batch in batches:
-        writer.upsert(batch)
-        done += batch.num_rows
-        progress.rows(done, total)
-    writer.flush()
-    seconds = time.perf_counter() - started
-    writer.close()
-    progress.done(f"{total / seconds:,.0f} rows/s")
-    return {"rows": total, "seconds": seconds, "rows_per_s": total / seconds}
+    return timed_upserts(conn, name, batches, total, progress)
 
 
 def _failovers(cluster, conn, name: str, kills: int, progress: Progress) -> dict:

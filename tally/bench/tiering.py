@@ -24,6 +24,7 @@ import threading
 import time
 from pathlib import Path
 
+from tally.bench.client_ingest import timed_upserts
 from tally.bench.progress import Progress
 from tally.bench.workload import Workload, table_descriptor
 
@@ -32,18 +33,7 @@ RATIO_TARGET = 0.8   # a tiering process should cost ingest at most a fifth
 
 def _ingest(conn, name: str, batches, total: int, progress: Progress, label: str) -> dict:
     progress.step(label)
-    writer = conn.table(name).upsert_writer()
-    started = time.perf_counter()
-    done = 0
-    for batch in batches:
-        writer.upsert(batch)
-        done += batch.num_rows
-        progress.rows(done, total)
-    writer.flush()
-    seconds = time.perf_counter() - started
-    writer.close()
-    progress.done(f"{total / seconds:,.0f} rows/s")
-    return {"rows": total, "seconds": seconds, "rows_per_s": total / seconds}
+    return timed_upserts(conn, name, batches, total, progress)
 
 
 class LagSampler:
@@ -110,13 +100,19 @@ def _tiered(cluster, conn, name: str, batches, total: int, every: float,
     sampler.stop()
     progress.done(f"{time.perf_counter() - caught:.1f} s after the last write")
     lags = sampler.lags()
-    first = next((t for t, _, lake in sampler.samples if lake > 0), 0.0)
-    last_t, records, lake_records = sampler.samples[-1]
-    seconds = max(1e-9, last_t - first)
     return {**result, "lag_p50_s": _percentile(lags, 0.5), "lag_p99_s": _percentile(lags, 0.99),
-            "lag_max_s": max(lags), "records": records,
-            "tiered_records_per_s": lake_records / seconds, "samples": sampler.samples,
+            "lag_max_s": max(lags), "records": sampler.samples[-1][1],
+            "tiered_records_per_s": _throughput(sampler.samples), "samples": sampler.samples,
             "lag_samples": len(lags)}
+
+
+def _throughput(samples: list[tuple[float, int, int]]) -> float:
+    """Records the lake took per second, from its first move to its catching up (over the
+    whole run when it moved once only)."""
+    moved = [(t, lake) for t, _, lake in samples if lake > 0]
+    if len(moved) >= 2 and moved[-1][0] > moved[0][0] and moved[-1][1] > moved[0][1]:
+        return (moved[-1][1] - moved[0][1]) / (moved[-1][0] - moved[0][0])
+    return samples[-1][2] / max(1e-3, samples[-1][0] - samples[0][0])
 
 
 def _verify(conn, name: str) -> dict:

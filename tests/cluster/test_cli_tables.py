@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from tally import client
 from tally.cli.main import main
 from tally.server import LocalCluster
+from tests.cluster.cli_fixtures import conn, url  # noqa: F401 (fixtures)
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 OK, FAILED, USAGE, NOT_FOUND, UNREACHABLE = 0, 1, 2, 3, 4
@@ -32,21 +32,6 @@ OK, FAILED, USAGE, NOT_FOUND, UNREACHABLE = 0, 1, 2, 3, 4
 def cluster(tmp_path_factory):
     with LocalCluster(str(tmp_path_factory.mktemp("cli")), tablet_servers=2) as c:
         yield c
-
-
-@pytest.fixture(scope="module")
-def conn(cluster):
-    with client.connect(cluster.url, retry_timeout=60) as c:
-        yield c
-
-
-@pytest.fixture(autouse=True)
-def url(cluster, monkeypatch):
-    """Every command finds the cluster through $TALLY_URL (the tests of --url give it)."""
-    monkeypatch.setenv("TALLY_URL", cluster.url)
-    monkeypatch.delenv("TALLY_TOKEN", raising=False)
-    monkeypatch.delenv("TALLY_TOKEN_FILE", raising=False)
-    return cluster.url
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:

@@ -15,11 +15,11 @@ import pyarrow as pa
 import pytest
 
 from merge_engine import Schema, TableDescriptor
-from tally import client
 from tally.server import LocalCluster
 from tests.cluster.lake_helpers import (lake_rows, lake_table, live_rows, run, sample, scrape,
                                         wait_tiered, write)
 from tests.waiting import wait_until
+from tests.cluster.cli_fixtures import conn, url  # noqa: F401 (fixtures)
 
 OK, NOT_FOUND = 0, 3
 
@@ -30,19 +30,6 @@ def cluster(tmp_path_factory):
     with LocalCluster(str(data_dir / "cluster"), tablet_servers=1,
                       datalake_dir=str(data_dir / "lake"), tiering=True, metrics=True) as c:
         yield c
-
-
-@pytest.fixture(scope="module")
-def conn(cluster):
-    with client.connect(cluster.url, retry_timeout=60) as c:
-        yield c
-
-
-@pytest.fixture(autouse=True)
-def url(cluster, monkeypatch):
-    monkeypatch.setenv("TALLY_URL", cluster.url)
-    monkeypatch.delenv("TALLY_TOKEN", raising=False)
-    monkeypatch.delenv("TALLY_TOKEN_FILE", raising=False)
 
 
 def lake_field(path: str, column: str):
