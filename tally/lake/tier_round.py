@@ -142,11 +142,19 @@ def _where(key) -> str:
 
 
 def _read(table, key, start: int, stop: int) -> pa.Table:
+    """The records [start, stop) of one bucket, all of them: a leader that serves fewer (a
+    new leader whose followers have not confirmed them yet) fails the round, which is tried
+    again, rather than the lake claiming offsets it does not hold."""
     partition, bucket = key
     parts = []
     for begin in range(start, stop, CHUNK_RECORDS):
-        parts.append(table.changelog(bucket, begin, min(stop, begin + CHUNK_RECORDS),
-                                     partition=partition))
+        end = min(stop, begin + CHUNK_RECORDS)
+        part = table.changelog(bucket, begin, end, partition=partition)
+        if part.num_rows != end - begin:
+            raise LakeError(f"table {table.name} {_where(key)}: its leader served "
+                            f"{part.num_rows} of the records [{begin}, {end}) (not all "
+                            "acknowledged there yet); the round is tried again")
+        parts.append(part)
     return pa.concat_tables(parts, promote_options="default") if len(parts) > 1 else parts[0]
 
 

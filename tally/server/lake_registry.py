@@ -63,6 +63,9 @@ class LakeRegistry:
         self.root = datalake_dir
         self.tier_timeout = tier_timeout
         self._seen: dict[str, float] = {}  # tiering process -> its last heartbeat (clock)
+        # a coordinator that has just started has heard no heartbeats yet: the holders keep
+        # their tables for one timeout, time to heartbeat again
+        self._started = coordinator.clock()
         self._lock = threading.Lock()
         self.watch = LakeWatch(coordinator.clock)  # lag and the retention alert
         self.metrics = LakeMetrics(coordinator.metrics, self)
@@ -131,7 +134,8 @@ class LakeRegistry:
                 if len(mine) >= share:
                     break
                 holder = records[record.table_id].get("tier_id")
-                if holder is None or holder not in live:
+                settled = now - self._started > self.tier_timeout
+                if holder is None or (holder not in live and settled):
                     records[record.table_id] = self._assign(record.table_id, holder, tier_id)
                     mine.append((record, settings))
         return {"root": self.root, "timeout": self.tier_timeout, "tables": [

@@ -44,7 +44,7 @@ class Leadership:
         self._left_at: dict[str, float] = {s: now for s in self.replicas if s not in isr}
         self._cond = threading.Condition()
         self._ended: str | None = None
-        self._hw = 0
+        self._hw = min(hosted.acknowledged, hosted.tablet.log_end_offset)
 
     @property
     def tablet(self):
@@ -60,6 +60,7 @@ class Leadership:
     def high_watermark(self) -> int:
         end = self.tablet.log_end_offset
         if self.single:
+            self.hosted.acknowledged = end
             return end
         with self._cond:
             return self._compute()
@@ -70,6 +71,7 @@ class Leadership:
             if follower != self.server_id:
                 hw = min(hw, self._fetched.get(follower, 0))
         self._hw = max(self._hw, hw)
+        self.hosted.acknowledged = max(self.hosted.acknowledged, self._hw)
         return self._hw
 
     def follower_fetched(self, follower: str, offset: int) -> None:

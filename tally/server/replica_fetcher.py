@@ -114,6 +114,8 @@ class LeaderFetcher:
                                 "does not have (never acknowledged)", following.hosted.label,
                                 end, tablet.log_end_offset, following.epoch)
                     tablet.truncate_tail(max(end, tablet.log_start_offset))
+                    following.hosted.acknowledged = min(following.hosted.acknowledged,
+                                                        tablet.log_end_offset)
         following.checked = True
 
     def _fetch(self, todo: list[tuple[TabletKey, Following]]) -> None:
@@ -150,6 +152,8 @@ class LeaderFetcher:
                 if entries:
                     tablet.apply_replicated(entries)
                 end = tablet.log_end_offset
+                following.hosted.acknowledged = max(following.hosted.acknowledged,
+                                                    min(int(info["hw"]), end))
                 known = tablet.leader_epochs
                 last = known[-1][0] if known else -1
                 for epoch, start in info.get("leader_epochs", []):

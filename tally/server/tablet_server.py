@@ -264,8 +264,14 @@ class TabletServer:
         if op == "changelog":
             start = field(header, "start", int, 0)
             end = None if header.get("end") is None else field(header, "end", int)
-            # records above the high watermark are not yet on every in-sync copy: not shown
-            visible = self.leadership(hosted).high_watermark()
+            # records above the high watermark are not yet on every in-sync copy: not shown.
+            # A range this log holds but whose end its followers have not confirmed yet (a
+            # new leader, just elected) waits for them: an undo or a tiering round that asked
+            # for acknowledged records must get all of them, never a silently shorter range.
+            lead = self.leadership(hosted)
+            visible = lead.high_watermark()
+            if end is not None and visible < end <= hosted.tablet.log_end_offset:
+                visible = lead.wait_replicated(end, writing=False)
             end = visible if end is None else min(end, visible)
             with hosted.lock:
                 return hosted.tablet.changelog(min(start, end), end)

@@ -44,6 +44,10 @@ class HostedTablet:
     routing: TableRouting
     partition: str | None
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    # The highest offset known acknowledged here: the high watermark this copy last led at,
+    # or last heard from its leader as a follower. A new leader starts its high watermark
+    # there, so what readers and offsets were shown never goes back after a failover.
+    acknowledged: int = 0
 
     @property
     def label(self) -> str:
