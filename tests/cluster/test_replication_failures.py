@@ -221,3 +221,31 @@ def test_a_batch_retried_on_the_new_leader_is_applied_once(trio, conn3):
     restore(trio)
     wait_fully_in_sync(conn3, name, trio)
     all_copies_equal(trio, conn3, name, 1)
+
+
+def test_offsets_and_changelog_ranges_never_go_back_across_a_failover(trio, conn3):
+    """What list_offsets showed stays readable after the leader dies: the new leader starts its
+    high watermark where its followers last heard it, and a changelog range up to an offset it
+    holds waits for its followers rather than coming back short (what an undo or a tiering
+    round reads must be whole)."""
+    name = make_table(conn3, 1)
+    for i in range(5):
+        write(conn3, name, range(20), i + 1)
+    shown = conn3.admin.list_offsets(name)[(None, 0)]
+    leader = conn3.admin.bucket_replicas(name)[(None, 0)]["leader"]
+    trio.kill_tablet_server(leader_index(trio, leader))
+    seen = []
+
+    def moved():
+        try:
+            replicas = conn3.admin.bucket_replicas(name)[(None, 0)]
+            seen.append(conn3.admin.list_offsets(name)[(None, 0)])
+        except TallyError:
+            return None
+        return replicas["leader"] not in (None, leader)
+
+    wait_until(moved, "a new leader of bucket 0", deadline=120)
+    assert all(offset >= shown for offset in seen), (shown, seen)
+    records = conn3.table(name).changelog(0, 0, shown)
+    assert records.num_rows == shown
+    assert records.column("_offset").to_pylist() == list(range(shown))
