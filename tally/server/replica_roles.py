@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 
 import pyarrow as pa
 
@@ -32,6 +33,7 @@ from tally.wire.messages import field, int_items, table_to_ipc
 log = logging.getLogger(__name__)
 
 REFRESH_INTERVAL = 1.0       # seconds between the leader's in-sync checks and role refreshes
+ROLE_WAIT = 5.0              # seconds a request for a bucket with no role yet waits for one
 MAX_FETCH_WAIT = 5.0         # longest a fetch may wait for new records
 FETCH_METADATA = b"tally.replica"
 
@@ -54,6 +56,8 @@ class ReplicaRoles:
         self._appended = threading.Condition()
         self._generation = 0  # counts appends, so a fetch never sleeps past one it missed
         self._wake = threading.Event()
+        self._refreshed = threading.Condition()  # notified after every refresh of the roles
+        self._refreshes = 0
         self._stop = threading.Event()
         self.fetchers = Fetchers(self, peers)
         server.actions.update({
@@ -73,10 +77,17 @@ class ReplicaRoles:
     # --- what the write and read paths ask -------------------------------------------------
 
     def leadership(self, key: TabletKey, label: str) -> Leadership:
-        """This server's leadership of a bucket, or NotLeaderError (the client re-routes)."""
+        """This server's leadership of a bucket, or NotLeaderError (the client re-routes).
+        A bucket this server does not lead by what it last heard waits for one refresh of its
+        roles first: the first write to a new table, or to a bucket whose leadership just moved
+        here, is not refused for a role that is on its way."""
         with self._lock:
             lead = self.leading.get(key)
             role = self.roles.get(key)
+        if lead is None or lead.ended:
+            # a client sent this here because the coordinator says this server leads it (or
+            # a new table's role is on its way): hear the coordinator once before refusing
+            lead, role = self._await_role(key)
         if lead is None or lead.ended:
             self._wake.set()  # a bucket made since our last refresh, or a change we missed
             leader = role.get("leader") if role else None
@@ -85,6 +96,18 @@ class ReplicaRoles:
             raise NotLeaderError(f"{label} is not led by tablet server {self.server_id}: "
                                  f"{where}")
         return lead
+
+    def _await_role(self, key: TabletKey):
+        """Wait (a few seconds at most) until a refresh begun after this call has ended; the
+        bucket's leadership and role then."""
+        deadline = time.monotonic() + ROLE_WAIT
+        with self._refreshed:
+            wanted = self._refreshes + 2  # one may be under way since before the bucket was made
+            self._wake.set()
+            while self._refreshes < wanted and time.monotonic() < deadline:
+                self._refreshed.wait(deadline - time.monotonic())
+        with self._lock:
+            return self.leading.get(key), self.roles.get(key)
 
     def leads(self, key: TabletKey) -> bool:
         with self._lock:
@@ -131,6 +154,9 @@ class ReplicaRoles:
         for key in set(self.roles) - set(roles):
             self._leave(key)
         self._version = answer["version"]
+        with self._refreshed:
+            self._refreshes += 1
+            self._refreshed.notify_all()
 
     def _apply(self, key: TabletKey, role: dict) -> None:
         hosted = self.server.tablet(key.table_id, key.partition_id, key.bucket)
@@ -167,6 +193,13 @@ class ReplicaRoles:
             self.fetchers.follow(key, hosted, role)
         else:
             self.fetchers.unfollow(key)
+
+    def forget_table(self, table_id: int) -> None:
+        """A dropped table: its roles go at once, not at the next refresh."""
+        with self._lock:
+            keys = [k for k in self.roles if k.table_id == table_id]
+        for key in keys:
+            self._leave(key)
 
     def _leave(self, key: TabletKey) -> None:
         """This server holds no copy of the bucket any more (its copy was moved elsewhere)."""

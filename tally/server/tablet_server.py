@@ -374,6 +374,7 @@ class TabletServer:
     def drop_tablets(self, body: dict) -> None:
         table_id = field(body, "table_id", int)
         self.host.drop_table(table_id)
+        self.replicas.forget_table(table_id)
         if self.snapshot_uploads is not None:
             self.snapshot_uploads.drop_table(table_id)
 

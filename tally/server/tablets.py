@@ -68,6 +68,9 @@ class TabletHost:
         os.makedirs(self.root, exist_ok=True)
         self._tablets: dict[TabletKey, HostedTablet] = {}
         self._opening: dict[TabletKey, threading.Lock] = {}
+        # table ids are never reused: a dropped one is never opened again, whatever a role
+        # refresh that was under way during the drop still says
+        self._dropped: set[int] = set()
         self._lock = threading.Lock()
 
     def path(self, key: TabletKey) -> str:
@@ -81,6 +84,7 @@ class TabletHost:
              partition: str | None) -> HostedTablet:
         """The hosted tablet for `key`, opening it (once, even under concurrent callers)."""
         with self._lock:
+            self._check_not_dropped(key)
             found = self._tablets.get(key)
             if found is not None:
                 return found
@@ -99,8 +103,12 @@ class TabletHost:
             if self.metrics is not None:
                 self.metrics.opened(hosted, started)
             with self._lock:
-                self._tablets[key] = hosted
                 self._opening.pop(key, None)
+                if key.table_id in self._dropped:  # dropped while it opened
+                    tablet.close()
+                    shutil.rmtree(path, ignore_errors=True)
+                    self._check_not_dropped(key)
+                self._tablets[key] = hosted
             log.info("opened %s at %s", hosted.label, path)
             return hosted
 
@@ -172,9 +180,14 @@ class TabletHost:
         ids.update(int(d) for d in os.listdir(self.root) if d.isdigit())
         return sorted(ids)
 
+    def _check_not_dropped(self, key: TabletKey) -> None:
+        if key.table_id in self._dropped:
+            raise StaleMetadataError(f"{key.describe()}: table id {key.table_id} was dropped")
+
     def drop_table(self, table_id: int) -> None:
         """Close and delete every tablet of a dropped table."""
         with self._lock:
+            self._dropped.add(table_id)
             doomed = [h for k, h in self._tablets.items() if k.table_id == table_id]
             for hosted in doomed:
                 del self._tablets[hosted.key]
