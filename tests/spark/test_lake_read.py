@@ -18,6 +18,7 @@ import pytest
 import tally
 from tally.errors import InvalidOptionError, LakeError
 from tally.lake import read_lake, read_union, union_plan
+from tests.spark.test_batch_read import arrow_rows, spark_rows
 from tests.waiting import wait_until
 
 DAYS = [datetime.date(2024, 5, 1), datetime.date(2024, 5, 2)]
@@ -96,14 +97,6 @@ def reader(spark, cluster, name, **options):
     for key, value in options.items():
         r = r.option(key, value)
     return r
-
-
-def spark_rows(df) -> list[tuple]:
-    return sorted(tuple(r) for r in df.collect())
-
-
-def arrow_rows(table: pa.Table) -> list[tuple]:
-    return sorted(tuple(r.values()) for r in table.to_pylist())
 
 
 def test_lake_read_equals_the_python_lake_read(spark, lake_cluster, lake_conn, lagging):
