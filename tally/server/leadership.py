@@ -45,6 +45,10 @@ class Leadership:
         self._cond = threading.Condition()
         self._ended: str | None = None
         self._hw = min(hosted.acknowledged, hosted.tablet.log_end_offset)
+        # Everything in this log when the epoch began may have been shown as acknowledged by
+        # the previous leader (an in-sync copy holds all it acknowledged), though this copy
+        # may have heard a lower high watermark: offsets are shown only past this point.
+        self._epoch_start = hosted.tablet.log_end_offset
 
     @property
     def tablet(self):
@@ -64,6 +68,15 @@ class Leadership:
             return end
         with self._cond:
             return self._compute()
+
+    def shown_high_watermark(self) -> int:
+        """The high watermark to show a reader: once it has reached the log end this epoch
+        began at (waiting for the followers until then), so an offset listed before a failover
+        is never followed by a lower one after it."""
+        hw = self.high_watermark()
+        if hw >= self._epoch_start:
+            return hw
+        return self.wait_replicated(self._epoch_start, writing=False)
 
     def _compute(self) -> int:
         hw = self.tablet.log_end_offset

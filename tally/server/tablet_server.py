@@ -269,7 +269,7 @@ class TabletServer:
             # new leader, just elected) waits for them: an undo or a tiering round that asked
             # for acknowledged records must get all of them, never a silently shorter range.
             lead = self.leadership(hosted)
-            visible = lead.high_watermark()
+            visible = lead.shown_high_watermark()
             if end is not None and visible < end <= hosted.tablet.log_end_offset:
                 visible = lead.wait_replicated(end, writing=False)
             end = visible if end is None else min(end, visible)
@@ -355,7 +355,7 @@ class TabletServer:
             with hosted.lock:
                 start = int(hosted.tablet.log_start_offset)
             # the end a reader, a baseline or a commit may rely on: the high watermark
-            out.append([start, max(start, int(lead.high_watermark()))])
+            out.append([start, max(start, int(lead.shown_high_watermark()))])
         return out
 
     def _no_remote_dir(self, body: dict) -> None:
