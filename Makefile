@@ -6,6 +6,7 @@ PY := $(VENV)/bin/python
 export PYSPARK_PYTHON := $(abspath $(PY))
 # The Spark sink's tests and the demo run a JVM.
 JAVA_PKG := openjdk-17-jre-headless
+TEST_WORKERS ?= 3
 
 .PHONY: demo test venv bench api-docs
 
@@ -23,11 +24,14 @@ demo:
 # The cluster tests run a real ZooKeeper: setup.sh installs Debian's package when missing (and
 # refreshes the venv), every time, so a machine that lacks it gets it. Idempotent and quick.
 # lint-imports checks the layer contracts of pyproject.toml first: a wrong arrow fails the run.
+# The suite runs in TEST_WORKERS pytest-xdist workers: most tests wait on processes (servers,
+# ZooKeeper, JVMs) more than they compute, so 3 workers keep 2 cores busy. The Spark tests run
+# on one worker, in order, sharing its one SparkSession.
 test:
 	bash scripts/setup.sh zookeeper $(JAVA_PKG)
 	touch $(VENV)/.installed
 	$(VENV)/bin/lint-imports --no-cache --no-logo
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadgroup tests
 
 bench: venv
 	$(VENV)/bin/tally bench

@@ -20,17 +20,15 @@ _names = itertools.count()
 
 @pytest.fixture(scope="module", params=METADATA_STORES)
 def cluster(request, tmp_path_factory):
-    zk, zk_server = None, None
+    zk = None
     if request.param == "zookeeper":
-        zk_server = request.getfixturevalue("zookeeper")
-        zk = zookeeper_chroot(zk_server)
+        zk = zookeeper_chroot(request.getfixturevalue("zookeeper"))
     data_dir = tmp_path_factory.mktemp(f"cluster-{request.param}")
     # A small memory budget: the buckets of every test share it, so row buffers keep being
     # flushed to RocksDB by other buckets' writes while tests write, read, undo and truncate.
     with LocalCluster(str(data_dir), tablet_servers=2, zookeeper=zk,
                       max_batch_bytes=6 << 20, memory_budget="1mb") as c:
         c.store_kind = request.param
-        c.zookeeper_server = zk_server
         yield c
 
 

@@ -13,7 +13,9 @@ import recovery
 from locks import Lease
 from merge_engine import Schema, TableDescriptor
 from tally.errors import ColumnLockConflict, LeaseLostError, UnrecoveredLockError
+from tests.conftest import zookeeper_chroot
 from tests.waiting import wait_until
+from tests.zookeeper_server import running_zookeeper
 
 
 def make_table(conn, name, buckets=2, **props):
@@ -172,17 +174,21 @@ def test_column_locks_off_means_writes_are_never_checked(conn, table_name):
     assert rows(table)[1]["a"] == 1
 
 
-def test_locks_survive_a_zookeeper_restart(cluster, table_name):
+def test_locks_survive_a_zookeeper_restart(cluster, table_name, tmp_path):
+    """A private ZooKeeper and cluster: the run's shared ZooKeeper serves other tests meanwhile."""
     if cluster.store_kind != "zookeeper":
         pytest.skip("the embedded store has no ZooKeeper to restart")
     from tally import client
+    from tally.server import LocalCluster
 
-    zk = cluster.zookeeper_server
-    with client.connect(cluster.url, retry_timeout=60) as conn:
+    with running_zookeeper(str(tmp_path / "zookeeper")) as zk, \
+            LocalCluster(str(tmp_path / "cluster"), tablet_servers=1,
+                         zookeeper=zookeeper_chroot(zk)) as private, \
+            client.connect(private.url, retry_timeout=60) as conn:
         make_table(conn, table_name)
         lease = conn.locks.acquire(table_name, "zk-survivor", ["a"], ttl=20)
         zk.stop()
-        time.sleep(1.0)
+        time.sleep(1.0)  # an outage of a second, shorter than the lease and the session
         zk.start()
         renewed = conn.locks.renew(lease)
         assert renewed.token == lease.token and renewed.initial_offsets == lease.initial_offsets
