@@ -43,3 +43,22 @@ def test_the_command_line_knows_every_benchmark():
     sizes = Sizes.scaled(rows=args.rows)
     assert sizes.undo_tables == (200_000, 800_000) and sizes.undo_batches == (200, 2_000, 20_000)
     assert sizes.spark_rows == 160_000
+
+
+def test_a_partial_run_keeps_the_other_sections_and_the_profiles(tmp_path):
+    report = tmp_path / "benchmarks.md"
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "profiles.md").write_text("### put\n\nprofile lines\n")
+    titles = {b.name: b.title for b in BENCHMARKS}
+    assert run_suite(only=["ingest", "undo"], sizes=TINY, report=str(report),
+                     command="tally bench (first)", stream=io.StringIO()) == 0
+    first = report.read_text()
+    ingest = first[first.index(f"## {titles['ingest']}"):first.index(f"## {titles['undo']}")]
+    assert run_suite(only=["undo"], sizes=TINY, report=str(report),
+                     command="tally bench (second)", stream=io.StringIO()) == 0
+    text = report.read_text()
+    assert "tally bench (second)" in text and "tally bench (first)" not in text
+    assert ingest in text  # kept as it was, before the re-measured section
+    assert text.index(f"## {titles['ingest']}") < text.index(f"## {titles['undo']}") \
+        < text.index("## Profiles")
+    assert text.count(f"## {titles['undo']}") == 1 and "profile lines" in text

@@ -224,7 +224,8 @@ def run_suite(only: list[str] | None = None, sizes: Sizes | None = None,
     if report:
         from tally.bench.report import write
 
-        files = write(report, outcomes, command, (load_start, os.getloadavg()[0]))
+        files = write(report, outcomes, command, (load_start, os.getloadavg()[0]),
+                      [b.title for b in BENCHMARKS])
         print(f"\nreport written to {files[0]} (plots: {', '.join(str(f) for f in files[1:])})",
               file=stream)
     failed = [o.benchmark.name for o in outcomes
