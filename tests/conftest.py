@@ -82,7 +82,10 @@ SPARK_TESTS = pathlib.Path(__file__).parent / "spark"
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`--dist loadgroup`), every Spark test goes to one worker: they share
     that worker's one SparkSession and one Spark test cluster, and two JVMs of Spark jobs at
-    once would only slow each other down on 2 cores. Other tests spread over all workers."""
-    for item in items:
-        if SPARK_TESTS in pathlib.Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.xdist_group("spark"))
+    once would only slow each other down on 2 cores. They come first, so the longest group
+    starts at once while the other workers share the rest."""
+    spark = [item for item in items if SPARK_TESTS in pathlib.Path(str(item.fspath)).parents]
+    for item in spark:
+        item.add_marker(pytest.mark.xdist_group("spark"))
+    ids = {id(item) for item in spark}
+    items[:] = spark + [item for item in items if id(item) not in ids]
