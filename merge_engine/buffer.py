@@ -19,6 +19,7 @@ whole, never changed in place, and a run is appended before the index points at 
 
 from __future__ import annotations
 
+import bisect
 from typing import Iterator, NamedTuple
 
 import numpy as np
@@ -81,6 +82,25 @@ class RowBuffer:
             hit = search[at] == wanted
             found[hit] = index.ids[at[hit]]
         return found
+
+    def find_one(self, key: KeyArray) -> int:
+        """find() of a single key, with a handful of numpy calls instead of a dozen."""
+        index = self._index
+        if not len(index.ids):
+            return ABSENT
+        search, wanted = _comparable(index.keys.search, key.search)
+        at = int(np.searchsorted(search, wanted[0]))
+        if at < len(search) and search[at] == wanted[0]:
+            return int(index.ids[at])
+        return ABSENT
+
+    def state(self, row_id: int) -> StateBatch:
+        """The row with this id (>= 0) as a one-row slice of its run, not a copy: a point
+        lookup's read (a `take` per column costs more than the rest of the lookup)."""
+        runs = self._runs[:]  # a run is appended before the index points at it
+        run = bisect.bisect_right(self._bases, row_id, 0, len(runs)) - 1
+        at = row_id - self._bases[run]
+        return runs[run].slice(at, at + 1)
 
     def states(self, ids: np.ndarray) -> StateBatch:
         """The rows with these ids (all >= 0), in the given order."""

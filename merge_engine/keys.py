@@ -140,6 +140,8 @@ class KeyArray:
 
 def key_array(key_columns: list[pa.Array]) -> KeyArray:
     """The encoded keys of these primary-key columns (no nulls allowed)."""
+    if len(key_columns[0]) == 1:
+        return one_key(key_columns)
     matrix = key_matrix(key_columns)
     if matrix is not None:
         return KeyArray.from_matrix(matrix)
@@ -185,3 +187,47 @@ def encode_keys(key_columns: list[pa.Array]) -> list[bytes]:
             flat, width = f.tobytes(), f.shape[1]
             parts.append([flat[i:i + width] for i in range(0, n * width, width)])
     return [b"".join(row) for row in zip(*parts)]
+
+
+def one_key(key_columns: list[pa.Array]) -> KeyArray:
+    """key_array() of a single key (a point lookup's), encoded in plain Python: numpy's
+    per-call cost is most of the work for one value. Floats take the numpy path (its NaN
+    rule); the encoding is the same bytes either way (tests compare the two)."""
+    parts, fixed = [], True
+    for column in key_columns:
+        encoded = _one_fixed(column)
+        if encoded is None:
+            t = column.type
+            if pa.types.is_floating(t) or pa.types.is_boolean(t):
+                encoded = _fixed_key_bytes(column).tobytes()
+            else:
+                encoded = _escaped(column)[0]
+                fixed = False
+        parts.append(encoded)
+    key = b"".join(parts)
+    if not fixed:
+        return KeyArray.from_bytes([key])
+    width = len(key)
+    if width <= 8:
+        return KeyArray(np.array([int.from_bytes(key.ljust(8, b"\x00"), "big")],
+                                 dtype=np.uint64), width)
+    return KeyArray(np.frombuffer(key, dtype=f"S{width}").copy(), width)
+
+
+def _one_fixed(values: pa.Array) -> bytes | None:
+    """The order-preserving bytes of a one-value integer, temporal or decimal column (as
+    `_fixed_key_bytes` makes them), or None for other types."""
+    t = values.type
+    if pa.types.is_decimal(t):
+        width = t.bit_width // 8
+        raw = bytes(memoryview(values.buffers()[1])[values.offset * width:
+                                                    (values.offset + 1) * width])[::-1]
+        return bytes([raw[0] ^ 0x80]) + raw[1:]
+    if not (pa.types.is_integer(t) or pa.types.is_temporal(t)):
+        return None
+    width = t.bit_width // 8
+    raw = memoryview(values.buffers()[1])[values.offset * width:(values.offset + 1) * width]
+    value = int.from_bytes(raw, "little")
+    if not pa.types.is_unsigned_integer(t):
+        value ^= 1 << (8 * width - 1)
+    return value.to_bytes(width, "big")

@@ -122,11 +122,11 @@ class BucketRows:
     def lookup(self, key: KeyArray) -> StateBatch | None:
         """One key's row (`key` holds one key), or None."""
         buffer = self._buffer  # one buffer for the whole read: a flush replaces it
-        found = buffer.find(key)[0]
+        found = buffer.find_one(key)
         if found == REMOVED:
             return None
         if found >= 0:
-            return buffer.states(np.array([found]))
+            return buffer.state(found)
         stored = self._store.get_rows(key.to_list())[0]
         return None if stored is None else self._codec.decode([stored])
 

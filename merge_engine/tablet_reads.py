@@ -26,10 +26,24 @@ class TabletReads:
         if not isinstance(key, dict):
             raise InvalidInputError(f"lookup takes a dict of the primary key columns, got {key!r}")
         write = prepare_write([key], self.schema, self.aggregators, keys_only=True)
-        state = self._rows.lookup(key_array(write.key_columns(self.schema)))
+        row = self.lookup_row(write.key_columns(self.schema))
+        return None if row is None else row.to_pylist()[0]
+
+    def lookup_row(self, key_columns: list[pa.Array]) -> pa.RecordBatch | None:
+        """The row of one key as a one-row batch of the tablet's schema, or None. The key is
+        one value per primary-key column, in key order, already typed like them and not null
+        (the caller checked): a point lookup's key skips the write-input validation."""
+        self._check_open()
+        state = self._rows.lookup(key_array(key_columns))
         if state is None or (self._ttl is not None and self._expired(state)[0]):
             return None
-        return self._images.visible(state).to_pylist()[0]
+        row = self._images.visible(state)
+        arrays = [c.chunk(0) if c.num_chunks == 1 else c.combine_chunks() for c in row.columns]
+        try:  # the types match but for nullability: no cast, which copies every column
+            return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            return pa.RecordBatch.from_arrays(arrays, names=row.column_names).cast(
+                self.arrow_schema)
 
     def lookup_many(self, keys, unwritten: bool = False) -> tuple[pa.Table, np.ndarray]:
         """The rows of many keys (a table or list of dicts of the primary-key columns), one row

@@ -13,6 +13,7 @@ import functools
 
 from tally.errors import NotFoundError, UnavailableError
 from tally.timestamps import iso
+from tally.wire.point_keys import PointKeys
 from tally.wire.routing import TableRouting
 
 
@@ -66,6 +67,11 @@ class TableMeta:
         """The table's aggregators, in schema order (what client-side validation uses)."""
         descriptor = self.descriptor
         return descriptor.aggregators()
+
+    @functools.cached_property
+    def point_keys(self) -> PointKeys:
+        """The table's point-lookup key encoder (its key schema's IPC message made once)."""
+        return PointKeys(self.routing)
 
     def partition_names(self) -> list[str | None]:
         return sorted(self.partitions, key=lambda p: (p is not None, p or ""))

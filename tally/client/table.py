@@ -16,9 +16,8 @@ from tally.client.bucket_writer import BucketWriter
 from tally.client.key_lookups import lookup_aligned
 from tally.client.table_scan import DEFAULT_BATCH_SIZE, TableScan
 from tally.client.writer import UpsertWriter
-from tally.errors import InvalidInputError, MissingDependencyError
+from tally.errors import MissingDependencyError
 from tally.wire.messages import FOUND_COLUMN
-from tally.wire.bucket_hash import bucket_ids
 
 
 class Table:
@@ -75,25 +74,25 @@ class Table:
         return conn.retry(attempt, refresh=self.name)
 
     def lookup(self, key: dict) -> dict | None:
-        """The row with this primary key, or None."""
-        if not isinstance(key, dict):
-            raise InvalidInputError(f"a lookup key is a dict of primary-key values, not {key!r}")
-        routing = self.routing
-        key_table = routing.key_table(key)
-        partition = routing.partition_of(key)
-        if partition is not None and not self.meta.has_partition(partition):
+        """The row with this primary key, or None. `key` holds the primary-key columns (other
+        entries are ignored); a missing or null key column, or a value its column cannot
+        take, is an InvalidInputError naming the column. Only acknowledged rows are answered
+        (see docs/reading.md)."""
+        meta = self.meta
+        keys = meta.point_keys
+        batch = keys.key_batch(key)
+        partition, bucket = keys.place(batch)
+        if partition is not None and not meta.has_partition(partition):
             if not self.connection.table_meta(self.name, refresh=True,
                                               table_id=self.table_id).has_partition(partition):
                 return None
-        bucket = int(bucket_ids(key_table, list(routing.bucket_key), routing.bucket_count)[0])
         conn = self.connection
 
-        def attempt() -> pa.Table:
+        def attempt() -> pa.Buffer:
             route = conn.route(self.name, partition, bucket, self.table_id)
-            return conn.server(route.address).lookup(route.header(), key_table)
+            return conn.server(route.address).lookup(keys.frame(route.header(), batch))
 
-        rows = conn.retry(attempt, refresh=self.name).to_pylist()
-        return rows[0] if rows else None
+        return keys.answer_row(conn.retry(attempt, refresh=self.name))
 
     def lookup_many(self, keys):
         """The rows of many keys, aligned with them: for a list of dicts a list holding each

@@ -21,11 +21,11 @@ from typing import Callable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from locks.tablet_check import TabletLocks
 from merge_engine.row_snapshot import scan_schema
 from tally.errors import InvalidInputError, InvalidOptionError, NotFoundError, StaleMetadataError
+from tally.server.key_lookups import KeyLookups
 from tally.server.periodic import PeriodicDuty
 from tally.server.replica_digest import ReplicaDigest
 from tally.server.replica_roles import ReplicaRoles
@@ -41,8 +41,8 @@ from tally.server.storage_health import StorageHealth
 from tally.server.server_identity import load_server_id
 from tally.server.tablets import HostedTablet, TabletHost, TabletKey
 from tally.wire.bucket_hash import bucket_ids
-from tally.wire.messages import (FOUND_COLUMN, MAX_SCAN_BATCH_ROWS, SCAN_OFFSET_KEY, field,
-                                 int_items, read_put, table_to_ipc)
+from tally.wire.messages import (MAX_SCAN_BATCH_ROWS, SCAN_OFFSET_KEY, field, int_items,
+                                 read_put)
 from tally.wire.routing import TableRouting, partition_names
 
 log = logging.getLogger(__name__)
@@ -115,7 +115,8 @@ class TabletServer:
         self.actions = {"offsets": self.offsets, "drop_tablets": self.drop_tablets,
                         "reopen_tablets": self.reopen_tablets,
                         "server_id": lambda body: self.server_id}
-        self.binary_actions = {"lookup": self.lookup, "lookup_many": self.lookup_many}
+        self.binary_actions: dict = {}
+        KeyLookups(self)  # adds lookup and lookup_many
         self._heartbeat = PeriodicDuty(self.send_heartbeat, heartbeat_interval, "heartbeat")
         self.locks = TabletLocks(self)
         self.retention = RetentionKeeper(self, retention_interval)
@@ -277,21 +278,6 @@ class TabletServer:
                 return hosted.tablet.changelog(min(start, end), end)
         raise InvalidInputError(f"unknown read operation {op!r}")
 
-    def lookup(self, header: dict, payload: pa.Table | None) -> bytes:
-        """The row of one key (a one-row Arrow table), as Arrow IPC with 0 or 1 row."""
-        if payload is None or payload.num_rows != 1:
-            raise InvalidInputError("a lookup carries exactly one key")
-        hosted = self.addressed(header)
-        self.check_rows(hosted, payload)
-        key = payload.to_pylist()[0]
-        lead = self.leadership(hosted)
-        with hosted.lock:
-            row = hosted.tablet.lookup(key)
-            seen = hosted.tablet.log_end_offset
-        lead.wait_replicated(seen, writing=False)
-        schema = hosted.routing.arrow_schema
-        return table_to_ipc(pa.Table.from_pylist([row] if row is not None else [], schema=schema))
-
     def scan(self, hosted: HostedTablet, header: dict) -> pa.RecordBatchReader:
         """The bucket's rows as of one changelog offset, streamed in batches: `columns` (a list
         of names, default all), `batch_size` rows at most per batch, and the hidden
@@ -319,27 +305,6 @@ class TabletServer:
         schema = schema.with_metadata({SCAN_OFFSET_KEY: str(snapshot.offset).encode()})
         return pa.RecordBatchReader.from_batches(
             schema, snapshot.batches(columns, batch_size, unwritten))
-
-    def lookup_many(self, header: dict, payload: pa.Table | None) -> bytes:
-        """The rows of up to MAX_LOOKUP_KEYS keys of one bucket, one per key in input order,
-        with the boolean column FOUND_COLUMN (false: no such key; its other cells are null)
-        and, when `unwritten` is true, the hidden `_unwritten` column, as Arrow IPC. The schema metadata holds the offset they were read at."""
-        if payload is None:
-            raise InvalidInputError("a lookup_many carries its keys as an Arrow table")
-        hosted = self.addressed(header)
-        self.check_rows(hosted, payload)
-        unwritten = field(header, "unwritten", bool, False)
-        lead = self.leadership(hosted)
-        with hosted.lock:
-            rows, present = hosted.tablet.lookup_many(payload, unwritten)
-            offset = hosted.tablet.log_end_offset
-        lead.wait_replicated(offset, writing=False)
-        found = pa.array(present, type=pa.bool_())
-        rows = pa.Table.from_arrays(
-            [pc.if_else(found, c, pa.nulls(len(found), c.type)) for c in rows.columns]
-            + [found], schema=rows.schema.append(pa.field(FOUND_COLUMN, pa.bool_(), False)))
-        return table_to_ipc(rows.replace_schema_metadata(
-            {SCAN_OFFSET_KEY: str(offset).encode()}))
 
     # --- actions ----------------------------------------------------------------------------
 

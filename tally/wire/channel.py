@@ -72,15 +72,15 @@ class FlightChannel:
             raise remote_error(e, self.address) from None
         return loads(results[0].body.to_pybytes()) if results else None
 
-    def lookup(self, header: dict, key: pa.Table) -> pa.Table:
-        """The binary `lookup` action: a framed header + key in, an Arrow table (0 or 1 row)
-        out."""
+    def lookup(self, request: bytes) -> pa.Buffer:
+        """The binary `lookup` action: a framed header + key in (tally.wire.point_keys), the
+        answer's Arrow IPC bytes (0 or 1 row) out."""
         try:
-            results = list(self._client.do_action(flight.Action("lookup", frame(header, key)),
+            results = list(self._client.do_action(flight.Action("lookup", request),
                                                   self._options))
         except (flight.FlightError, pa.ArrowException) as e:
             raise remote_error(e, self.address) from None
-        return ipc_to_table(results[0].body.to_pybytes())
+        return results[0].body
 
     def put(self, header: dict, rows: pa.Table) -> dict:
         """DoPut `rows` under `header`; the server's JSON acknowledgement."""

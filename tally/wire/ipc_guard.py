@@ -124,9 +124,45 @@ def measure_stream(data: pa.Buffer | bytes, *, max_rows: int, max_bytes: int,
     `max_bytes`."""
     source = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
     rows = decoded = 0
+    for _, _, batch_rows, batch_bytes in _measured(source, max_rows, max_bytes, what):
+        rows += batch_rows
+        decoded += batch_bytes
+    return StreamSize(rows, decoded, source.size)
+
+
+def read_stream(data: pa.Buffer | bytes, *, max_rows: int, max_bytes: int,
+                what: str) -> pa.Table:
+    """The table in the IPC stream `data`, each message measured (as by measure_stream)
+    before any is decoded, and the messages read once: a small request (a lookup's key) pays
+    for reading its stream once, not once to measure and once to decode."""
+    source = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+    schema, batches, dictionaries = None, [], False
+    for kind, message, _, _ in _measured(source, max_rows, max_bytes, what):
+        if kind == _SCHEMA:
+            if schema is not None:
+                raise _malformed("the stream holds a second schema")
+            schema = message
+        elif kind == _RECORD_BATCH:
+            batches.append(message)
+        else:
+            dictionaries = True
+    try:
+        if dictionaries:  # measured above; the stream reader resolves the dictionaries
+            return pa.ipc.open_stream(source).read_all()
+        schema = pa.ipc.read_schema(schema)
+        return pa.Table.from_batches([pa.ipc.read_record_batch(m, schema) for m in batches],
+                                     schema)
+    except (pa.ArrowException, OSError) as e:
+        raise _malformed(str(e)) from None
+
+
+def _measured(source: pa.Buffer, max_rows: int, max_bytes: int, what: str):
+    """(kind, message, rows, decoded bytes) of each message of the stream, checked against
+    the limits (the totals so far) before the next is read."""
+    rows = decoded = 0
+    first = True
     try:
         reader = pa.ipc.MessageReader.open_stream(source)
-        first = True
         while True:
             try:
                 message = reader.read_next_message()
@@ -144,6 +180,7 @@ def measure_stream(data: pa.Buffer | bytes, *, max_rows: int, max_bytes: int,
                 dictionary = root.table(2)
                 header = None if dictionary is None else dictionary.table(1)
             elif kind == _SCHEMA:
+                yield kind, message, 0, 0
                 continue
             else:
                 raise _malformed(f"unexpected message type {kind}")
@@ -160,8 +197,8 @@ def measure_stream(data: pa.Buffer | bytes, *, max_rows: int, max_bytes: int,
                 raise InvalidInputError(
                     f"{what} exceeds the server's limit of {max_bytes} bytes once decoded "
                     f"(at least {decoded:,} bytes); send smaller batches")
+            yield kind, message, batch_rows if kind == _RECORD_BATCH else 0, batch_bytes
     except (pa.ArrowException, OSError) as e:
         raise _malformed(str(e)) from None
     if first:
         raise _malformed("the stream is empty")
-    return StreamSize(rows, decoded, source.size)

@@ -33,7 +33,7 @@ import pyarrow.flight as flight
 
 from tally.errors import (AuthenticationError, ClusterError, InvalidInputError, TallyError,
                           UnavailableError, error_class)
-from tally.wire.ipc_guard import measure_stream
+from tally.wire.ipc_guard import measure_stream, read_stream
 
 AUTH_HEADER = "authorization"
 
@@ -81,7 +81,8 @@ def loads(data: bytes, max_bytes: int | None = None, what: str = "a request") ->
     if max_bytes is not None and len(data) > max_bytes:
         raise InvalidInputError(f"{what} carries {len(data):,} bytes of JSON; the limit is "
                                 f"{max_bytes:,} bytes")
-    check_json_depth(data)
+    if len(data) > MAX_JSON_DEPTH:  # a shorter text cannot open more brackets than that
+        check_json_depth(data)
     return json.loads(data.decode())
 
 
@@ -227,10 +228,9 @@ def unframe(data: bytes | pa.Buffer, what: str = "a request",
     header = loads(head, MAX_REQUEST_JSON_BYTES, what)
     if not sep:
         return header, None
-    payload = pa.py_buffer(rest)
-    measure_stream(payload, max_rows=max_rows, max_bytes=MAX_FRAMED_BYTES,
-                   what=f"the key{'s' if max_rows > 1 else ''} of {what}")
-    return header, ipc_to_table(payload)
+    return header, read_stream(pa.py_buffer(rest), max_rows=max_rows,
+                               max_bytes=MAX_FRAMED_BYTES,
+                               what=f"the key{'s' if max_rows > 1 else ''} of {what}")
 
 
 def make_ticket(header: dict, payload: pa.Table | None = None) -> flight.Ticket:

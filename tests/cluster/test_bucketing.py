@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 from tally.errors import InvalidInputError
 from tally.wire.bucket_hash import (_hash_small, bucket_ids, bucket_of_key, hash_keys,
-                                    hash_keys_vectorized)
+                                    hash_keys_vectorized, hash_one)
 
 M64 = (1 << 64) - 1
 
@@ -64,6 +64,36 @@ def test_vectorized_hash_equals_reference(rows):
     assert hash_keys(table, keys).tolist() == want
     assert hash_keys_vectorized(table, keys).tolist() == want  # numpy path
     assert _hash_small(table, keys).tolist() == want  # plain-Python path
+    assert [hash_one(table.slice(i, 1), keys) for i in range(len(rows))] == want  # one key
+
+
+ONE_KEY_TYPES = [
+    (pa.int8(), st.integers(-128, 127)), (pa.uint64(), st.integers(0, 2**64 - 1)),
+    (pa.int32(), st.integers(-2**31, 2**31 - 1)), (pa.float32(), st.floats(width=32)),
+    (pa.float64(), st.floats()), (pa.bool_(), st.booleans()), (pa.string(), st.text()),
+    (pa.large_binary(), st.binary()), (pa.binary(3), st.binary(min_size=3, max_size=3)),
+    (pa.decimal128(20, 4), st.decimals(-10**15, 10**15, places=4, allow_nan=False)),
+    (pa.decimal256(40, 2), st.decimals(-10**30, 10**30, places=2, allow_nan=False)),
+    (pa.date32(), st.dates()), (pa.date64(), st.dates()),
+    (pa.timestamp("ns"), st.datetimes(datetime.datetime(1700, 1, 1),
+                                      datetime.datetime(2200, 1, 1))),
+    (pa.time32("ms"), st.times()), (pa.duration("s"), st.timedeltas(
+        datetime.timedelta(days=-10**6), datetime.timedelta(days=10**6))),
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(ONE_KEY_TYPES), min_size=1, max_size=3).flatmap(
+    lambda types: st.tuples(st.just(types), st.tuples(*[
+        st.lists(values, min_size=3, max_size=3) for _, values in types]))))
+def test_one_key_hashes_as_every_row_does(case):
+    """A point lookup's key is hashed in plain Python straight from its buffers: the same
+    hash as the vectorised path, for every key type, sliced (an offset) or not."""
+    types, values = case
+    table = pa.table({f"c{i}": pa.array(v, t) for i, ((t, _), v) in enumerate(zip(types, values))})
+    names = table.column_names
+    assert [hash_one(table.slice(i, 1), names) for i in range(3)] == \
+        hash_keys_vectorized(table, names).tolist()
 
 
 def test_known_values_are_pinned():

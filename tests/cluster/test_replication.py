@@ -123,6 +123,27 @@ def test_kill_9_of_a_leader_loses_no_acknowledged_write(trio, conn):
     assert totals(conn, name) == expected
 
 
+def test_lookups_follow_a_killed_leader_and_answer_acknowledged_rows(trio, conn):
+    """Point lookups go to the bucket's leader only: after kill -9 of it, `lookup` and
+    `lookup_many` retry until the new leader answers, with every acknowledged write."""
+    name = make_table(conn, buckets=2)
+    keys = list(range(40))
+    write(conn, name, keys, 1, "a")
+    write(conn, name, keys, 2, "b")
+    table = conn.table(name)
+    assert [table.lookup({"k": k}) for k in keys] == \
+        [{"k": k, "total": 3, "last": "b"} for k in keys]
+    before = conn.admin.bucket_replicas(name)[(None, 0)]
+    trio.kill_tablet_server(leader_index(trio, before["leader"]))
+    assert [table.lookup({"k": k}) for k in keys] == \
+        [{"k": k, "total": 3, "last": "b"} for k in keys]
+    assert conn.admin.bucket_replicas(name)[(None, 0)]["leader"] != before["leader"]
+    write(conn, name, keys, 10, "c")
+    assert table.lookup_many([{"k": k} for k in keys]) == \
+        [{"k": k, "total": 13, "last": "c"} for k in keys]
+    assert table.lookup({"k": 99}) is None
+
+
 def test_below_min_insync_a_write_is_refused_and_not_applied(trio, conn):
     name = make_table(conn, buckets=1)
     write(conn, name, [1, 2], 5, "x")

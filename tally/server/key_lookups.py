@@ -1,0 +1,86 @@
+"""A tablet server's key lookups: the binary actions `lookup` (one key) and `lookup_many`.
+
+Both read a bucket this server leads, and both answer only what is acknowledged: the rows are
+read with the bucket's log end offset under its lock, and the answer waits until the high
+watermark reaches that offset (at once when it already has, or when the bucket has no
+followers), so no row a failover could take back is ever shown.
+
+`lookup` is the lean path: its key is checked column by column (tally.wire.point_keys), not
+through the write-input validation; the tablet reads it straight from its row buffer or
+RocksDB as Arrow; and the answer is assembled from the schema's IPC message, made once per
+schema, and the row's one record batch.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tally.errors import InvalidInputError
+from tally.wire.messages import FOUND_COLUMN, SCAN_OFFSET_KEY, field, table_to_ipc
+from tally.wire.point_keys import IPC_END, checked_key, ipc_of_batch
+
+_SCHEMA_MESSAGES = 64  # answer schemas kept (one per open bucket schema, in practice a few)
+
+
+class KeyLookups:
+    """Adds `lookup` and `lookup_many` to a TabletServer's binary actions."""
+
+    def __init__(self, server) -> None:
+        self.server = server
+        # answer schema -> (schema, its IPC message): keyed by identity, checked by identity
+        self._schema_messages: dict[int, tuple[pa.Schema, bytes]] = {}
+        server.binary_actions.update({"lookup": self.lookup, "lookup_many": self.lookup_many})
+
+    def lookup(self, header: dict, payload: pa.Table | None) -> bytes:
+        """The row of one key (a one-row Arrow table of the primary-key columns), as Arrow IPC
+        with 0 or 1 row."""
+        if payload is None or payload.num_rows != 1:
+            raise InvalidInputError("a lookup carries exactly one key")
+        server = self.server
+        hosted = server.addressed(header)
+        key = checked_key(hosted.routing, payload, hosted.key.bucket, hosted.partition,
+                          hosted.label)
+        lead = server.leadership(hosted)
+        with hosted.lock:
+            tablet = hosted.tablet
+            row = tablet.lookup_row(key)
+            seen = tablet.log_end_offset
+            schema = tablet.arrow_schema
+        lead.wait_replicated(seen, writing=False)
+        message = self._schema_message(schema)
+        return message + IPC_END if row is None else ipc_of_batch(message, row)
+
+    def _schema_message(self, schema: pa.Schema) -> bytes:
+        cached = self._schema_messages.get(id(schema))
+        if cached is not None and cached[0] is schema:
+            return cached[1]
+        if len(self._schema_messages) >= _SCHEMA_MESSAGES:
+            self._schema_messages.clear()
+        message = schema.serialize().to_pybytes()
+        self._schema_messages[id(schema)] = (schema, message)
+        return message
+
+    def lookup_many(self, header: dict, payload: pa.Table | None) -> bytes:
+        """The rows of up to MAX_LOOKUP_KEYS keys of one bucket, one per key in input order,
+        with the boolean column FOUND_COLUMN (false: no such key; its other cells are null)
+        and, when `unwritten` is true, the hidden `_unwritten` column, as Arrow IPC. The
+        schema metadata holds the offset they were read at."""
+        if payload is None:
+            raise InvalidInputError("a lookup_many carries its keys as an Arrow table")
+        server = self.server
+        hosted = server.addressed(header)
+        server.check_rows(hosted, payload)
+        unwritten = field(header, "unwritten", bool, False)
+        lead = server.leadership(hosted)
+        with hosted.lock:
+            rows, present = hosted.tablet.lookup_many(payload, unwritten)
+            offset = hosted.tablet.log_end_offset
+        lead.wait_replicated(offset, writing=False)
+        found = pa.array(present, type=pa.bool_())
+        rows = pa.Table.from_arrays(
+            [pc.if_else(found, c, pa.nulls(len(found), c.type)) for c in rows.columns]
+            + [found], schema=rows.schema.append(pa.field(FOUND_COLUMN, pa.bool_(), False)))
+        return table_to_ipc(rows.replace_schema_metadata(
+            {SCAN_OFFSET_KEY: str(offset).encode()}))
+
