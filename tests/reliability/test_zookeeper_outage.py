@@ -14,6 +14,7 @@ import shutil
 
 import pytest
 from kazoo.client import KazooClient
+from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.exceptions import ConnectionLoss
 
 from tally.errors import UnavailableError
@@ -82,9 +83,15 @@ def test_a_server_whose_session_expired_registers_again_and_is_seen_live(zookeep
 def expire_session(zookeeper, store) -> None:
     session_id, password = wait_until(lambda: store.kazoo.client_id, "the store reconnected")
     intruder = KazooClient(hosts=zookeeper.hosts, client_id=(session_id, password))
-    intruder.start(timeout=60)
-    intruder.stop()
-    intruder.close()
+    try:
+        intruder.start(timeout=60)
+    except KazooTimeoutError:
+        # on a loaded machine the 2 s session may expire before the intruder opens it, and
+        # ZooKeeper never reopens an expired session: the expiry wanted happened anyway
+        pass
+    finally:
+        intruder.stop()
+        intruder.close()
     wait_until(lambda: (store.kazoo.client_id or (session_id,))[0] != session_id,
                "the store's session replaced", every=0.1)
 
