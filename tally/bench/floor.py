@@ -11,6 +11,7 @@ reported as a share of it.
 
 from __future__ import annotations
 
+import collections
 import os
 import time
 
@@ -89,9 +90,7 @@ def ingest(path: str, workload: Workload, progress=None) -> dict:
     states, ids = aggregate(pa.Table.from_batches(batches))
     values = codec.encode(states)
     batch = WriteBatch(raw_mode=True)
-    put = batch.put
-    for key, value in zip(key_array([ids]).to_list(), values):
-        put(ROW + key, value)
+    collections.deque(map(batch.put, key_array([ids]).to_list(ROW), values), maxlen=0)
     db.write(batch, durable)
     elapsed = time.perf_counter() - started
     db.close()
@@ -107,9 +106,9 @@ def read_rows(path: str, ids: list[int]) -> dict[int, dict | None]:
     codec = _codec()
     db = open_db(path)
     try:
-        keys = key_array([pa.array(ids, pa.int64())]).to_list()
+        keys = key_array([pa.array(ids, pa.int64())]).to_list(ROW)
         found = {}
-        for key_id, raw in zip(ids, db.get([ROW + k for k in keys])):
+        for key_id, raw in zip(ids, db.get(keys)):
             if raw is None:
                 found[key_id] = None
                 continue
