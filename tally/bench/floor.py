@@ -86,17 +86,18 @@ def ingest(path: str, workload: Workload, progress=None) -> dict:
     db = open_db(path)
     durable = WriteOptions()
     durable.sync = True
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     states, ids = aggregate(pa.Table.from_batches(batches))
     values = codec.encode(states)
     batch = WriteBatch(raw_mode=True)
     collections.deque(map(batch.put, key_array([ids]).to_list(ROW), values), maxlen=0)
     db.write(batch, durable)
     elapsed = time.perf_counter() - started
+    cpu = time.process_time() - cpu_started
     db.close()
     if progress:
         progress(workload.rows)
-    return {"rows": workload.rows, "seconds": elapsed}
+    return {"rows": workload.rows, "seconds": elapsed, "cpu_seconds": cpu}
 
 
 def read_rows(path: str, ids: list[int]) -> dict[int, dict | None]:
