@@ -53,6 +53,11 @@ class Aggregator:
     written_is_state: ClassVar[bool] = False
     # Is the order between writes a sequence field's rather than arrival's (aggfuncs.sequenced)?
     sequenced: ClassVar[bool] = False
+    # Is the fold of one input state onto a cell no write has filled that state itself (a sum
+    # of one value, the max of one value, ...)? Then a write of one row per key onto such
+    # cells (new keys) skips the fold: the merger takes the states as they are. A property
+    # test proves each function that says so against the plain-Python model.
+    folds_one_as_state: ClassVar[bool] = False
 
     def __init__(self, column: str, arrow_type: pa.DataType, params: dict | None = None):
         self.column = column

@@ -31,6 +31,7 @@ class LastValueIgnoreNullsAggregator(Aggregator):
 
     function = AggFunction.LAST_VALUE_IGNORE_NULLS
     retractable = True
+    folds_one_as_state = True
 
     def step(self, acc, value, sign):
         if sign < 0:

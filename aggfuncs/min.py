@@ -15,6 +15,7 @@ class MinAggregator(Aggregator):
     function = AggFunction.MIN
     type_names = ORDERABLE_TYPE_NAMES
     accepts = staticmethod(is_orderable)
+    folds_one_as_state = True
 
     def fold(self, states: pa.Array, written: np.ndarray, segments: Segments) -> pa.Array:
         return take_or_null(states, pick_extreme(states, written, segments, largest=False))

@@ -63,6 +63,12 @@ class StringAggAggregator(Aggregator):
         return self_overlapping(self.params["delimiter"])
 
     @property
+    def folds_one_as_state(self) -> bool:
+        """One string is its own join; distinct ones drop repeated tokens, token lists are
+        lists."""
+        return not self.params["distinct"] and not self.tokenized
+
+    @property
     def state_type(self) -> pa.DataType:
         return pa.list_(self.type) if self.tokenized else self.type
 

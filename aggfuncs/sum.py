@@ -21,6 +21,7 @@ class SumAggregator(Aggregator):
     accepts = staticmethod(is_numeric)
     retractable = True
     counts_contributions = True
+    folds_one_as_state = True
 
     def fold_signed(self, states, written, segments, signs) -> pa.Array:
         """A retraction subtracts: negate the retracted values and sum as usual. Integers are

@@ -137,7 +137,10 @@ class Images:
         take_after = (kind == INSERTED) | ((kind == UPDATED) & ~first)
         index = np.where(take_after, m + key, key)
         change = np.where(kind == INSERTED, 0, np.where(kind == REMOVED, 3, np.where(first, 1, 2)))
-        images = StateBatch.concat(before, after).take(index)
+        if total == m and (outcome == INSERTED).all():
+            images = after  # only new keys: their +I images are the after states, in order
+        else:
+            images = StateBatch.concat(before, after).take(index)
         arrays = [pa.array(change.astype(np.int8))]
         arrays += [agg.values(c) for agg, c in zip(self.aggregators, images.columns)]
         arrays.append(unwritten_lists(images.written, self.value_positions, self.schema.names))

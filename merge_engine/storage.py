@@ -130,16 +130,19 @@ class TabletStore:
 
     # --- rows -------------------------------------------------------------------------------
 
-    def get_rows(self, keys: list[bytes]) -> list[bytes | None]:
-        """Stored row bytes per key (None for absent keys); keys in key order read fastest."""
-        if not keys:
+    def get_rows(self, row_keys: list[bytes]) -> list[bytes | None]:
+        """Stored row bytes per row key (ROW and the encoded key, as KeyArray.to_list(ROW)
+        makes them; None for absent keys); keys in key order read fastest."""
+        if not row_keys:
             return []
+        if len(row_keys) <= MULTI_GET_KEYS:
+            return self.db.get(row_keys)
         # In slices: one multi-get of a million keys holds every key and value in RocksDB's
         # and the binding's own copies at once (about 0.5 KB per key, measured), ten times
         # the write that asked; slices keep that transient small and cost nothing measurable.
         found: list[bytes | None] = []
-        for start in range(0, len(keys), MULTI_GET_KEYS):
-            found.extend(self.db.get([ROW + k for k in keys[start:start + MULTI_GET_KEYS]]))
+        for start in range(0, len(row_keys), MULTI_GET_KEYS):
+            found.extend(self.db.get(row_keys[start:start + MULTI_GET_KEYS]))
         return found
 
     def scan_rows(self, chunk: int = 65536) -> Iterator[list[bytes]]:

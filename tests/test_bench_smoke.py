@@ -1,4 +1,5 @@
-"""The ingest benchmark end to end on tiny sizes: it runs, and engine and naive results agree.
+"""The ingest benchmark end to end on tiny sizes: it runs, and the engine's, the floor's and
+DuckDB's tables agree with the naive loop's.
 
 Timings are never asserted here (they depend on the machine); only correctness and the shape
 of the results that `tally bench --report` renders.
@@ -26,13 +27,15 @@ def test_workload_is_deterministic_and_shaped():
 
 def test_ingest_bench_small_run_verifies(tmp_path):
     results = ingest.run(rows=20_000, keys=2_000, batch=5_000, samples=300, rss_scales=(2, 4),
-                         workdir=str(tmp_path), progress=Progress(9, stream=None))
+                         workdir=str(tmp_path), progress=Progress(13, stream=None))
     throughput = [r for r in results if r["kind"] == "throughput"]
     assert [r["case"] for r in throughput] == ["a", "b"]
     for r in throughput:
         assert r["verified"], r["problems"]
         assert r["sampled"] == 300
-        assert r["engine_rows_per_s"] > 0 and r["naive_rows_per_s"] > 0
+        for side in ("engine", "floor", "duckdb", "naive"):
+            assert r[f"{side}_rows_per_s"] > 0 and len(r[f"{side}_runs"]) == 1
+        assert r["floor_share"] > 0 and r["duckdb_ratio"] > 0
         assert r["engine_peak_rss_mb"] > 0
     assert throughput[1]["keys"] == 20_000
     rss = next(r for r in results if r["kind"] == "rss")
@@ -40,5 +43,6 @@ def test_ingest_bench_small_run_verifies(tmp_path):
     assert 0 < rss["baseline_mb"] <= rss["sizes"][0]["peak_rss_mb"]
     text = ingest.format_text(results)
     assert "(a) 20,000 rows over 2,000 keys" in text and "peak RSS" in text
-    assert ingest_markdown(results).startswith("| case | engine rows/s |")
+    assert "DuckDB 2." in text
+    assert ingest_markdown(results).startswith("| case | engine rows/s | floor rows/s |")
     assert list(tmp_path.iterdir()) == []  # the bench cleans up its data directories

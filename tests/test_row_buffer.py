@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from aggfuncs import AggFunction
 from merge_engine import KvTablet, Schema, TableDescriptor
 from merge_engine.buffer import ABSENT, REMOVED, RowBuffer
-from merge_engine.keys import KeyArray, encode_keys, group_keys, key_array
+from merge_engine.keys import KeyArray, encode_keys, group_keys, key_array, rows_as_bytes
 from merge_engine.state import StateBatch
 
 STRINGS = st.text(alphabet=st.sampled_from(["a", "b", "\x00", "é", "z"]), max_size=12)
@@ -165,3 +165,21 @@ def test_key_arrays_are_the_encoded_bytes_and_sort_like_them(columns):
     assert grouped.to_list() == sorted(set(encoded_bytes))
     assert [grouped.to_list()[g] for g in group_ids] == encoded_bytes
     assert [encoded_bytes[f] for f in firsts] == grouped.to_list()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 12).flatmap(lambda width: st.lists(
+           st.binary(min_size=width, max_size=width), max_size=20).map(lambda rows: (width, rows))),
+       st.sampled_from([b"", b"k", b"\x00ab"]))
+def test_rows_as_bytes_keep_every_byte_after_the_prefix(shape, prefix):
+    """A RocksDB key is the prefix, then every byte of the encoded key: trailing zero bytes
+    too (numpy's 'S' items would drop them), whatever the width."""
+    width, rows = shape
+    matrix = np.frombuffer(b"".join(rows), dtype=np.uint8).reshape(len(rows), width)
+    assert rows_as_bytes(matrix, prefix) == [prefix + row for row in rows]
+
+
+@settings(max_examples=100, deadline=None)
+@given(key_columns(), st.sampled_from([b"", b"k"]))
+def test_key_lists_carry_the_prefix(columns, prefix):
+    assert key_array(columns).to_list(prefix) == [prefix + k for k in encode_keys(columns)]

@@ -24,16 +24,28 @@ class AggregateRowMerger(RowMerger):
               mode: MergeMode) -> StateBatch:
         m, n = len(stored), write.rows
         input_groups = Segments(group_ids, m)
-        segments = Segments.after_stored(input_groups)
+        segments = None  # stored rows and input rows together: made when a fold needs them
         columns = list(stored.columns)
         written = stored.written.copy()
         counts = stored.counts().copy()
         signs = write.signs
+        placed = self._one_row_each(group_ids, m, n) if signs is None else None
         for i, agg in self.targets(write):
             values = self.with_sequence(agg, agg.cast_input(write.columns[agg.column]), write)
             states = agg.to_state(values) if mode is MergeMode.AGGREGATE \
                 else agg.from_merge_state(values)
             takes = self._taking_rows(agg, signs, n)
+            if placed is not None and agg.folds_one_as_state and not agg.sequenced \
+                    and not stored.written[:, i].any():
+                # One state per key onto cells no write has filled: each fold is its state.
+                columns[i] = states.cast(stored.columns[i].type)
+                if placed is not True:
+                    columns[i] = columns[i].take(placed)
+                self._settle(agg, i, columns, counts, states, takes, write, input_groups)
+                written[:, i] = True
+                continue
+            if segments is None:
+                segments = Segments.after_stored(input_groups)
             all_states = pa.concat_arrays([stored.columns[i], states.cast(stored.columns[i].type)])
             all_written = np.concatenate([stored.written[:, i], takes])
             if signs is None:
@@ -41,13 +53,28 @@ class AggregateRowMerger(RowMerger):
             else:
                 all_signs = np.concatenate([np.ones(m, dtype=np.int8), signs])
                 columns[i] = agg.fold_signed(all_states, all_written, segments, all_signs)
-            columns[i] = agg.settle(columns[i])
-            if i in self.counted:
-                columns[i] = self._count(agg, i, counts, columns[i], states, takes, write,
-                                         input_groups)
-            agg.check_cells(columns[i])
+            self._settle(agg, i, columns, counts, states, takes, write, input_groups)
             written[:, i] |= input_groups.any(takes)
         return StateBatch(columns, written, counts)
+
+    def _settle(self, agg, i, columns, counts, states, takes, write, groups) -> None:
+        """What follows column i's fold: its stored form, its contribution counts, its limits."""
+        columns[i] = agg.settle(columns[i])
+        if i in self.counted:
+            columns[i] = self._count(agg, i, counts, columns[i], states, takes, write, groups)
+        agg.check_cells(columns[i])
+
+    @staticmethod
+    def _one_row_each(group_ids: np.ndarray, m: int, n: int) -> np.ndarray | bool | None:
+        """When every key has exactly one input row: the input row of each key (True when
+        rows are in key order already); else None."""
+        if n != m:  # every key has at least one row, so n == m means one each
+            return None
+        placed = np.empty(m, dtype=np.int64)
+        placed[group_ids] = np.arange(n, dtype=np.int64)
+        if (placed == np.arange(m)).all():
+            return True
+        return pa.array(placed, type=pa.int64())
 
     @staticmethod
     def _taking_rows(agg: Aggregator, signs: np.ndarray | None, n: int) -> np.ndarray:

@@ -18,24 +18,27 @@ def ingest(path: str, workload: Workload, progress=None) -> dict:
     from merge_engine import KvTablet
 
     tablet = KvTablet.open(path, table_descriptor())
-    elapsed = 0.0
+    elapsed = cpu = 0.0
     done = 0
     end_offset = 0
     for batch in workload.batches():
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         end_offset = tablet.put(batch)
         elapsed += time.perf_counter() - started
+        cpu += time.process_time() - cpu_started
         done += batch.num_rows
         if progress:
             progress(done)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     tablet.flush()
     elapsed += time.perf_counter() - started
+    cpu += time.process_time() - cpu_started
     started = time.perf_counter()
     tablet.close()
     return {
         "rows": done,
         "seconds": elapsed,
+        "cpu_seconds": cpu,
         "close_seconds": time.perf_counter() - started,
         "log_end_offset": end_offset,
     }

@@ -1,11 +1,19 @@
-"""Ingest benchmark: KvTablet.put against a naive per-row RocksDB loop, side by side.
+"""Ingest benchmark: KvTablet.put beside its floor, DuckDB and a naive per-row loop.
 
-Cases (issue 2, section 6), both with the four-column workload of tally.bench.workload:
-  (a) `rows` rows over `keys` random keys: target >= 5x the naive loop;
-  (b) `rows` unique keys: target >= 1.2x.
-Each measurement (engine run, naive run, verification) is a fresh process. Both sides of a case
-write the same generated data; then the two results are compared on sampled keys. A last engine
-runs on tables `rss_scales` times larger than (b) show whether peak RSS grows with table size:
+Cases (issue 2, section 6; issue 22), both with the four-column workload of
+tally.bench.workload:
+  (a) `rows` rows over `keys` random keys; (b) `rows` unique keys.
+Four sides write the same generated data, each measurement in a fresh process:
+  - the engine: `KvTablet.put` of each Arrow batch (tally.bench.engine);
+  - the floor: one group-by of all the input, one write batch, one fsync (tally.bench.floor),
+    the least any store must do; the engine is reported as a share of it (target >= 50%);
+  - DuckDB: an embedded file, one transaction per batch (tally.bench.duckdb_peer; target: the
+    engine >= 2.5x DuckDB on (a), >= 2x on (b));
+  - the naive loop: per row get, unpickle, merge, pickle, put (tally.bench.naive; target: the
+    engine >= 5x on (a), >= 1.2x on (b)).
+Sides alternate within each of `repeat` rounds and each side's median counts. After every round
+the three other sides' tables are compared with the naive loop's on sampled keys. A last engine
+run on tables `rss_scales` times larger than (b) shows whether peak RSS grows with table size:
 it rises while the row buffer and RocksDB's memtables fill, then stays flat.
 
 `run()` returns a list of dicts; `format_text()` renders them (tally.bench.markdown and
@@ -24,7 +32,11 @@ from tally.bench.progress import Progress
 from tally.bench.workload import Workload
 
 MB = 1024 * 1024
-TARGETS = {"a": 5.0, "b": 1.2}
+TARGETS = {"a": 5.0, "b": 1.2}  # engine / naive
+FLOOR_SHARE = 0.5  # engine / floor, both cases
+DUCKDB_TARGETS = {"a": 2.5, "b": 2.0}  # engine / DuckDB
+SIDES = ("engine", "floor", "duckdb", "naive")
+COMPARED = ("engine", "floor", "duckdb")  # each checked against the naive loop
 
 
 def cases(rows: int, keys: int, batch: int, seed: int) -> list[tuple[str, Workload]]:
@@ -51,38 +63,49 @@ def _measure(side: str, path: Path, workload: Workload, progress: Progress, labe
     return result
 
 
-def _verify(engine_path: Path, naive_path: Path, workload: Workload, samples: int, progress: Progress) -> dict:
-    progress.step("verify engine == naive")
-    args = {
-        "engine_path": str(engine_path),
-        "naive_path": str(naive_path),
-        "workload": _workload_args(workload),
-        "samples": samples,
-    }
-    result = run_job("verify", args)
-    if result["ok"]:
-        progress.done(f"{result['sampled']:,} sampled keys agree, {result['table_rows']:,} rows")
-    else:
-        progress.done("MISMATCH: " + "; ".join(result["problems"][:3]))
-    return result
+def _verify(paths: dict[str, Path], workload: Workload, samples: int, progress: Progress) -> dict:
+    """Each compared side against the naive loop, a fresh process each; per side its result."""
+    progress.step("verify " + ", ".join(COMPARED) + " == naive")
+    checks = {}
+    for side in COMPARED:
+        checks[side] = run_job("verify", {
+            "side": side,
+            "side_path": str(paths[side]),
+            "naive_path": str(paths["naive"]),
+            "workload": _workload_args(workload),
+            "samples": samples,
+        })
+    bad = [f"{side}: {'; '.join(c['problems'][:3])}" for side, c in checks.items() if not c["ok"]]
+    first = checks[COMPARED[0]]
+    progress.done("MISMATCH " + " | ".join(bad) if bad else
+                  f"{first['sampled']:,} sampled keys agree on every side, "
+                  f"{first['table_rows']:,} rows")
+    return checks
 
 
 def run_case(case: str, workload: Workload, workdir: Path, repeat: int, samples: int,
              progress: Progress) -> dict:
-    """Engine and naive runs of one case (alternating, `repeat` times), each verified."""
-    engine_runs, naive_runs, checks = [], [], []
+    """Every side's runs of one case (alternating, `repeat` times), each round verified."""
+    runs: dict[str, list[dict]] = {side: [] for side in SIDES}
+    checks = []
     label = f"({case}) {workload.label}"
     for attempt in range(repeat):
-        engine_path = workdir / f"engine-{case}-{attempt}"
-        naive_path = workdir / f"naive-{case}-{attempt}"
-        engine_runs.append(_measure("engine", engine_path, workload, progress, label))
-        naive_runs.append(_measure("naive", naive_path, workload, progress, label))
-        checks.append(_verify(engine_path, naive_path, workload, samples, progress))
-        shutil.rmtree(engine_path, ignore_errors=True)
-        shutil.rmtree(naive_path, ignore_errors=True)
-    engine_rate = statistics.median(r["rows_per_s"] for r in engine_runs)
-    naive_rate = statistics.median(r["rows_per_s"] for r in naive_runs)
-    ratio = engine_rate / naive_rate
+        paths = {side: workdir / f"{side}-{case}-{attempt}" for side in SIDES}
+        for side in SIDES:
+            runs[side].append(_measure(side, paths[side], workload, progress, label))
+        checks.append(_verify(paths, workload, samples, progress))
+        for path in paths.values():
+            shutil.rmtree(path, ignore_errors=True)
+    rate = {side: statistics.median(r["rows_per_s"] for r in runs[side]) for side in SIDES}
+    # Rows per second of the process's CPU time (its threads included): steadier than wall
+    # time on a machine other work shares, and a check on the wall-time ratios.
+    cpu_rate = {side: statistics.median(r["rows"] / max(r["cpu_seconds"], 1e-9)
+                                        for r in runs[side]) for side in SIDES}
+    ratio = rate["engine"] / rate["naive"]
+    floor_share = rate["engine"] / rate["floor"]
+    duckdb_ratio = rate["engine"] / rate["duckdb"]
+    problems = [f"{side}: {p}" for round_checks in checks for side, c in round_checks.items()
+                for p in c["problems"]]
     return {
         "kind": "throughput",
         "case": case,
@@ -91,18 +114,26 @@ def run_case(case: str, workload: Workload, workdir: Path, repeat: int, samples:
         "keys": workload.distinct_keys,
         "batch": workload.batch,
         "repeat": repeat,
-        "engine_rows_per_s": engine_rate,
-        "naive_rows_per_s": naive_rate,
+        "engine_rows_per_s": rate["engine"],
+        "naive_rows_per_s": rate["naive"],
+        "floor_rows_per_s": rate["floor"],
+        "duckdb_rows_per_s": rate["duckdb"],
         "ratio": ratio,
         "target": TARGETS[case],
         "met": ratio >= TARGETS[case],
-        "verified": all(c["ok"] for c in checks),
-        "sampled": checks[-1]["sampled"],
-        "problems": [p for c in checks for p in c["problems"]][:10],
-        "engine_peak_rss_mb": max(r["peak_rss_mb"] for r in engine_runs),
-        "naive_peak_rss_mb": max(r["peak_rss_mb"] for r in naive_runs),
-        "engine_runs": [round(r["rows_per_s"]) for r in engine_runs],
-        "naive_runs": [round(r["rows_per_s"]) for r in naive_runs],
+        "floor_share": floor_share,
+        "floor_target": FLOOR_SHARE,
+        "floor_met": floor_share >= FLOOR_SHARE,
+        "duckdb_ratio": duckdb_ratio,
+        "duckdb_target": DUCKDB_TARGETS[case],
+        "duckdb_met": duckdb_ratio >= DUCKDB_TARGETS[case],
+        "verified": all(c["ok"] for round_checks in checks for c in round_checks.values()),
+        "sampled": checks[-1]["engine"]["sampled"],
+        "problems": problems[:10],
+        "engine_peak_rss_mb": max(r["peak_rss_mb"] for r in runs["engine"]),
+        "naive_peak_rss_mb": max(r["peak_rss_mb"] for r in runs["naive"]),
+        **{f"{side}_runs": [round(r["rows_per_s"]) for r in runs[side]] for side in SIDES},
+        "cpu_rows_per_s": cpu_rate,
     }
 
 
@@ -134,13 +165,18 @@ def run(rows: int = 1_000_000, keys: int = 100_000, batch: int = 100_000, seed: 
         repeat: int = 1, samples: int = 1000, rss_scales: tuple[int, ...] = (4, 8),
         workdir: str | None = None, progress: Progress | None = None) -> list[dict]:
     """Run the whole ingest benchmark; return one dict per case plus one for peak RSS."""
-    steps = 2 * repeat * 3 + (len(rss_scales) + 1 if rss_scales else 0)
+    steps = 2 * repeat * (len(SIDES) + 1) + (len(rss_scales) + 1 if rss_scales else 0)
     progress = progress or Progress(steps)
+    from tally.bench import duckdb_peer
+
+    duckdb_version = duckdb_peer.ensure_installed()  # before any measurement, never during one
     base = Path(tempfile.mkdtemp(prefix="tally-bench-", dir=workdir))
     try:
         results = []
         for case, workload in cases(rows, keys, batch, seed):
-            results.append(run_case(case, workload, base, repeat, samples, progress))
+            result = run_case(case, workload, base, repeat, samples, progress)
+            result["duckdb_version"] = duckdb_version
+            results.append(result)
         if rss_scales:
             unique = next(r for r in results if r["case"] == "b")
             results.append(run_rss(unique, cases(rows, keys, batch, seed)[1][1], tuple(rss_scales),
@@ -152,8 +188,14 @@ def run(rows: int = 1_000_000, keys: int = 100_000, batch: int = 100_000, seed: 
 
 # --- text rendering ---------------------------------------------------------------------------
 
-HEADERS = ["case", "engine rows/s", "naive rows/s", "ratio", "target", "verified",
-           "engine peak RSS", "naive peak RSS"]
+HEADERS = ["case", "engine rows/s", "floor rows/s", "engine / floor", "DuckDB rows/s",
+           "engine / DuckDB", "naive rows/s", "engine / naive", "verified", "engine peak RSS"]
+
+
+def _against(value: float, target: float, percent: bool = False) -> str:
+    shown = f"{value:.0%}" if percent else f"{value:.2f}x"
+    wanted = f"{target:.0%}" if percent else f"{target:g}x"
+    return f"{shown} (>= {wanted} {'met' if value >= target else 'MISSED'})"
 
 
 def table_rows(results: list[dict]) -> list[list[str]]:
@@ -166,14 +208,30 @@ def table_rows(results: list[dict]) -> list[list[str]]:
         rows.append([
             f"({r['case']}) {r['label']}",
             f"{r['engine_rows_per_s']:,.0f}",
+            f"{r['floor_rows_per_s']:,.0f}",
+            _against(r["floor_share"], r["floor_target"], percent=True),
+            f"{r['duckdb_rows_per_s']:,.0f}",
+            _against(r["duckdb_ratio"], r["duckdb_target"]),
             f"{r['naive_rows_per_s']:,.0f}",
-            f"{r['ratio']:.2f}x",
-            f">= {r['target']:g}x {'met' if r['met'] else 'MISSED'}",
+            _against(r["ratio"], r["target"]),
             verified,
             f"{r['engine_peak_rss_mb']:,.0f} MB",
-            f"{r['naive_peak_rss_mb']:,.0f} MB",
         ])
     return rows
+
+
+def versions_line(results: list[dict]) -> str | None:
+    cases = [r for r in results if r["kind"] == "throughput"]
+    if not cases:
+        return None
+    r = cases[0]
+    cpu = "; ".join(
+        f"({c['case']}) {c['cpu_rows_per_s']['engine'] / c['cpu_rows_per_s']['floor']:.0%} of "
+        f"the floor, {c['cpu_rows_per_s']['engine'] / c['cpu_rows_per_s']['duckdb']:.2f}x DuckDB"
+        for c in cases)
+    return (f"DuckDB {r.get('duckdb_version')}; every side's median of {r['repeat']} "
+            f"alternating runs; naive peak RSS {r['naive_peak_rss_mb']:,.0f} MB; the engine "
+            f"by rows per second of process CPU time: {cpu}")
 
 
 def rss_line(results: list[dict]) -> str | None:
@@ -207,8 +265,8 @@ def format_text(results: list[dict]) -> str:
         lines.append("  ".join(cells))
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
-    rss = rss_line(results)
-    if rss:
-        lines.append(rss)
+    for extra in (versions_line(results), rss_line(results)):
+        if extra:
+            lines.append(extra)
     lines.extend("verification problem: " + p for p in problems(results))
     return "\n".join(lines)

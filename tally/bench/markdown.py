@@ -21,12 +21,12 @@ def _mark(good: bool) -> str:
 
 
 def ingest(results: list[dict]) -> str:
-    from tally.bench.ingest import HEADERS, problems, rss_line, table_rows
+    from tally.bench.ingest import HEADERS, problems, rss_line, table_rows, versions_line
 
     parts = [table(HEADERS, table_rows(results))]
-    rss = rss_line(results)
-    if rss:
-        parts.append(rss[0].upper() + rss[1:] + ".")
+    for line in (versions_line(results), rss_line(results)):
+        if line:
+            parts.append(line[0].upper() + line[1:] + ".")
     found = problems(results)
     if found:
         parts.append("Verification problems:\n\n" + "\n".join(f"- {p}" for p in found))

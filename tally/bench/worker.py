@@ -41,6 +41,14 @@ def run(job: str, args: dict) -> dict:
         from tally.bench import naive
 
         return naive.ingest(args["path"], workload, report_progress)
+    if job == "floor":
+        from tally.bench import floor
+
+        return floor.ingest(args["path"], workload, report_progress)
+    if job == "duckdb":
+        from tally.bench import duckdb_peer
+
+        return duckdb_peer.ingest(args["path"], workload, report_progress)
     if job == "baseline":
         # what any engine process holds before its first put: interpreter, pyarrow, the engine's
         # code and one input batch; the rest of an engine run's peak is the engine's working set
@@ -53,7 +61,8 @@ def run(job: str, args: dict) -> dict:
     if job == "verify":
         from tally.bench import verify
 
-        return verify.verify(args["engine_path"], args["naive_path"], workload, args["samples"])
+        return verify.verify(args["side_path"], args["naive_path"], workload, args["samples"],
+                             args["side"])
     raise SystemExit(f"unknown bench job {job!r}")
 
 

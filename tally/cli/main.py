@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--rows", type=positive_int, default=1_000_000, help="input rows per case (default 1,000,000)")
     bench.add_argument("--keys", type=positive_int, default=100_000, help="distinct keys of case (a) (default 100,000)")
     bench.add_argument("--batch", type=positive_int, default=100_000, help="rows per Arrow batch (default 100,000)")
-    bench.add_argument("--repeat", type=positive_int, default=3, help="ingest runs per side, alternating engine and naive; the median counts (default 3)")
+    bench.add_argument("--repeat", type=positive_int, default=3, help="ingest runs per side, alternating the engine, the floor, DuckDB and the naive loop; the median counts (default 3)")
     bench.add_argument("--seed", type=int, default=42, help="seed of the generated data (default 42)")
     bench.add_argument("--only", action="append", type=benchmark_name, metavar="NAME", help="run only this benchmark (repeatable): ingest, cluster, undo or spark")
     bench.add_argument("--report", metavar="FILE", help="also write the results as markdown to FILE, with PNG plots in the directory beside it named like FILE (docs/benchmarks.md -> docs/benchmarks/)")
