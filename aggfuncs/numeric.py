@@ -174,36 +174,91 @@ def sum_run_breaks(values: pa.Array, runs: Segments, arrow_type: pa.DataType) ->
 
     A run folds exactly when its running sum stays between 0 and its total and the total fits
     the type: on top of any stored s, each of its steps then lies between s and s + total, the
-    two values the tablet checks. Runs where that fails are cut greedily, in Python.
+    two values the tablet checks. Runs where that fails are cut greedily: rank by rank across
+    all such runs at once in int64 (exact, as |running sums| stay below 2**62 there), long
+    runs and the rest (decimals, uint64, huge values) one row at a time with Python numbers.
     """
     breaks = np.zeros(len(values), dtype=bool)
     has = runs.lengths > 0
     if pa.types.is_decimal(arrow_type) or arrow_type == pa.uint64():
-        items = [0 if v is None else v for v in values.to_pylist()]
-        suspects = np.nonzero(has)[0]
+        _cut_exactly(values.to_pylist(), runs, np.nonzero(has)[0], arrow_type, breaks)
+        return breaks
+    wide = numeric_values(values).astype(np.int64)
+    low, high, total = runs.extremes(runs.running(wide))
+    floor, ceiling = integer_bounds(arrow_type)
+    ok = (high <= np.maximum(total, 0)) & (low >= np.minimum(total, 0))
+    ok &= (total >= floor) & (total <= ceiling)
+    bound, _ = runs.reduce(np.add, np.abs(wide.astype(np.float64)))
+    small = bound < 2.0**62  # else the int64 running sums above may have wrapped
+    suspects = has & ~(ok & small)
+    ranked = np.nonzero(suspects & small & (runs.lengths <= _RANKED_RUN))[0]
+    _cut_ranked(wide, runs, ranked, floor, ceiling, breaks)
+    rest = np.nonzero(suspects & ~(small & (runs.lengths <= _RANKED_RUN)))[0]
+    _cut_exactly(wide.tolist(), runs, rest, arrow_type, breaks)
+    return breaks
+
+
+# Runs up to this long are cut rank by rank with numpy; longer ones row by row in Python (a
+# few very long runs would otherwise cost one numpy step per row).
+_RANKED_RUN = 64
+
+
+def _cut_ranked(wide: np.ndarray, runs: Segments, groups: np.ndarray, floor: int,
+                ceiling: int, breaks: np.ndarray) -> None:
+    """The greedy cut of `_cut_exactly`, for runs whose |running sums| stay below 2**62, on
+    every run at once: step r handles the r-th row of each run still that long."""
+    if not len(groups):
+        return
+    ordered = wide[runs.order]
+    starts, lengths = runs.starts[groups], runs.lengths[groups]
+    total = ordered[starts].copy()
+    low, high = np.minimum(total, 0), np.maximum(total, 0)
+    rank = 1
+    live = lengths > rank
+    while live.any():
+        groups_at, where = np.nonzero(live)[0], starts[live] + rank
+        x = ordered[where]
+        t = total[groups_at] + x
+        cut = (high[groups_at] > np.maximum(t, 0)) | (low[groups_at] < np.minimum(t, 0)) | \
+            (t < floor) | (t > ceiling)
+        breaks[runs.order[where[cut]]] = True
+        t = np.where(cut, x, t)
+        total[groups_at] = t
+        low[groups_at] = np.minimum(np.where(cut, 0, low[groups_at]), t)
+        high[groups_at] = np.maximum(np.where(cut, 0, high[groups_at]), t)
+        rank += 1
+        live = lengths > rank
+
+
+def _cut_exactly(items: list, runs: Segments, groups, arrow_type: pa.DataType,
+                 breaks: np.ndarray) -> None:
+    """Cut each run of `groups` where its running sum, from the run's last cut, leaves the
+    range between 0 and itself or does not fit the type (Python numbers: exact for decimals,
+    uint64 and sums beyond int64)."""
+    if pa.types.is_decimal(arrow_type):
+        limit = decimal_limit(arrow_type)
+        fits_type = lambda t: -limit < t < limit  # noqa: E731
+        zero = decimal.Decimal(0)
     else:
-        wide = numeric_values(values).astype(np.int64)
-        low, high, total = runs.extremes(runs.running(wide))
-        ok = (high <= np.maximum(total, 0)) & (low >= np.minimum(total, 0))
-        ok &= (total >= integer_bounds(arrow_type)[0]) & (total <= integer_bounds(arrow_type)[1])
-        bound, _ = runs.reduce(np.add, np.abs(wide.astype(np.float64)))
-        ok &= bound < 2.0**62  # else the int64 running sums above may have wrapped
-        suspects = np.nonzero(has & ~ok)[0]
-        items = wide
-    exact = pa.types.is_decimal(arrow_type)
+        floor, ceiling = integer_bounds(arrow_type)
+        fits_type = lambda t: floor <= t <= ceiling  # noqa: E731
+        zero = 0
     with decimal.localcontext() as ctx:
         ctx.prec = 2 * 38 + 10  # decimal128 sums of a run, never rounded
-        for g in suspects:
-            rows = runs.order[runs.starts[g]:runs.starts[g] + runs.lengths[g]]
+        for g in groups:
+            rows = runs.order[runs.starts[g]:runs.starts[g] + runs.lengths[g]].tolist()
             total = low = high = 0
-            for n, i in enumerate(rows):
-                x = items[i] if exact else int(items[i])
+            first = True
+            for i in rows:
+                x = items[i]
+                if x is None:
+                    x = zero
                 t = total + x
-                if n and (high > max(t, 0) or low < min(t, 0) or not fits(t, arrow_type)):
+                if not first and (high > max(t, 0) or low < min(t, 0) or not fits_type(t)):
                     breaks[i] = True
                     t, low, high = x, 0, 0
+                first = False
                 total, low, high = t, min(low, t), max(high, t)
-    return breaks
 
 
 def each_contribution_breaks(values: pa.Array) -> np.ndarray:

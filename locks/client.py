@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 
-from locks.commits import Commit
+from locks.commits import Commit, EpochStart
 from locks.keeper import LeaseKeeper
 from locks.lease import Lease, offsets_from_json, offsets_to_json
 
@@ -83,6 +83,13 @@ class Locks:
         self.check(lease)
         return int(self._call("register_attempt", lease=lease.to_json(), bucket=bucket))
 
+    def register_attempts(self, lease: Lease, buckets) -> dict[int, int]:
+        """`register_attempt` for several buckets at once: {bucket: attempt number}."""
+        self.check(lease)
+        found = self._call("register_attempts", lease=lease.to_json(),
+                           buckets=[int(b) for b in buckets])
+        return {int(b): int(n) for b, n in found}
+
     def describe(self, table: str, include_expired: bool = False) -> list[dict]:
         return self._call("lock_describe", table=table, include_expired=include_expired)
 
@@ -111,6 +118,17 @@ class Locks:
     def epoch_baseline(self, lease: Lease, epoch: int):
         """Every bucket's end offset before `epoch`'s first write (stored on the first call)."""
         return offsets_from_json(self._call("epoch_baseline", lease=lease.to_json(), epoch=epoch))
+
+    def begin_epoch(self, lease: Lease, epoch: int, buckets) -> EpochStart:
+        """One call before an epoch's first write: a new attempt for each of `buckets` (every
+        earlier attempt of the owner on them fenced when it returns), every bucket's end offset
+        after that fencing, and the epoch's baseline (stored on the first call, as
+        `epoch_baseline`)."""
+        self.check(lease)
+        found = self._call("epoch_begin", lease=lease.to_json(), epoch=epoch,
+                           buckets=[int(b) for b in buckets])
+        return EpochStart(offsets_from_json(found["baseline"]), offsets_from_json(found["offsets"]),
+                          {int(b): int(n) for b, n in found["attempts"]})
 
     def _stop_all(self) -> None:
         with self._lock:

@@ -38,7 +38,7 @@ def baseline_path(table_id: int, owner_id: str, epoch: int) -> str:
     return join_path("commits", str(table_id), _owner_node(owner_id), "epochs", str(epoch))
 
 
-def _check_epoch(epoch) -> int:
+def check_epoch(epoch) -> int:
     if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
         raise InvalidInputError(f"An epoch is a non-negative integer (a batch id), got {epoch!r}")
     return epoch
@@ -50,6 +50,16 @@ class Commit(NamedTuple):
     epoch: int
     offsets: Offsets
     tenure: int
+
+
+class EpochStart(NamedTuple):
+    """What a writer learns before an epoch's first write (`conn.locks.begin_epoch`): the
+    epoch's baseline, every bucket's end offset once the new attempts fenced the older ones,
+    and those attempts' numbers by bucket."""
+
+    baseline: Offsets
+    offsets: Offsets
+    attempts: dict
 
 
 class CommitLog:
@@ -80,7 +90,7 @@ class CommitLog:
         Returns False for a repeat of the last committed epoch (a replay), raises for an older
         one, and raises LeaseLostError for a lease that is expired or superseded.
         """
-        epoch = _check_epoch(epoch)
+        epoch = check_epoch(epoch)
         path = commit_path(lease.table_id, lease.owner_id)
 
         def attempt() -> tuple[list[tuple], bool]:
@@ -113,7 +123,7 @@ class CommitLog:
         """The end offsets before `epoch`'s first write in this tenure: stored on the first
         call, returned unchanged by every later call of the same tenure (a replayed epoch keeps
         its original baseline). A baseline an earlier tenure left is replaced."""
-        epoch = _check_epoch(epoch)
+        epoch = check_epoch(epoch)
         record, _ = self.locks.current(lease)
         path = baseline_path(lease.table_id, lease.owner_id, epoch)
 

@@ -11,8 +11,11 @@ from __future__ import annotations
 import logging
 
 from locks import ColumnLockService, CommitLog, Lease, LockTarget, view_from_records
+from locks.commits import check_epoch
+from locks.service import check_buckets
 from locks.lease import offsets_from_json, offsets_to_json
-from tally.errors import InvalidInputError, RecoveryError, TallyError, UnavailableError
+from tally.errors import (InvalidInputError, LeaseLostError, RecoveryError, TallyError,
+                          UnavailableError)
 from tally.wire.messages import field, int_items
 
 log = logging.getLogger(__name__)
@@ -64,11 +67,14 @@ class CoordinatorLocks:
             "undo_baselines": self.undo_baselines,
             "register_attempt": lambda body: self.locks.register_attempt(
                 self.lease(body), field(body, "bucket", int)),
+            "register_attempts": lambda body: sorted(self.locks.register_attempts(
+                self.lease(body), check_buckets(field(body, "buckets", list))).items()),
             "lock_describe": self.describe,
             "lock_view": self.view_action,
             "commit": self.commit,
             "last_commit": self.last_commit,
             "epoch_baseline": self.epoch_baseline,
+            "epoch_begin": self.epoch_begin,
             "retention_floor": self.retention_floor,
         })
 
@@ -174,6 +180,28 @@ class CoordinatorLocks:
         offsets = self.commits.epoch_baseline(
             lease, field(body, "epoch", int), lambda: self.coordinator.list_offsets(lease.table))
         return offsets_to_json(offsets)
+
+    def epoch_begin(self, body: dict) -> dict:
+        """Everything a writer needs before an epoch's first write, in one call: a new attempt
+        for each of `buckets` (pushed to the tablet servers, so every earlier attempt of the
+        owner there is fenced from now on), every bucket's end offset read after that push
+        (no fenced attempt can move them any more), and the epoch's baseline, stored
+        insert-if-absent from those offsets (a replayed epoch keeps its first baseline)."""
+        lease = self.lease(body)
+        epoch = check_epoch(field(body, "epoch", int))  # every field checked before any change
+        buckets = check_buckets(field(body, "buckets", list))
+        self.locks.current(lease)  # a forged or superseded lease learns nothing more
+        last = self.commits.last_commit(lease.table_id, lease.owner_id)
+        if last is not None and last.epoch >= epoch:
+            raise LeaseLostError(
+                f"Epoch {epoch} of owner '{lease.owner_id}' on {lease.table} is committed "
+                f"already (last commit: epoch {last.epoch}): a writer of it still running is "
+                "stale and may not write")
+        attempts = self.locks.register_attempts(lease, buckets)
+        offsets = self.coordinator.list_offsets(lease.table)
+        baseline = self.commits.epoch_baseline(lease, epoch, lambda: offsets)
+        return {"baseline": offsets_to_json(baseline), "offsets": offsets_to_json(offsets),
+                "attempts": [[b, n] for b, n in sorted(attempts.items())]}
 
     def retention_floor(self, body: dict) -> dict:
         """Per bucket, the oldest offset an unreleased lock tenure still needs for undo: its

@@ -76,6 +76,17 @@ def _when(timestamp: float) -> str:
     return time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(timestamp))
 
 
+def check_buckets(buckets) -> list[int]:
+    """At least one bucket, each a non-negative integer (JSON's true is no bucket)."""
+    buckets = list(buckets)
+    for bucket in buckets:
+        if not isinstance(bucket, int) or isinstance(bucket, bool) or bucket < 0:
+            raise InvalidInputError(f"A bucket is a non-negative integer, got {bucket!r}")
+    if not buckets:
+        raise InvalidInputError("register attempts for at least one bucket")
+    return buckets
+
+
 def guard_path(table_id: int) -> str:
     return join_path("locks", str(table_id))
 
@@ -361,20 +372,24 @@ class ColumnLockService:
     def register_attempt(self, lease: Lease, bucket: int) -> int:
         """A new attempt number for the owner's writes to `bucket` (of every partition): once
         this returns, tablet servers reject the owner's writes there from older attempts."""
-        if not isinstance(bucket, int) or bucket < 0:
-            raise InvalidInputError(f"A bucket is a non-negative integer, got {bucket!r}")
+        return self.register_attempts(lease, [bucket])[bucket]
 
-        def attempt() -> tuple[list[tuple], int]:
+    def register_attempts(self, lease: Lease, buckets) -> dict[int, int]:
+        """`register_attempt` for several buckets in one metadata transaction and one push of
+        the lock view: {bucket: its new attempt number}."""
+        buckets = check_buckets(buckets)
+
+        def attempt() -> tuple[list[tuple], dict[int, int]]:
             record, version = self.current(lease)
-            number = record.attempts.get(bucket, 0) + 1
-            updated = dataclasses.replace(record, attempts={**record.attempts, bucket: number})
+            numbers = {b: record.attempts.get(b, 0) + 1 for b in buckets}
+            updated = dataclasses.replace(record, attempts={**record.attempts, **numbers})
             return [("set", lock_path(lease.table_id, lease.owner_id), updated.to_json(),
-                     version)], number
+                     version)], numbers
 
-        number = self.store.transact(attempt, what=f"the lock of owner '{lease.owner_id}'",
-                                     doing=f"register an attempt on {lease.table}")
+        numbers = self.store.transact(attempt, what=f"the lock of owner '{lease.owner_id}'",
+                                      doing=f"register attempts on {lease.table}")
         self.on_change(lease.table_id)
-        return number
+        return numbers
 
     def release(self, lease: Lease) -> bool:
         """Drop the lock if `lease` is still its newest token; a superseded lease does nothing,

@@ -112,7 +112,8 @@ class FunnelDelivery:
         for bucket in range(plan.bucket_count):
             folded = by_bucket.get(bucket)
             count = 0 if folded is None else folded.num_rows
-            reports.append(write_bucket(conn, plan, epoch, bucket, folded, mode, rows=count))
+            reports.append(write_bucket(conn, plan, epoch, bucket, folded, mode, rows=count,
+                                        registered=True))
         return reports
 
 

@@ -12,9 +12,13 @@ tenure) and undoes everything the owner wrote in that tenure since its last comm
 (`recovery.recover`). Then, for each epoch (a micro-batch id, or a batch write's epoch):
 
 1. skip it when the owner's last commit is at or past it: the batch finished before a crash
-   that came before Spark recorded it;
-2. fetch the epoch baseline, stored insert-if-absent before any write of the epoch, so a
-   replayed epoch keeps the offsets it had before its first run;
+   that came before Spark recorded it (asked of the coordinator once per run; after that the
+   run knows, since only the lease holder commits and a fenced run can neither write nor
+   commit);
+2. begin the epoch in one coordinator call: a new attempt for every bucket (fencing every
+   earlier attempt of the owner), the end offsets after that, and the epoch baseline, stored
+   insert-if-absent before any write of the epoch, so a replayed epoch keeps the offsets it had
+   before its first run;
 3. deliver the rows: every bucket goes through the per-bucket step (register an attempt, undo
    to the baseline, write, report its end offsets);
 4. check that every bucket was visited by exactly one step, then commit the epoch with the
@@ -87,6 +91,9 @@ class WriterRun:
         self.dirty = False
         self.epochs: list[EpochResult] = []
         self._epoch_lock = threading.Lock()
+        # The owner's last committed epoch as this run knows it: asked once, then updated by
+        # the run's own commits (None: not asked yet; see step 1 of the module docstring).
+        self._committed: tuple[int | None] | None = None
 
     @classmethod
     def connect(cls, options: SinkOptions, plan: WritePlan | None, owner_of, *,
@@ -116,6 +123,11 @@ class WriterRun:
         last = remote.last_commit(self.conn, self.plan.table, self.owner_id)
         return None if last is None else int(last[0])
 
+    def _known_commit(self) -> int | None:
+        if self._committed is None:
+            self._committed = (self.last_committed(),)
+        return self._committed[0]
+
     def batch_epoch(self) -> int:
         """A batch write's epoch: the `epoch` option, else the one after the last commit."""
         if self.options.epoch is not None:
@@ -129,16 +141,18 @@ class WriterRun:
 
     def _write_epoch(self, epoch: int, label: str, deliver: Delivery) -> EpochResult:
         started = time.monotonic()
-        committed = self.last_committed()
+        committed = self._known_commit()
         if committed is not None and committed >= epoch:
             log.info("tally sink %s: %s already committed (last commit %s); skipped",
                      self.owner_id, label, committed)
             result = EpochResult(epoch, skipped=True)
             self.epochs.append(result)
             return result
-        baseline = dict(remote.epoch_baseline(self.conn, self.lease, epoch))
+        start = remote.begin_epoch(self.conn, self.lease, epoch, range(self.plan.bucket_count))
+        baseline = dict(start.baseline)
         context = EpochContext(self.options.url, self.options.token, self.lease, epoch,
-                               baseline, self.options.fail_hook, self.options.tls)
+                               baseline, self.options.fail_hook, self.options.tls,
+                               attempts=dict(start.attempts), offsets=dict(start.offsets))
         self.dirty = True
         try:
             reports = deliver(self.conn, self.plan, context, label)
@@ -150,6 +164,7 @@ class WriterRun:
         except Exception as failure:
             if not self._commit_landed(epoch, label, failure):
                 raise self._roll_back(epoch, baseline, label, failure) from failure
+        self._committed = (epoch,)
         self.dirty = False
         result.seconds = time.monotonic() - started
         self.epochs.append(result)
@@ -190,8 +205,7 @@ class WriterRun:
         try:
             # Every bucket gets a new attempt first, not only those written so far: a task of
             # the failed job that is still running must not write after the rollback.
-            for bucket in range(self.plan.bucket_count):
-                remote.register_attempt(self.conn, self.lease, bucket)
+            remote.register_attempts(self.conn, self.lease, range(self.plan.bucket_count))
             undone = remote.undo_since(self.conn, self.plan.table, self.lease, baseline,
                                        self.plan.writer_target)
         except Exception as undo_error:

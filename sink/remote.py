@@ -64,6 +64,13 @@ def epoch_baseline(conn, lease, epoch: int) -> dict:
     return conn.locks.epoch_baseline(lease, epoch)
 
 
+def begin_epoch(conn, lease, epoch: int, buckets):
+    """One call: a new attempt for each of `buckets` (fencing the owner's earlier attempts on
+    them), every bucket's end offsets after that, and the epoch's baseline (stored on the
+    first call): `locks.commits.EpochStart`. Refused for an epoch the owner committed."""
+    return conn.locks.begin_epoch(lease, epoch, buckets)
+
+
 def commit(conn, lease, epoch: int, offsets: dict) -> bool:
     return conn.locks.commit(lease, epoch, offsets)
 
@@ -96,6 +103,11 @@ def register_attempt(conn, lease, bucket: int) -> int:
     attempt, so an executor that lost contact but still runs cannot write after this one's
     undo. Returns the attempt's number, carried by its undo and its writes."""
     return conn.locks.register_attempt(lease, bucket)
+
+
+def register_attempts(conn, lease, buckets) -> dict:
+    """`register_attempt` for several buckets in one call: {bucket: attempt number}."""
+    return conn.locks.register_attempts(lease, buckets)
 
 
 def undo_bucket(table, bucket: int, baseline: int, partition, target_columns, lease, attempt):

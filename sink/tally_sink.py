@@ -125,10 +125,16 @@ class TallySink:
         return SparkSession.builder.getOrCreate()
 
     def query_ended(self, query_id: str, run_id: str) -> None:
+        """End the query run's WriterRun; it stays in `owner_ids()` until its lock is
+        released (or left to expire)."""
         with self._lock:
-            run = self._runs.pop((query_id, run_id), None)
+            run = self._runs.get((query_id, run_id))
         if run is not None:
-            run.end()
+            try:
+                run.end()
+            finally:
+                with self._lock:
+                    self._runs.pop((query_id, run_id), None)
 
     def owner_ids(self) -> list[str]:
         with self._lock:

@@ -4,9 +4,11 @@
 of a bucket (TallySink: `BucketTask`, task i owns bucket i in every partition of the table)
 or the data source's commit process (sink.funnel, one bucket after another). For bucket b:
 
-1. register a new task attempt for b, so tablet servers reject, from now on, the owner's writes
+1. take a new task attempt for b, so tablet servers reject, from now on, the owner's writes
    to b from any earlier attempt still running (an executor that lost contact, a task of a run
-   that failed);
+   that failed), together with the end offsets read once that fencing holds: one coordinator
+   call (`begin_epoch` for b). A delivery that runs in one process and visits each bucket once
+   uses the attempts its driver registered for every bucket when the epoch began instead;
 2. undo every (partition, b) whose end offset is past the epoch baseline: writes of an earlier
    attempt, or of an earlier run of this epoch before a crash. This runs whether or not there
    are rows to write, so a replay with other data still cleans up;
@@ -60,6 +62,11 @@ class EpochContext:
     baseline: dict                 # {(partition, bucket): end offset before the epoch}
     fail_hook: str | None = None   # tests only: "module:function" called after half the rows
     tls: object = None             # tally.wire.tls.TlsFiles of a grpc+tls:// cluster
+    # The attempts the driver registered when the epoch began ({bucket: number}), and every
+    # bucket's end offsets read after that registration fenced all earlier attempts: for a
+    # delivery that visits each bucket once in the driver's process (see `write_bucket`).
+    attempts: dict = dataclasses.field(default_factory=dict)
+    offsets: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -108,20 +115,25 @@ def fold_rows(data: pa.Table, plan: WritePlan) -> tuple[pa.Table, MergeMode]:
 
 def write_bucket(conn, plan: WritePlan, epoch: EpochContext, bucket: int,
                  folded: pa.Table | None, mode: MergeMode, *, rows: int = 0,
-                 attempt_number: int = 0) -> BucketReport:
-    """The per-bucket step (see the module docstring): register an attempt, undo the bucket to
-    the epoch baseline, write `folded` under that attempt, report the end offsets."""
+                 attempt_number: int = 0, registered: bool = False) -> BucketReport:
+    """The per-bucket step (see the module docstring): take an attempt, undo the bucket to
+    the epoch baseline, write `folded` under that attempt, report the end offsets.
+
+    `registered`: use the attempt the epoch's start registered for the bucket. Only for the
+    driver's own delivery, where this call is the bucket's only step in this run of the
+    epoch: a Spark task never knows that (a resubmitted stage runs attempt 0 again while the
+    first may still run), so it registers its own."""
     started = time.monotonic()
-    table = conn.table(plan.table)
-    if table.table_id != plan.table_id:
-        raise RecoveryError(
-            f"Table {plan.table} was dropped and re-created while the job ran "
-            f"(table id {plan.table_id}, now {table.table_id}); nothing written")
+    table = table_handle(conn, plan)
     lease = epoch.lease
-    attempt = remote.register_attempt(conn, lease, bucket)
+    if registered and bucket in epoch.attempts:
+        attempt, offsets = epoch.attempts[bucket], epoch.offsets
+    else:
+        start = remote.begin_epoch(conn, lease, epoch.epoch, [bucket])
+        attempt, offsets = start.attempts[bucket], start.offsets
     ends: dict = {}
     undone = 0
-    for (partition, b), end in table.list_offsets().items():
+    for (partition, b), end in offsets.items():
         baseline = epoch.baseline.get((partition, b), 0)
         if b == bucket and end > baseline:
             result = remote.undo_bucket(table, b, baseline, partition, plan.writer_target,
@@ -135,6 +147,21 @@ def write_bucket(conn, plan: WritePlan, epoch: EpochContext, bucket: int,
         ends.update(_write(writer, folded, plan, epoch, attempt_number, bucket))
     return BucketReport(bucket, ends, rows, keys, undone, attempt_number,
                         time.monotonic() - started)
+
+
+def table_handle(conn, plan: WritePlan):
+    """A handle on the plan's table, from the connection's cached metadata (no round trip for
+    a connection a worker reuses); RecoveryError when the name now belongs to another table.
+    Its writes carry the table id, so one dropped later is refused by the tablet servers."""
+    from tally.client.table import Table
+
+    if conn.table_meta(plan.table).table_id != plan.table_id and \
+            conn.table_meta(plan.table, refresh=True).table_id != plan.table_id:
+        raise RecoveryError(
+            f"Table {plan.table} was dropped and re-created while the job ran "
+            f"(table id {plan.table_id}, now {conn.table_meta(plan.table).table_id}); "
+            "nothing written")
+    return Table(conn, plan.table, plan.table_id)
 
 
 def _write(writer, folded: pa.Table, plan: WritePlan, epoch: EpochContext,

@@ -62,3 +62,32 @@ def test_a_partial_run_keeps_the_other_sections_and_the_profiles(tmp_path):
     assert text.index(f"## {titles['ingest']}") < text.index(f"## {titles['undo']}") \
         < text.index("## Profiles")
     assert text.count(f"## {titles['undo']}") == 1 and "profile lines" in text
+
+
+def test_the_spark_renderers_show_every_leg_the_latency_and_the_targets(tmp_path):
+    """The Spark benchmark's text, markdown and plot from a result of its shape (running it
+    needs a JVM and PostgreSQL; its numbers here are made up and never checked)."""
+    from tally.bench import charts, markdown, spark
+
+    legs = [{"system": name, "seconds": s, "round_seconds": [s, s], "verified": True,
+             "rows": 8_000, "rows_per_s": 8_000 / s}
+            for name, s in [("tally", 1.0), ("postgresql", 3.0), ("pypaimon", 6.0),
+                            ("no-op shape", 0.8)]]
+    latency = {"batches": 10, "rows_per_batch": 1_000, "rounds": 2, "skipped": 3,
+               "legs": {"tally": {"count": 14, "median_ms": 150.0, "p90_ms": 180.0,
+                                  "millis": [150.0] * 14},
+                        "no-op foreachBatch": {"count": 14, "median_ms": 120.0, "p90_ms": 130.0,
+                                               "millis": [120.0] * 14}},
+               "ratio": 1.25, "target_ratio": 1.5, "visible": True}
+    result = {"benchmark": "spark", "rows": 8_000, "keys": 100, "micro_batches": 4, "rounds": 2,
+              "legs": legs, "tally_over": {"postgresql": 3.0, "pypaimon": 6.0},
+              "tally_share_of_noop": 0.8, "targets": dict(spark.TARGETS), "latency": latency,
+              "ok": True}
+    text = spark.format_text(result)
+    assert "no-op shape" in text and "no-op foreachBatch" in text and "1.25x" in text
+    page = markdown.spark(result)
+    assert "Tally / postgresql >= 2.5x: 3.00x, met" in page
+    assert "Tally / pypaimon >= 5x: 6.00x, met" in page and "| tally | 150 | 180 | 14 |" in page
+    assert "within 1.5x a no-op foreachBatch: 1.25x, met" in page
+    png = charts.spark(result, tmp_path)[0]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -123,13 +123,26 @@ def undo(results: list[dict], directory: Path) -> list[Path]:
 
 
 def spark(result: dict, directory: Path) -> list[Path]:
-    """Rows/s of the same Spark streaming job into each system."""
+    """Rows/s of the same Spark streaming job into each system (and of the no-op shape); next
+    to it, when measured, the per-batch times of 1,000-row micro-batches."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    latency = result.get("latency")
+    fig, axes = plt.subplots(1, 2 if latency else 1, figsize=(10.4 if latency else 6.4, 3.6))
+    ax = axes[0] if latency else axes
     legs = result["legs"]
+    colors = ["tab:blue" if leg["system"] == "tally" else
+              "lightgray" if leg["system"] == "no-op shape" else "tab:gray" for leg in legs]
     _rate_bars(ax, [leg["system"] for leg in legs], [leg["rows_per_s"] for leg in legs],
-               ["tab:blue"] + ["tab:gray"] * (len(legs) - 1), "source rows/s")
+               colors, "source rows/s")
     ax.set_title("Spark streaming aggregation into each system")
+    if latency:
+        right = axes[1]
+        names = list(latency["legs"])
+        right.boxplot([latency["legs"][n]["millis"] for n in names], showfliers=False)
+        right.set_xticks(range(1, len(names) + 1), names)
+        right.set_ylabel("ms per micro-batch (triggerExecution)")
+        right.set_title(f"{latency['rows_per_batch']:,}-row micro-batches: "
+                        f"{latency['ratio']:.2f}x (target <= {latency['target_ratio']:g}x)")
     return [_save(fig, directory / "spark.png")]
 
 

@@ -82,20 +82,36 @@ def undo(results: list[dict]) -> str:
 
 
 def spark(result: dict) -> str:
+    from tally.bench.spark import target_lines
+
     rows = [[leg["system"], f"{leg['rows_per_s']:,.0f}", f"{leg['seconds']:.1f}",
              " / ".join(f"{s:.1f}" for s in leg["round_seconds"]),
              "yes" if leg["verified"] else "NO"] for leg in result["legs"]]
     ratios = ", ".join(f"Tally / {system}: **{ratio:.2f}x**"
                        for system, ratio in result["tally_over"].items())
-    target = result["target_vs_postgresql"]
-    pg = result["tally_over"].get("postgresql", 0.0)
-    return "\n\n".join([
+    parts = [
         f"{result['rows']:,} source rows over {result['keys']:,} keys in "
         f"{result['micro_batches']} micro-batches (sum per key); after an untimed warm-up "
-        f"round, {result['rounds']} timed rounds in rotated leg order, each leg's median counts.",
+        f"round, {result['rounds']} timed rounds in rotated leg order, each leg's median counts. "
+        "The no-op shape is TallySink's task shape (mapInArrow, shuffle, mapInArrow) with no "
+        "store behind it.",
         table(["sink", "rows/s", "median seconds", "rounds (s)", "verified"], rows),
-        f"{ratios}. Target >= {target:g}x PostgreSQL: {_mark(pg >= target)}.",
-    ])
+        f"{ratios}; Tally / the no-op shape: {result['tally_share_of_noop']:.2f}x.",
+    ]
+    latency = result.get("latency")
+    if latency:
+        parts.append(
+            f"Latency: micro-batches of {latency['rows_per_batch']:,} rows, one file each, "
+            f"{latency['batches']} per query (the first {latency['skipped']} left out), "
+            f"{latency['rounds']} alternating rounds; a batch's time is Spark's "
+            "`triggerExecution`. The Tally batch ends with a point lookup of one of its keys, "
+            "which must read the key's new totals (every batch visible: "
+            f"{'yes' if latency['visible'] else 'NO'}).")
+        parts.append(table(["query", "median ms", "p90 ms", "batches"], [
+            [name, f"{leg['median_ms']:.0f}", f"{leg['p90_ms']:.0f}", str(leg["count"])]
+            for name, leg in latency["legs"].items()]))
+    parts.append("Targets: " + "; ".join(target_lines(result)) + ".")
+    return "\n\n".join(parts)
 
 
 def spark_read(result: dict) -> str:

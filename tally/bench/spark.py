@@ -11,10 +11,13 @@ micro-batch, availableNow) aggregates `k` -> sum(v), sum(c) into:
   each partition folded per key in Python, then psycopg `executemany` of INSERT ... ON CONFLICT
   (k) DO UPDATE SET v = t.v + EXCLUDED.v, in key order (no deadlocks between partitions);
 - a pypaimon primary-key table with `merge-engine=aggregation` (sum): foreachBatch collects the
-  batch as Arrow and writes + commits it (pypaimon has no Spark writer; its merge happens on read).
+  batch as Arrow and writes + commits it (pypaimon has no Spark writer; its merge happens on read);
+- nothing: a no-op job of the shape TallySink's tasks run (mapInArrow, repartitionById shuffle,
+  mapInArrow, collect), the cost of that shape alone, with no store behind it.
 
-All three are verified against a plain-Python fold. `run()` returns the structured result for
-`tally bench`; rows/s are source rows over the streaming query's wall time (start to end).
+The three stores are verified against a plain-Python fold. Then the latency of small micro-batches
+(tally.bench.spark_latency). `run()` returns the structured result for `tally bench`; rows/s are
+source rows over the streaming query's wall time (start to end).
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ import importlib
 import importlib.metadata
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import statistics
@@ -35,10 +37,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tally.bench import spark_latency
+from tally.bench.private_postgres import PrivatePostgres
 from tally.bench.progress import Progress
-
-PG_BIN = "/usr/lib/postgresql/15/bin"
-
 
 # --- setup -----------------------------------------------------------------------------------
 
@@ -61,48 +62,6 @@ def ensure_python_packages() -> None:
         if pa.__version__ != importlib.metadata.version("pyarrow"):
             _pip(f"pyarrow=={pa.__version__}")
     importlib.invalidate_caches()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class PrivatePostgres:
-    """A throwaway PostgreSQL server: installed from Debian when missing, initdb'd in a temp dir
-    owned by `postgres` (root may not run it), on a free loopback port; stopped and removed."""
-
-    def __init__(self):
-        if not os.path.exists(os.path.join(PG_BIN, "pg_ctl")):
-            subprocess.run(["apt-get", "update", "-qq"], check=True)
-            subprocess.run(["apt-get", "install", "-y", "-qq", "postgresql"], check=True,
-                           env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
-        self.dir = tempfile.mkdtemp(prefix="tally-bench-pg-")
-        self.port = free_port()
-        self.as_postgres = ["runuser", "-u", "postgres", "--"] if os.getuid() == 0 else []
-        if self.as_postgres:
-            shutil.chown(self.dir, "postgres", "postgres")
-
-    def __enter__(self) -> "PrivatePostgres":
-        data = os.path.join(self.dir, "data")
-        run = lambda *a: subprocess.run([*self.as_postgres, *a], check=True,  # noqa: E731
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        run(f"{PG_BIN}/initdb", "-D", data, "-A", "trust", "-U", "postgres")
-        run(f"{PG_BIN}/pg_ctl", "-D", data, "-w", "-l", os.path.join(self.dir, "log"),
-            "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 "
-                  "-c fsync=off -c synchronous_commit=off", "start")
-        self.data = data
-        return self
-
-    @property
-    def dsn(self) -> str:
-        return f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres"
-
-    def __exit__(self, *exc) -> None:
-        subprocess.run([*self.as_postgres, f"{PG_BIN}/pg_ctl", "-D", self.data, "-m", "immediate",
-                        "stop"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 # --- workload --------------------------------------------------------------------------------
@@ -157,7 +116,48 @@ def run_tally(spark, source, per_batch, work, buckets, expected) -> dict:
         with client.connect(cluster.url) as conn:
             got = {r["k"]: (r["v"], r["c"]) for r in conn.table("bench.totals").to_arrow()
                    .to_pylist()}
+        spark_latency.wait_for_release(sink)
     return {"system": "tally", "seconds": seconds, "verified": got == expected}
+
+
+class _NoWrite:
+    """The no-op leg's per-bucket step: consumes the bucket's rows, answers one row."""
+
+    def __call__(self, batches):
+        rows = sum(batch.num_rows for batch in batches)
+        yield pa.RecordBatch.from_pydict({"rows": [rows]})
+
+
+class _NoAssign:
+    """The no-op leg's first stage: a bucket column (the key modulo the partition count)."""
+
+    def __init__(self, buckets: int):
+        self.buckets = buckets
+
+    def __call__(self, batches):
+        for batch in batches:
+            keys = batch.column(0).to_numpy(zero_copy_only=False)
+            yield batch.append_column("bucket", pa.array((keys % self.buckets).astype(np.int32)))
+
+
+def noop_shape(df, buckets: int) -> int:
+    """TallySink's task shape with nothing behind it: mapInArrow adding a bucket column,
+    repartitionById into one partition per bucket, mapInArrow, collect (one action)."""
+    assigned = df.mapInArrow(_NoAssign(buckets), "k long, v long, c long, bucket int")
+    rows = assigned.repartitionById(buckets, "bucket").mapInArrow(_NoWrite(), "rows long") \
+        .collect()
+    return sum(r["rows"] for r in rows)
+
+
+def run_noop(spark, source, per_batch, work, buckets, expected) -> dict:
+    seen = []
+    query = (_stream(spark, source, per_batch).writeStream
+             .foreachBatch(lambda df, _: seen.append(noop_shape(df, buckets)))
+             .option("checkpointLocation", os.path.join(work, "ck-noop"))
+             .trigger(availableNow=True).start())
+    seconds = _timed(query)
+    rows = sum(count for _, count in expected.values())
+    return {"system": "no-op shape", "seconds": seconds, "verified": sum(seen) == rows}
 
 
 def _pg_partition(dsn: str):
@@ -235,7 +235,9 @@ LEGS = {  # system -> leg(spark, source, per_batch, work, buckets, expected)
     "postgresql": lambda spark, source, per_batch, work, _buckets, expected:
         run_postgres(spark, source, per_batch, work, expected),
     "pypaimon": run_paimon,
+    "no-op shape": run_noop,
 }
+STORES = ("tally", "postgresql", "pypaimon")  # the legs Tally is compared with (and itself)
 
 
 def run_leg(system: str, spark, source, per_batch, work, buckets, expected) -> dict:
@@ -254,8 +256,10 @@ def rotated(round_number: int) -> list[str]:
 # --- driver ----------------------------------------------------------------------------------
 
 def run(rows: int = 800_000, keys: int = 20_000, files: int = 8, per_batch: int = 2,
-        buckets: int = 4, seed: int = 7, master: str = "local[2]", rounds: int = 3) -> dict:
-    """Run the three legs in one SparkSession; rows/s and ratios (Tally over the others).
+        buckets: int = 4, seed: int = 7, master: str = "local[2]", rounds: int = 3,
+        latency_batches: int = 40) -> dict:
+    """Run the legs in one SparkSession; rows/s and ratios (Tally over the others), then the
+    small-batch latency (tally.bench.spark_latency, `latency_batches` per query; 0 skips it).
 
     One untimed warm-up round at full size (Spark's JIT keeps speeding up well past a small
     job: a leg's first full-size run was measured up to 40% slower than its second), then
@@ -271,7 +275,7 @@ def run(rows: int = 800_000, keys: int = 20_000, files: int = 8, per_batch: int 
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     runs: dict[str, list[dict]] = {name: [] for name in LEGS}
-    progress = Progress(len(LEGS) * (1 + rounds))
+    progress = Progress(len(LEGS) * (1 + rounds) + (1 if latency_batches else 0))
     try:
         source = os.path.join(work, "source")
         expected = make_source(source, rows, keys, files, seed)
@@ -287,6 +291,12 @@ def run(rows: int = 800_000, keys: int = 20_000, files: int = 8, per_batch: int 
                               os.path.join(work, f"r{round_number}-{name}"), buckets, expected)
                 runs[name].append(leg)
                 progress.done(f"{(rows // files) * files / leg['seconds']:,.0f} rows/s")
+        latency = None
+        if latency_batches:
+            progress.step("latency of 1,000-row micro-batches")
+            latency = spark_latency.run(spark, work, batches=latency_batches, keys=keys,
+                                        buckets=buckets)
+            progress.done(f"tally / no-op {latency['ratio']:.2f}x")
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -300,10 +310,34 @@ def run(rows: int = 800_000, keys: int = 20_000, files: int = 8, per_batch: int 
         leg["rows"] = total
         leg["rows_per_s"] = total / leg["seconds"]
     tally = legs[0]["rows_per_s"]
-    ratios = {leg["system"]: tally / leg["rows_per_s"] for leg in legs[1:]}
+    ratios = {leg["system"]: tally / leg["rows_per_s"] for leg in legs[1:]
+              if leg["system"] in STORES}
+    noop = next(leg for leg in legs if leg["system"] == "no-op shape")
     return {"benchmark": "spark", "rows": total, "keys": keys, "micro_batches": files // per_batch,
-            "rounds": rounds, "legs": legs, "tally_over": ratios, "target_vs_postgresql": 2.0,
-            "ok": all(leg["verified"] for leg in legs)}
+            "rounds": rounds, "legs": legs, "tally_over": ratios,
+            "tally_share_of_noop": tally / noop["rows_per_s"],
+            "targets": dict(TARGETS), "latency": latency,
+            "ok": all(leg["verified"] for leg in legs)
+            and (latency is None or latency["visible"])}
+
+
+# Tally's rows/s over each store's, at least (issue 22).
+TARGETS = {"postgresql": 2.5, "pypaimon": 5.0}
+
+
+def target_lines(outcome: dict) -> list[str]:
+    """One line per target: the ratio, the target, met or MISSED."""
+    lines = []
+    for system, target in outcome["targets"].items():
+        ratio = outcome["tally_over"].get(system, 0.0)
+        lines.append(f"Tally / {system} >= {target:g}x: {ratio:.2f}x, "
+                     f"{'met' if ratio >= target else 'MISSED'}")
+    latency = outcome.get("latency")
+    if latency:
+        lines.append(f"1,000-row micro-batch visible within {latency['target_ratio']:g}x a no-op "
+                     f"foreachBatch: {latency['ratio']:.2f}x, "
+                     f"{'met' if latency['ratio'] <= latency['target_ratio'] else 'MISSED'}")
+    return lines
 
 
 def format_text(outcome: dict) -> str:
@@ -316,9 +350,12 @@ def format_text(outcome: dict) -> str:
                      f"({leg['seconds']:.1f} s; rounds {rounds} s)  verified={leg['verified']}")
     for system, ratio in outcome["tally_over"].items():
         lines.append(f"  tally / {system}: {ratio:.2f}x")
-    pg = outcome["tally_over"].get("postgresql", 0.0)
-    lines.append(f"  target >= {outcome['target_vs_postgresql']:.1f}x PostgreSQL: "
-                 f"{'met' if pg >= outcome['target_vs_postgresql'] else 'MISSED'}")
+    lines.append(f"  tally / the no-op shape: {outcome['tally_share_of_noop']:.2f}x")
+    if outcome.get("latency"):
+        from tally.bench.spark_latency import format_text as latency_text
+
+        lines.append(latency_text(outcome["latency"]))
+    lines += [f"  target: {line}" for line in target_lines(outcome)]
     return "\n".join(lines)
 
 
@@ -329,8 +366,12 @@ def main(argv=None) -> int:
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--per-batch", type=int, default=2)
     parser.add_argument("--buckets", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--latency-batches", type=int, default=40,
+                        help="micro-batches per latency query (0: no latency measurement)")
     args = parser.parse_args(argv)
-    outcome = run(args.rows, args.keys, args.files, args.per_batch, args.buckets)
+    outcome = run(args.rows, args.keys, args.files, args.per_batch, args.buckets,
+                  rounds=args.rounds, latency_batches=args.latency_batches)
     print(format_text(outcome))
     return 0 if outcome["ok"] else 1
 

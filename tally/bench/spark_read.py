@@ -101,7 +101,7 @@ def run(rows: int = 1_000_000, buckets: int = 4, rounds: int = 3, seed: int = 11
 
     import sink
     from tally import client
-    from tally.bench.spark import PrivatePostgres
+    from tally.bench.private_postgres import PrivatePostgres
     from tally.server import LocalCluster
 
     work = tempfile.mkdtemp(prefix="tally-bench-read-")

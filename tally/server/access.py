@@ -52,8 +52,10 @@ REQUIRED_ROLE: dict[str, str] = {
     "lock_take_over": WRITE,
     "undo_baselines": WRITE,
     "register_attempt": WRITE,
+    "register_attempts": WRITE,
     "commit": WRITE,
     "epoch_baseline": WRITE,
+    "epoch_begin": WRITE,
     "lock_discard": ADMIN,  # keeps another owner's uncommitted writes for good
     "undo_report": WRITE,  # what an undo did, for the metrics: who may undo may report it
     # the coordinator: changelog consumers

@@ -243,6 +243,36 @@ def test_task_attempts_fence_earlier_attempts_of_the_same_bucket(conn, table_nam
     conn.locks.release(again)
 
 
+def test_beginning_an_epoch_fences_earlier_attempts_and_keeps_the_first_baseline(conn,
+                                                                                 table_name):
+    """begin_epoch: one call registers a new attempt per bucket (an earlier attempt's writes
+    are refused from then on), returns end offsets read after that fencing, and stores the
+    baseline once: a second begin of the same epoch (a retried task, a replay) gets the first
+    baseline back. A committed epoch cannot be begun again."""
+    table = make_table(conn, table_name, buckets=2)
+    lease = conn.locks.acquire(table_name, "spark", ["a"], ttl=30)
+    key0 = next(k for k in range(100) if table.bucket_of({"k": k})[1] == 0)
+    first = conn.locks.begin_epoch(lease, 1, [0, 1])
+    assert first.baseline == first.offsets and set(first.attempts) == {0, 1}
+    old = table.upsert_writer(target_columns=["k", "a"], lease=lease, attempt=first.attempts[0])
+    old.upsert([{"k": key0, "a": 1}])
+    old.flush()
+    retried = conn.locks.begin_epoch(lease, 1, [0])  # the bucket's task, retried
+    assert retried.baseline == first.baseline and retried.attempts[0] > first.attempts[0]
+    assert sum(retried.offsets.values()) == sum(first.offsets.values()) + 1
+    old.upsert([{"k": key0, "a": 100}])
+    with pytest.raises(LeaseLostError, match="attempt"):
+        old.flush()
+    assert conn.locks.commit(lease, 1, retried.offsets)
+    with pytest.raises(LeaseLostError, match="committed already"):
+        conn.locks.begin_epoch(lease, 1, [0])
+    assert conn.locks.begin_epoch(lease, 2, [0, 1]).baseline == retried.offsets
+    assert conn.locks.register_attempts(lease, [0, 1]) == {
+        0: retried.attempts[0] + 2, 1: first.attempts[1] + 2}
+    assert {r["k"]: r["a"] for r in table.to_arrow().to_pylist()} == {key0: 1}
+    conn.locks.release(lease)
+
+
 def wait_until_expired(conn, table, owner, deadline=60.0):
     """Poll the coordinator (no fixed sleep) until `owner`'s lock on `table` has expired."""
     def expired() -> bool:

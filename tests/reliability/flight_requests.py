@@ -124,6 +124,9 @@ DOMAIN = {
                                   max_size=3), st.just([]), st.just(["k"])),
     "buckets": st.lists(st.one_of(texts, st.integers(), st.lists(texts, max_size=3)),
                         min_size=1, max_size=3),
+    "bucket_ids": st.one_of(st.just([]), st.lists(st.one_of(
+        texts, st.integers(max_value=-1), st.floats(), st.booleans(), st.none(), lists),
+        min_size=1, max_size=3)),
     "table_ids": st.lists(st.one_of(texts, st.floats(), st.none(), dicts), min_size=1,
                           max_size=3),
     "problems": st.lists(st.one_of(st.integers(), st.floats(), st.none(), dicts), min_size=1,
@@ -132,8 +135,8 @@ DOMAIN = {
     "seconds": st.floats(max_value=-0.001, allow_infinity=False),
 }
 JSON_TYPE = {"name": "str", "table": "str", "descriptor": "str", "str": "str", "int": "int",
-             "columns": "list", "buckets": "list", "table_ids": "list", "lease": "obj",
-             "view": "obj", "offsets": "list", "problems": "list", "count": "int",
+             "columns": "list", "buckets": "list", "bucket_ids": "list", "table_ids": "list",
+             "lease": "obj", "view": "obj", "offsets": "list", "problems": "list", "count": "int",
              "seconds": "number"}
 
 
@@ -171,12 +174,16 @@ def action_fields(ctx: Context, role: str, name: str) -> dict[str, tuple[str, ob
         ("coordinator", "lock_renew"): {"lease": lease},
         ("coordinator", "lock_release"): {"lease": lease},
         ("coordinator", "register_attempt"): {"lease": lease, "bucket": ("int", 0, True)},
+        ("coordinator", "register_attempts"): {"lease": lease,
+                                               "buckets": ("bucket_ids", [0], True)},
         ("coordinator", "lock_describe"): {"table": table},
         ("coordinator", "lock_view"): {"table_id": ("int", ctx.table_id, True)},
         ("coordinator", "commit"): {"lease": lease, "epoch": ("int", 1, True),
                                     "offsets": ("offsets", [], True)},
         ("coordinator", "last_commit"): {"table": table, "owner_id": ("str", ctx.owner, True)},
         ("coordinator", "epoch_baseline"): {"lease": lease, "epoch": ("int", 1, True)},
+        ("coordinator", "epoch_begin"): {"lease": lease, "epoch": ("int", 1, True),
+                                         "buckets": ("bucket_ids", [0], True)},
         ("coordinator", "retention_floor"): {"table_id": ("int", ctx.table_id, True)},
         ("coordinator", "lock_take_over"): {"table": table, "owner_id": ("str", "fuzz-3", True),
                                             "columns": ("columns", ["total"], True)},
@@ -209,8 +216,9 @@ COORDINATOR_ACTIONS = ["create_database", "drop_database", "create_table", "drop
                        "list_tables", "table_info", "create_partition", "drop_partition",
                        "list_partitions", "list_offsets", "bucket_info", "heartbeat",
                        "truncate_log", "lock_acquire", "lock_renew", "lock_release",
-                       "register_attempt",
+                       "register_attempt", "register_attempts",
                        "lock_describe", "lock_view", "commit", "last_commit", "epoch_baseline",
+                       "epoch_begin",
                        "retention_floor", "lock_take_over", "lock_discard", "undo_baselines",
                        "undo_report",
                        "consumer_commit", "consumer_positions", "consumer_remove",
