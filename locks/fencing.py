@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass, field
 
 from locks.lease import secret_matches
-from tally.errors import (ColumnLockConflict, LeaseLostError, PermissionDeniedError,
-                          UnrecoveredLockError)
+from tally.errors import (AttemptSupersededError, ColumnLockConflict, LeaseLostError,
+                          PermissionDeniedError, UnrecoveredLockError)
 from tally.timestamps import iso
 
 
@@ -118,7 +118,7 @@ class LockView:
                 f"{now - own.expires_at:.1f}s ago on table {table or self.table_id}")
         newest = own.attempts.get(bucket) if bucket is not None else None
         if newest is not None and (attempt is None or attempt < newest):
-            raise LeaseLostError(
+            raise AttemptSupersededError(
                 f"Write by owner '{owner_id}' to bucket {bucket} of table "
                 f"{table or self.table_id} rejected: it comes from attempt {attempt}, and "
                 f"attempt {newest} has registered since (a retried task replaced this one)")

@@ -47,7 +47,7 @@ from sink.epoch_log import epoch_line, show_by_default
 from sink.options import SinkOptions
 from sink.plan import WritePlan, plan_write
 from sink.task import BucketMismatchError, BucketReport, EpochContext
-from tally.errors import TallyError
+from tally.errors import AttemptSupersededError, TallyError
 from tally.timestamps import duration
 
 log = logging.getLogger("tally.sink")
@@ -57,6 +57,9 @@ Delivery = Callable[[object, WritePlan, EpochContext, str], list[BucketReport]]
 
 # How long ending a run waits for an epoch still running (a query stopped mid-batch).
 END_WAIT_SECONDS = 60.0
+# A rollback that a straggling task of the failed job outran (it registered a newer attempt
+# after the rollback's) registers again and undoes again, this many times at most.
+ROLLBACK_TRIES = 10
 
 
 @dataclasses.dataclass
@@ -203,11 +206,7 @@ class WriterRun:
         """Undo every bucket of a failed epoch to its baseline; the error to raise."""
         details = dict(label=label, table=self.plan.table, owner_id=self.owner_id, epoch=epoch)
         try:
-            # Every bucket gets a new attempt first, not only those written so far: a task of
-            # the failed job that is still running must not write after the rollback.
-            remote.register_attempts(self.conn, self.lease, range(self.plan.bucket_count))
-            undone = remote.undo_since(self.conn, self.plan.table, self.lease, baseline,
-                                       self.plan.writer_target)
+            undone = self._undo_epoch(baseline)
         except Exception as undo_error:
             log.error("tally sink %s: rolling back %s failed: %s", self.owner_id, label,
                       undo_error)
@@ -216,6 +215,26 @@ class WriterRun:
         log.warning("tally sink %s: %s failed and was rolled back (%d bucket(s) undone)",
                     self.owner_id, label, len(undone))
         return epoch_failed(failure, rolled_back=True, buckets_undone=len(undone), **details)
+
+    def _undo_epoch(self, baseline: dict) -> list:
+        """Every bucket gets a new attempt first, not only those written so far: a task of the
+        failed job that is still running must not write after the rollback. Spark cancels a
+        failed job's running tasks without waiting for them, so a task that started just before
+        may register after the rollback did and fence its undo: then the rollback registers
+        again and undoes what that task wrote too."""
+        for tried in range(1, ROLLBACK_TRIES + 1):
+            remote.register_attempts(self.conn, self.lease, range(self.plan.bucket_count))
+            try:
+                return remote.undo_since(self.conn, self.plan.table, self.lease, baseline,
+                                         self.plan.writer_target)
+            except AttemptSupersededError as outrun:
+                if tried == ROLLBACK_TRIES:
+                    raise
+                log.warning("tally sink %s: a task of the failed job registered after the "
+                            "rollback began (%s); registering and undoing again",
+                            self.owner_id, outrun)
+                time.sleep(min(0.2 * tried, 2.0))
+        raise AssertionError("unreachable")
 
     def end(self) -> None:
         """The end of the run: release the lock when no epoch is partly applied (its commits

@@ -156,6 +156,11 @@ class LeaseLostError(TallyError):
     """A lease expired or was superseded: its owner is fenced and may not write any more."""
 
 
+class AttemptSupersededError(LeaseLostError):
+    """A write to a bucket came from an attempt older than the one registered last for that
+    bucket (a retried task replaced it): the lease still holds, only this attempt is fenced."""
+
+
 class RecoveryError(TallyError):
     """Undo recovery cannot run safely (truncated log, re-created table, bad baseline)."""
 
