@@ -170,12 +170,7 @@ def _fnv_fmix(data: bytes) -> int:
 
 
 def _hash_small(table, key_columns: list[str]) -> np.ndarray:
-    columns = []
-    for name in key_columns:
-        column = table.column(name)
-        if isinstance(column, pa.ChunkedArray):
-            column = column.combine_chunks()
-        columns.append(_canonical(column, name))
+    columns = [_canonical(column, name) for name, column in _key_arrays(table, key_columns)]
     return np.array([_fnv_fmix(_row_bytes(columns, i)) for i in range(table.num_rows)],
                     dtype=np.uint64)
 
@@ -224,13 +219,15 @@ def hash_keys(table: pa.Table | pa.RecordBatch, key_columns: list[str]) -> np.nd
 
 def hash_one(table: pa.Table | pa.RecordBatch, key_columns: list[str]) -> int:
     """The hash of a one-row table's key in plain Python (tests compare it with the others)."""
-    parts = []
+    return _fnv_fmix(b"".join(_one_value(column, name)
+                             for name, column in _key_arrays(table, key_columns)))
+
+
+def _key_arrays(table, key_columns: list[str]):
+    """(name, one contiguous array) per key column, in key order."""
     for name in key_columns:
         column = table.column(name)
-        if isinstance(column, pa.ChunkedArray):
-            column = column.combine_chunks()
-        parts.append(_one_value(column, name))
-    return _fnv_fmix(b"".join(parts))
+        yield name, column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
 
 
 def hash_keys_vectorized(table, key_columns: list[str]) -> np.ndarray:
