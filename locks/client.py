@@ -119,16 +119,25 @@ class Locks:
         """Every bucket's end offset before `epoch`'s first write (stored on the first call)."""
         return offsets_from_json(self._call("epoch_baseline", lease=lease.to_json(), epoch=epoch))
 
-    def begin_epoch(self, lease: Lease, epoch: int, buckets) -> EpochStart:
+    def begin_epoch(self, lease: Lease, epoch: int, buckets, run: int | None = None) -> EpochStart:
         """One call before an epoch's first write: a new attempt for each of `buckets` (every
         earlier attempt of the owner on them fenced when it returns), every bucket's end offset
         after that fencing, and the epoch's baseline (stored on the first call, as
-        `epoch_baseline`)."""
+        `epoch_baseline`). A task passes the `run` its driver's start returned: its attempt is
+        then registered only while that run was not aborted (EpochAbortedError)."""
         self.check(lease)
+        extra = {} if run is None else {"run": int(run)}
         found = self._call("epoch_begin", lease=lease.to_json(), epoch=epoch,
-                           buckets=[int(b) for b in buckets])
+                           buckets=[int(b) for b in buckets], **extra)
         return EpochStart(offsets_from_json(found["baseline"]), offsets_from_json(found["offsets"]),
-                          {int(b): int(n) for b, n in found["attempts"]})
+                          {int(b): int(n) for b, n in found["attempts"]},
+                          int(found.get("run", 0)))
+
+    def abort_epoch(self, lease: Lease, epoch: int) -> int:
+        """Abort the epoch's current run before rolling it back: no task that began under it
+        can register an attempt from now on. Returns the epoch's new run."""
+        self.check(lease)
+        return int(self._call("epoch_abort", lease=lease.to_json(), epoch=epoch))
 
     def _stop_all(self) -> None:
         with self._lock:

@@ -4,7 +4,8 @@ Layout in the metadata store:
 
     /commits/<table_id>/<owner>                  {"epoch", "offsets", "tenure", "token",
                                                   "committed_at"}
-    /commits/<table_id>/<owner>/epochs/<epoch>   {"offsets", "tenure"}   (the epoch's baseline)
+    /commits/<table_id>/<owner>/epochs/<epoch>   {"offsets", "tenure", "run"}
+                                                 (the epoch's baseline, and its run: see below)
 
 A commit moves only forward and is checked against the owner's lock in the same metadata
 transaction, so a fenced lease can never commit. Commits and baselines belong to the lock
@@ -13,6 +14,12 @@ written again), but the offsets are undo baselines only within their own tenure,
 another owner may have written the columns between two tenures. A baseline is stored
 insert-if-absent within its tenure: a replayed epoch keeps the offsets it had before its first
 write, and a baseline left by an earlier tenure is replaced.
+
+An epoch's *run* counts the rollbacks of the epoch within the tenure. A writer's rollback
+aborts the run (adds one) before it fences and undoes the buckets; a task carries the run its
+driver began, and the coordinator registers its attempt only in the same metadata transaction
+that checks the run still stands. So a straggling task of a failed job, which Spark cancels
+without waiting for it, can never write after the rollback that removed its epoch.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from typing import NamedTuple
 
 from locks.lease import Lease, Offsets, offsets_from_json, offsets_to_json
 from locks.service import ColumnLockService, lock_path
-from tally.errors import InvalidInputError
+from tally.errors import EpochAbortedError, InvalidInputError
 from tally.meta import MetadataStore, join_path, node_name
 
 
@@ -60,6 +67,7 @@ class EpochStart(NamedTuple):
     baseline: Offsets
     offsets: Offsets
     attempts: dict
+    run: int = 0  # the epoch's run this start belongs to (its tasks carry it)
 
 
 class CommitLog:
@@ -139,6 +147,56 @@ class CommitLog:
         return self.store.transact(
             attempt, what=f"the baseline node of owner '{lease.owner_id}' on {lease.table}",
             doing=f"store the baseline of epoch {epoch}")
+
+    def epoch_run(self, lease: Lease, epoch: int) -> int:
+        """The epoch's run in the lease's tenure: how many times a rollback aborted it (0
+        when it has no baseline in this tenure yet)."""
+        record, _ = self.locks.current(lease)
+        node = self.store.get(baseline_path(lease.table_id, lease.owner_id, check_epoch(epoch)))
+        if node is None or int(node.value["tenure"]) != record.tenure:
+            return 0
+        return int(node.value.get("run", 0))
+
+    def abort_run(self, lease: Lease, epoch: int) -> int:
+        """Abort the epoch's current run (a rollback begins): from now on no task of it may
+        register an attempt (`run_guard`). Returns the new run. An epoch with no baseline in
+        this tenure has no task that could write: nothing to abort."""
+        epoch = check_epoch(epoch)
+        path = baseline_path(lease.table_id, lease.owner_id, epoch)
+
+        def attempt() -> tuple[list[tuple], int]:
+            record, lock_version = self.locks.current(lease)
+            node = self.store.get(path)
+            if node is None or int(node.value["tenure"]) != record.tenure:
+                return [], 0
+            run = int(node.value.get("run", 0)) + 1
+            return [("check", lock_path(lease.table_id, lease.owner_id), lock_version),
+                    ("set", path, {**node.value, "run": run}, node.version)], run
+
+        return self.store.transact(
+            attempt, what=f"the baseline node of owner '{lease.owner_id}' on {lease.table}",
+            doing=f"abort the run of epoch {epoch}")
+
+    def run_guard(self, lease: Lease, epoch: int, run: int):
+        """For `register_attempts(guard=...)`: the check that the task's run of the epoch
+        still stands (not aborted by a rollback, same tenure); EpochAbortedError if not."""
+        epoch = check_epoch(epoch)
+        path = baseline_path(lease.table_id, lease.owner_id, epoch)
+
+        def guard() -> list[tuple]:
+            record, _ = self.locks.current(lease)
+            node = self.store.get(path)
+            current = None if node is None or int(node.value["tenure"]) != record.tenure \
+                else int(node.value.get("run", 0))
+            if current != run:
+                now = "it has no baseline in this tenure" if current is None else \
+                    f"the epoch is at run {current}"
+                raise EpochAbortedError(
+                    f"Run {run} of epoch {epoch} of owner '{lease.owner_id}' on {lease.table} "
+                    f"was rolled back ({now}): a task of it still running may not write")
+            return [("check", path, node.version)]
+
+        return guard
 
     def pending_baselines(self, table_id: int, owner_id: str, tenure: int) -> dict[int, Offsets]:
         """Baselines of epochs of this tenure stored but not committed yet (retention must

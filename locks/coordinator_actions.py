@@ -75,6 +75,7 @@ class CoordinatorLocks:
             "last_commit": self.last_commit,
             "epoch_baseline": self.epoch_baseline,
             "epoch_begin": self.epoch_begin,
+            "epoch_abort": self.epoch_abort,
             "retention_floor": self.retention_floor,
         })
 
@@ -197,11 +198,24 @@ class CoordinatorLocks:
                 f"Epoch {epoch} of owner '{lease.owner_id}' on {lease.table} is committed "
                 f"already (last commit: epoch {last.epoch}): a writer of it still running is "
                 "stale and may not write")
-        attempts = self.locks.register_attempts(lease, buckets)
+        run = body.get("run")
+        if run is not None:
+            # a task of a run the driver began: registered only while that run stands
+            if not isinstance(run, int) or isinstance(run, bool) or run < 0:
+                raise InvalidInputError(f"An epoch's run is a non-negative integer, got {run!r}")
+            guard = self.commits.run_guard(lease, epoch, run)
+        else:
+            guard = None
+        attempts = self.locks.register_attempts(lease, buckets, guard=guard)
         offsets = self.coordinator.list_offsets(lease.table)
         baseline = self.commits.epoch_baseline(lease, epoch, lambda: offsets)
         return {"baseline": offsets_to_json(baseline), "offsets": offsets_to_json(offsets),
-                "attempts": [[b, n] for b, n in sorted(attempts.items())]}
+                "attempts": [[b, n] for b, n in sorted(attempts.items())],
+                "run": self.commits.epoch_run(lease, epoch) if run is None else run}
+
+    def epoch_abort(self, body: dict) -> int:
+        """Abort the epoch's current run before a rollback (see CommitLog.abort_run)."""
+        return self.commits.abort_run(self.lease(body), field(body, "epoch", int))
 
     def retention_floor(self, body: dict) -> dict:
         """Per bucket, the oldest offset an unreleased lock tenure still needs for undo: its

@@ -374,17 +374,20 @@ class ColumnLockService:
         this returns, tablet servers reject the owner's writes there from older attempts."""
         return self.register_attempts(lease, [bucket])[bucket]
 
-    def register_attempts(self, lease: Lease, buckets) -> dict[int, int]:
+    def register_attempts(self, lease: Lease, buckets, guard=None) -> dict[int, int]:
         """`register_attempt` for several buckets in one metadata transaction and one push of
-        the lock view: {bucket: its new attempt number}."""
+        the lock view: {bucket: its new attempt number}. `guard()` (optional) returns more
+        "check" ops for that transaction, or raises: the attempts are registered only while
+        what it checked holds (an epoch's run not aborted, say)."""
         buckets = check_buckets(buckets)
 
         def attempt() -> tuple[list[tuple], dict[int, int]]:
             record, version = self.current(lease)
             numbers = {b: record.attempts.get(b, 0) + 1 for b in buckets}
             updated = dataclasses.replace(record, attempts={**record.attempts, **numbers})
-            return [("set", lock_path(lease.table_id, lease.owner_id), updated.to_json(),
-                     version)], numbers
+            checks = list(guard()) if guard is not None else []
+            return checks + [("set", lock_path(lease.table_id, lease.owner_id),
+                              updated.to_json(), version)], numbers
 
         numbers = self.store.transact(attempt, what=f"the lock of owner '{lease.owner_id}'",
                                       doing=f"register attempts on {lease.table}")

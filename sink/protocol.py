@@ -155,7 +155,8 @@ class WriterRun:
         baseline = dict(start.baseline)
         context = EpochContext(self.options.url, self.options.token, self.lease, epoch,
                                baseline, self.options.fail_hook, self.options.tls,
-                               attempts=dict(start.attempts), offsets=dict(start.offsets))
+                               attempts=dict(start.attempts), offsets=dict(start.offsets),
+                               run=start.run)
         self.dirty = True
         try:
             reports = deliver(self.conn, self.plan, context, label)
@@ -206,7 +207,7 @@ class WriterRun:
         """Undo every bucket of a failed epoch to its baseline; the error to raise."""
         details = dict(label=label, table=self.plan.table, owner_id=self.owner_id, epoch=epoch)
         try:
-            undone = self._undo_epoch(baseline)
+            undone = self._undo_epoch(epoch, baseline)
         except Exception as undo_error:
             log.error("tally sink %s: rolling back %s failed: %s", self.owner_id, label,
                       undo_error)
@@ -216,12 +217,15 @@ class WriterRun:
                     self.owner_id, label, len(undone))
         return epoch_failed(failure, rolled_back=True, buckets_undone=len(undone), **details)
 
-    def _undo_epoch(self, baseline: dict) -> list:
-        """Every bucket gets a new attempt first, not only those written so far: a task of the
-        failed job that is still running must not write after the rollback. Spark cancels a
-        failed job's running tasks without waiting for them, so a task that started just before
-        may register after the rollback did and fence its undo: then the rollback registers
-        again and undoes what that task wrote too."""
+    def _undo_epoch(self, epoch: int, baseline: dict) -> list:
+        """Spark cancels a failed job's running tasks without waiting for them, so a task may
+        still try to begin its bucket after the rollback. The epoch's run is aborted first: no
+        task of it can register an attempt from then on. Then every bucket gets a new attempt,
+        not only those written so far, fencing the tasks that registered before the abort, and
+        is undone. A task registering by itself, outside the run's guard, can still outrun the
+        rollback's registration and fence its undo: then the rollback registers again and undoes
+        what that task wrote too."""
+        remote.abort_epoch(self.conn, self.lease, epoch)
         for tried in range(1, ROLLBACK_TRIES + 1):
             remote.register_attempts(self.conn, self.lease, range(self.plan.bucket_count))
             try:

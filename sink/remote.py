@@ -64,11 +64,17 @@ def epoch_baseline(conn, lease, epoch: int) -> dict:
     return conn.locks.epoch_baseline(lease, epoch)
 
 
-def begin_epoch(conn, lease, epoch: int, buckets):
+def begin_epoch(conn, lease, epoch: int, buckets, run: int | None = None):
     """One call: a new attempt for each of `buckets` (fencing the owner's earlier attempts on
     them), every bucket's end offsets after that, and the epoch's baseline (stored on the
-    first call): `locks.commits.EpochStart`. Refused for an epoch the owner committed."""
-    return conn.locks.begin_epoch(lease, epoch, buckets)
+    first call): `locks.commits.EpochStart`. Refused for an epoch the owner committed, and,
+    for a task (`run`: the run its driver began), for a run a rollback aborted."""
+    return conn.locks.begin_epoch(lease, epoch, buckets, run=run)
+
+
+def abort_epoch(conn, lease, epoch: int) -> int:
+    """Abort the epoch's run before its rollback: its tasks can no longer begin a bucket."""
+    return conn.locks.abort_epoch(lease, epoch)
 
 
 def commit(conn, lease, epoch: int, offsets: dict) -> bool:

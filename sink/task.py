@@ -67,6 +67,9 @@ class EpochContext:
     # delivery that visits each bucket once in the driver's process (see `write_bucket`).
     attempts: dict = dataclasses.field(default_factory=dict)
     offsets: dict = dataclasses.field(default_factory=dict)
+    # The epoch's run the driver began: a task's own registration is refused once the
+    # driver's rollback aborted it, so a straggler of a failed job cannot write after it.
+    run: int = 0
 
 
 @dataclasses.dataclass
@@ -129,7 +132,7 @@ def write_bucket(conn, plan: WritePlan, epoch: EpochContext, bucket: int,
     if registered and bucket in epoch.attempts:
         attempt, offsets = epoch.attempts[bucket], epoch.offsets
     else:
-        start = remote.begin_epoch(conn, lease, epoch.epoch, [bucket])
+        start = remote.begin_epoch(conn, lease, epoch.epoch, [bucket], run=epoch.run)
         attempt, offsets = start.attempts[bucket], start.offsets
     ends: dict = {}
     undone = 0

@@ -161,6 +161,12 @@ class AttemptSupersededError(LeaseLostError):
     bucket (a retried task replaced it): the lease still holds, only this attempt is fenced."""
 
 
+class EpochAbortedError(LeaseLostError):
+    """A task of an epoch's run that was rolled back asked to begin its bucket: the writer
+    aborted that run (its rollback is under way or done), so the task may not write. The lease
+    still holds; a later run of the epoch begins afresh."""
+
+
 class RecoveryError(TallyError):
     """Undo recovery cannot run safely (truncated log, re-created table, bad baseline)."""
 

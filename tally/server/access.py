@@ -56,6 +56,7 @@ REQUIRED_ROLE: dict[str, str] = {
     "commit": WRITE,
     "epoch_baseline": WRITE,
     "epoch_begin": WRITE,
+    "epoch_abort": WRITE,
     "lock_discard": ADMIN,  # keeps another owner's uncommitted writes for good
     "undo_report": WRITE,  # what an undo did, for the metrics: who may undo may report it
     # the coordinator: changelog consumers

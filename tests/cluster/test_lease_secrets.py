@@ -62,6 +62,8 @@ def test_a_forged_lease_is_refused_for_every_lease_operation(cluster, conn, tabl
             "register_attempts": lambda: forger.locks.register_attempts(fake, [0, 1]),
             "epoch_baseline": lambda: forger.locks.epoch_baseline(fake, 99),
             "begin_epoch": lambda: forger.locks.begin_epoch(fake, 99, [0, 1]),
+            "begin_epoch of a run": lambda: forger.locks.begin_epoch(fake, 99, [0], run=0),
+            "abort_epoch": lambda: forger.locks.abort_epoch(fake, 1),
             "commit": lambda: forger.locks.commit(fake, 99, {(None, 0): 0, (None, 1): 0}),
             "release": lambda: forger.locks.release(fake),
         }

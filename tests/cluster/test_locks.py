@@ -12,7 +12,8 @@ import pytest
 import recovery
 from locks import Lease
 from merge_engine import Schema, TableDescriptor
-from tally.errors import ColumnLockConflict, LeaseLostError, UnrecoveredLockError
+from tally.errors import (ColumnLockConflict, EpochAbortedError, InvalidInputError,
+                          LeaseLostError, UnrecoveredLockError)
 from tests.conftest import zookeeper_chroot
 from tests.waiting import wait_until
 from tests.zookeeper_server import running_zookeeper
@@ -241,6 +242,39 @@ def test_task_attempts_fence_earlier_attempts_of_the_same_bucket(conn, table_nam
         new.upsert([{"k": key0, "a": 10}])
     assert {r["k"]: r["a"] for r in table.to_arrow().to_pylist()} == {key0: 11, key1: 5}
     conn.locks.release(again)
+
+
+def test_an_aborted_run_of_an_epoch_refuses_its_tasks(conn, table_name):
+    """A rollback aborts the epoch's run before it fences and undoes: a task of that run that
+    asks to begin its bucket afterwards is refused and registers nothing. The next run of the
+    epoch (its driver begins again) is accepted, and a new tenure starts the runs afresh."""
+    table = make_table(conn, table_name, buckets=2)
+    lease = conn.locks.acquire(table_name, "spark", ["a"], ttl=30)
+    driver = conn.locks.begin_epoch(lease, 1, [0, 1])
+    assert driver.run == 0
+    task = conn.locks.begin_epoch(lease, 1, [0], run=driver.run)
+    assert task.run == 0 and task.attempts[0] == driver.attempts[0] + 1
+    assert conn.locks.abort_epoch(lease, 1) == 1
+    with pytest.raises(EpochAbortedError, match="rolled back"):
+        conn.locks.begin_epoch(lease, 1, [1], run=driver.run)
+    # the refused task registered nothing: the next attempt of bucket 1 follows the driver's
+    assert conn.locks.register_attempts(lease, [1]) == {1: driver.attempts[1] + 1}
+    again = conn.locks.begin_epoch(lease, 1, [0, 1])
+    assert again.run == 1 and again.baseline == driver.baseline
+    assert conn.locks.begin_epoch(lease, 1, [1], run=1).attempts[1] == driver.attempts[1] + 3
+    assert conn.locks.abort_epoch(lease, 7) == 0  # never begun: nothing to abort
+    conn.locks.begin_epoch(lease, 7, [0])  # ... and its run is still 0
+    assert conn.locks.begin_epoch(lease, 7, [0], run=0).run == 0
+    with pytest.raises(InvalidInputError, match="run"):
+        conn.coordinator_action("epoch_begin", {"lease": lease.to_json(), "epoch": 1,
+                                                "buckets": [0], "run": -1})
+    conn.locks.release(lease)
+    fresh = conn.locks.acquire(table_name, "spark", ["a"], ttl=30)
+    assert conn.locks.begin_epoch(fresh, 1, [0, 1]).run == 0  # a new tenure: a new baseline
+    with pytest.raises(EpochAbortedError):
+        conn.locks.begin_epoch(fresh, 1, [0], run=1)  # the old tenure's run
+    assert table.to_arrow().num_rows == 0
+    conn.locks.release(fresh)
 
 
 def test_beginning_an_epoch_fences_earlier_attempts_and_keeps_the_first_baseline(conn,
