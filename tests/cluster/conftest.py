@@ -8,6 +8,7 @@ with credentials: it writes its own auth file, with a cluster credential and a t
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import pytest
@@ -55,3 +56,16 @@ def conn(cluster):
 def table_name():
     """A table name no other test of the run uses."""
     return f"default.t{next(_names)}"
+
+
+@contextlib.contextmanager
+def private_cluster(tmp_path_factory, database: str):
+    """A module's own 2-server cluster (embedded metadata, a 1 MB memory budget, so row
+    buffers keep flushing) and a connection with `database` created: (cluster, connection)."""
+    from tally import client
+
+    with LocalCluster(str(tmp_path_factory.mktemp(database)), tablet_servers=2,
+                      memory_budget="1mb") as c, \
+            client.connect(c.url, retry_timeout=60) as conn:
+        conn.admin.create_database(database, ignore_if_exists=True)
+        yield c, conn

@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 
 import tally
 from tally.errors import InvalidInputError
-from tally.server import LocalCluster
 from tally.wire.messages import dumps, frame
 from tally.wire.point_keys import PointKeys
+from tests.cluster.conftest import private_cluster
 
 _names = itertools.count()
 
@@ -50,17 +50,19 @@ KINDS = {
 
 
 @pytest.fixture(scope="module")
-def lookups_cluster(tmp_path_factory):
-    with LocalCluster(str(tmp_path_factory.mktemp("lookups")), tablet_servers=2,
-                      memory_budget="1mb") as c:
-        yield c
+def lookups_cluster_and_conn(tmp_path_factory):
+    with private_cluster(tmp_path_factory, "lookups") as both:
+        yield both
 
 
 @pytest.fixture(scope="module")
-def conn(lookups_cluster):
-    with tally.connect(lookups_cluster.url, retry_timeout=60) as c:
-        c.admin.create_database("lookups", ignore_if_exists=True)
-        yield c
+def lookups_cluster(lookups_cluster_and_conn):
+    return lookups_cluster_and_conn[0]
+
+
+@pytest.fixture(scope="module")
+def conn(lookups_cluster_and_conn):
+    return lookups_cluster_and_conn[1]
 
 
 def new_table(conn, kind: str, buckets: int = 3):

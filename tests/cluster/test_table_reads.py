@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 import tally
 from tally.errors import InvalidInputError, MissingDependencyError
-from tally.server import LocalCluster
 from tally.wire.messages import MAX_LOOKUP_KEYS
+from tests.cluster.conftest import private_cluster
 
 _names = itertools.count()
 DAYS = ["d1", "d2", "d3"]
@@ -31,17 +31,19 @@ SCHEMA = (tally.Schema.builder().column("day", pa.string()).column("k", pa.int64
 
 
 @pytest.fixture(scope="module")
-def reads_cluster(tmp_path_factory):
-    with LocalCluster(str(tmp_path_factory.mktemp("reads")), tablet_servers=2,
-                      memory_budget="1mb") as c:
-        yield c
+def reads_cluster_and_conn(tmp_path_factory):
+    with private_cluster(tmp_path_factory, "reads") as both:
+        yield both
 
 
 @pytest.fixture(scope="module")
-def conn(reads_cluster):
-    with tally.connect(reads_cluster.url, retry_timeout=60) as c:
-        c.admin.create_database("reads", ignore_if_exists=True)
-        yield c
+def reads_cluster(reads_cluster_and_conn):
+    return reads_cluster_and_conn[0]
+
+
+@pytest.fixture(scope="module")
+def conn(reads_cluster_and_conn):
+    return reads_cluster_and_conn[1]
 
 
 def new_table(conn, schema=SCHEMA, buckets: int = 3):
