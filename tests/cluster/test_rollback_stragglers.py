@@ -92,7 +92,7 @@ def straggle(conn, run: protocol.WriterRun, epoch, by_bucket, bucket: int) -> No
         write_bucket(conn, run.plan, epoch, bucket, by_bucket.get(bucket), MergeMode.AGGREGATE)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     first=st.dictionaries(st.integers(0, KEYS - 1), st.integers(-50, 50), max_size=KEYS),
     failed=st.dictionaries(st.integers(0, KEYS - 1), st.integers(1, 50), min_size=1,
