@@ -27,6 +27,12 @@ os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 os.environ["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
 
 
+# The tests' jobs are small and many of them start a JVM of their own (the kill cycles): the
+# client compiler alone and the serial collector halve such a JVM's time on 2 busy cores, where
+# the optimising compiler's and the parallel collector's threads compete with the other worker.
+JAVA_OPTIONS = "-Xss4m -XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
 def spark_builder(master: str = "local[2,4]"):
     from pyspark.sql import SparkSession
 
@@ -36,7 +42,7 @@ def spark_builder(master: str = "local[2,4]"):
             .config("spark.sql.shuffle.partitions", "2")
             .config("spark.default.parallelism", "2")
             .config("spark.sql.streaming.stopTimeout", "10s")
-            .config("spark.driver.extraJavaOptions", "-Xss4m")
+            .config("spark.driver.extraJavaOptions", JAVA_OPTIONS)
             .config("spark.python.worker.faulthandler.enabled", "true"))
 
 
