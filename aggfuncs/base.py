@@ -175,6 +175,16 @@ class Aggregator:
         """
         raise NotImplementedError
 
+    def fold_onto(self, stored: pa.Array, stored_written: np.ndarray, states: pa.Array,
+                  segments: Segments) -> pa.Array | None:
+        """`fold` of each group's stored cell (`stored`, one per group, with its written bit)
+        followed by its input `states` (all written, no retractions, every group at least one),
+        made by folding the inputs alone and combining the result with the stored cell once:
+        the stored rows are neither concatenated with the inputs nor folded again. None where
+        that would not be exactly `fold` (this default; a risky integer sum), and the merger
+        folds stored and input rows together."""
+        return None
+
     # --- retraction -------------------------------------------------------------------------
 
     def fold_signed(self, states: pa.Array, written: np.ndarray, segments: Segments,
@@ -244,6 +254,13 @@ def contributions(states: pa.Array, written: np.ndarray,
     and the segments that group them (a group of none is empty)."""
     keep = written & valid_mask(states)
     return states.filter(pa.array(keep)), segments.filtered(keep)
+
+
+def stored_contributions(stored: pa.Array, written: np.ndarray) -> pa.Array:
+    """Stored cells as the fold sees them (the null rule): an unwritten cell is null."""
+    if written.all():
+        return stored
+    return pc.if_else(pa.array(written), stored, pa.nulls(len(stored), type=stored.type))
 
 
 def numeric_values(values: pa.Array) -> np.ndarray:

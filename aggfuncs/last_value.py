@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from aggfuncs.base import Aggregator, take_or_null, valid_mask
+import pyarrow.compute as pc
+
+from aggfuncs.base import Aggregator, stored_contributions, take_or_null, valid_mask
 from aggfuncs.functions import AggFunction
 from aggfuncs.segments import Segments
 
@@ -40,3 +42,9 @@ class LastValueIgnoreNullsAggregator(Aggregator):
 
     def fold(self, states: pa.Array, written: np.ndarray, segments: Segments) -> pa.Array:
         return take_or_null(states, segments.pick(written & valid_mask(states), last=True))
+
+    def fold_onto(self, stored, stored_written, states, segments) -> pa.Array | None:
+        """The inputs' last non-null value, else the stored cell."""
+        picked = segments.pick(valid_mask(states), last=True)
+        return pc.if_else(pa.array(picked >= 0), take_or_null(states, picked),
+                          stored_contributions(stored, stored_written))

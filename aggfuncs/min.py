@@ -7,7 +7,7 @@ import pyarrow as pa
 
 from aggfuncs.base import Aggregator, take_or_null
 from aggfuncs.functions import AggFunction
-from aggfuncs.ordering import ORDERABLE_TYPE_NAMES, is_orderable, pick_extreme
+from aggfuncs.ordering import ORDERABLE_TYPE_NAMES, extreme_onto, is_orderable, pick_extreme
 from aggfuncs.segments import Segments
 
 
@@ -19,3 +19,6 @@ class MinAggregator(Aggregator):
 
     def fold(self, states: pa.Array, written: np.ndarray, segments: Segments) -> pa.Array:
         return take_or_null(states, pick_extreme(states, written, segments, largest=False))
+
+    def fold_onto(self, stored, stored_written, states, segments) -> pa.Array | None:
+        return extreme_onto(stored, stored_written, states, segments, largest=False)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from aggfuncs.base import valid_mask
+import pyarrow.compute as pc
+
+from aggfuncs.base import stored_contributions, take_or_null, valid_mask
 from aggfuncs.segments import Segments
 
 
@@ -83,3 +85,21 @@ def pick_extreme(
     nonempty = sub.lengths > 0
     picked[nonempty] = winners[sub.starts[nonempty]]
     return picked
+
+
+def extreme_onto(stored: pa.Array, stored_written: np.ndarray, states: pa.Array,
+                 segments: Segments, largest: bool) -> pa.Array | None:
+    """Aggregator.fold_onto for max and min: the inputs' extreme per group against the stored
+    cell, which wins ties (it came first). Numbers, dates and times only (numpy keys); None
+    for other types."""
+    keys = _numeric_key(states)
+    if keys is None:
+        return None
+    base = stored_contributions(stored, stored_written)
+    picked = pick_extreme(states, np.ones(len(states), dtype=bool), segments, largest)
+    found = picked >= 0
+    candidate = keys[np.maximum(picked, 0)]
+    held = _numeric_key(base)
+    better = candidate > held if largest else candidate < held
+    use_input = found & (~valid_mask(base) | better)
+    return pc.if_else(pa.array(use_input), take_or_null(states, picked), base)

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from aggfuncs.base import Aggregator, contributions, parse_bool
+from aggfuncs.base import Aggregator, contributions, parse_bool, stored_contributions
 from aggfuncs.cell_limits import (DEFAULT_MAX_CELL_BYTES, MAX_CELL_BYTES, list_cell_sizes,
                                   parse_cell_bytes, refuse_over)
 from aggfuncs.functions import AggFunction
@@ -155,3 +155,13 @@ class StringAggAggregator(Aggregator):
         offsets = pa.array(np.concatenate([[0], np.cumsum(sub.lengths)]), type=pa.int32())
         lists = pa.ListArray.from_arrays(offsets, ordered, mask=pa.array(sub.lengths == 0))
         return pc.binary_join(lists, delimiter).cast(self.type)
+
+    def fold_onto(self, stored, stored_written, states, segments) -> pa.Array | None:
+        """Plain strings (neither distinct nor token lists): the stored string, the delimiter
+        and the inputs' join, or whichever of the two exists."""
+        if self.params["distinct"] or self.tokenized:
+            return None
+        base = stored_contributions(stored, stored_written)
+        joined = self.fold(states, np.ones(len(states), dtype=bool), segments)
+        both = pc.binary_join_element_wise(base, joined, self.params["delimiter"])
+        return pc.coalesce(both, joined, base)

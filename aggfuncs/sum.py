@@ -8,10 +8,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from aggfuncs.base import Aggregator
+from aggfuncs.base import (Aggregator, numeric_values, stored_contributions, valid_mask,
+                           with_nulls)
 from aggfuncs.functions import AggFunction
 from aggfuncs.numeric import (NUMERIC_TYPE_NAMES, check_result, each_contribution_breaks,
-                              fold_numeric, is_numeric, sum_run_breaks)
+                              fold_numeric, integer_bounds, is_numeric, sum_run_breaks)
 from aggfuncs.segments import Segments
 
 
@@ -48,6 +49,25 @@ class SumAggregator(Aggregator):
         # Null rule: nulls and unwritten cells contribute nothing; a group of only those is null.
         return fold_numeric(states, written, segments, np.add, operator.add,
                             f"sum column '{self.column}'", result_type=self.type)
+
+    def fold_onto(self, stored, stored_written, states, segments) -> pa.Array | None:
+        """Integers (not uint64): the stored value plus the inputs' int64 total, when
+        |stored| + the sum of |input| bounds every running value inside the column's range
+        (then no step can overflow, and no order of addition can differ). Otherwise, and for
+        floats (a left fold from the stored value) and decimals: None."""
+        if not pa.types.is_integer(self.type) or self.type == pa.uint64():
+            return None
+        base = stored_contributions(stored, stored_written)
+        start = numeric_values(base).astype(np.int64)
+        inputs = numeric_values(states).astype(np.int64)
+        magnitude, _ = segments.reduce(np.add, np.abs(inputs.astype(np.float64)))
+        high = integer_bounds(self.type)[1]
+        limit = float(high) if high < 2**53 else 2.0**62  # float64 rounding room, as fold's
+        if not (np.abs(start.astype(np.float64)) + magnitude <= limit).all():
+            return None
+        total, _ = segments.reduce(np.add, inputs)
+        has = valid_mask(base) | segments.any(valid_mask(states))
+        return with_nulls((start + total).astype(self.type.to_pandas_dtype()), has, self.type)
 
     def run_breaks(self, states: pa.Array, runs: Segments) -> np.ndarray | None:
         if pa.types.is_floating(self.type):

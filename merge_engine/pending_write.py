@@ -47,7 +47,8 @@ class PendingWrite:
         TabletStore.put_log_entry(self.batch, self.end, data, self._written)
         self._last_entry = self.end
         self.end += records.num_rows
-        self._log_bytes += len(data)
+        # What a crash would replay, uncompressed: the row buffer's flush rule bounds it.
+        self._log_bytes += records.nbytes
         self._changed = True
         changed = np.nonzero((outcome == log.INSERTED) | (outcome == log.UPDATED))[0]
         rows = None if not len(changed) else \

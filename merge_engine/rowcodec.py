@@ -124,7 +124,9 @@ class RowCodec:
             pa.binary(self.prefix), n, [None, pa.py_buffer(prefix)]).cast(pa.large_binary())
         # Arrow concatenates each row's header and variable-width values in one C++ pass.
         rows = pc.binary_join_element_wise(heads, *var_parts, _NO_SEPARATOR) if var_parts else heads
-        return rows.to_pylist()
+        # to_numpy makes the bytes objects in one C++ pass; to_pylist made an Arrow scalar per
+        # row first, 7x slower and a fifth of a put of new keys
+        return rows.to_numpy(zero_copy_only=False).tolist()
 
     # --- comparing --------------------------------------------------------------------------
 

@@ -44,6 +44,15 @@ class AggregateRowMerger(RowMerger):
                 self._settle(agg, i, columns, counts, states, takes, write, input_groups)
                 written[:, i] = True
                 continue
+            if signs is None and not agg.sequenced:
+                # Fold the inputs alone, then combine with the stored cells once.
+                onto = agg.fold_onto(stored.columns[i], stored.written[:, i],
+                                     states.cast(stored.columns[i].type), input_groups)
+                if onto is not None:
+                    columns[i] = onto
+                    self._settle(agg, i, columns, counts, states, takes, write, input_groups)
+                    written[:, i] = True  # every key has an input row, and all rows take
+                    continue
             if segments is None:
                 segments = Segments.after_stored(input_groups)
             all_states = pa.concat_arrays([stored.columns[i], states.cast(stored.columns[i].type)])
