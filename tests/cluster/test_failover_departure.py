@@ -4,7 +4,9 @@ the leadership; a later write is acknowledged by the new leader and no acknowled
 lost. A paused leader (SIGSTOP) still accepts connects, so this never deposes one: the unit
 tests of the probe show it, and the zombie-leader test shows the epoch fences one that is.
 
-Embedded metadata (its liveness is the session timeout alone); three servers, three copies.
+Embedded metadata (its liveness is the session timeout alone); three servers, three copies. The
+coordinator's election grace after its start (a session and a second: an hour here) ends once
+every known server was heard, or no election could happen in this test at all.
 """
 
 from __future__ import annotations
