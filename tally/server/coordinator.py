@@ -36,6 +36,7 @@ from tally.server.bucket_restore import BucketRestore
 from tally.server.replica_control import ReplicaControl
 from tally.server.snapshot_registry import SnapshotRegistry
 from tally.server.lake_registry import LakeRegistry
+from tally.server.departure_probe import DepartureProbe
 from tally.server.membership import (COORDINATOR, EphemeralRegistration, HeartbeatLiveness,
                                      ZooKeeperLiveness)
 from tally.server.metric_reports import MetricReports
@@ -113,6 +114,8 @@ class Coordinator:
         grace = session_timeout + 1.0 if not self._zookeeper else 1.0
         self.replicas = ReplicaControl(self, default_replication_factor, replica_replace_after,
                                        grace)
+        # a server whose process died is gone at once, not after its session timeout
+        self.departures = DepartureProbe(self.liveness, lambda sid: self.replicas.wake())
         self.snapshots = SnapshotRegistry(self)  # adds snapshot_register, bucket_snapshots
         BucketRestore(self)  # adds restore_bucket
         self.lake = LakeRegistry(self, datalake_dir, tier_timeout)  # adds the tiering actions
@@ -313,6 +316,7 @@ class Coordinator:
         self.catalog.remember_server(server_id, address)
         self._problems[server_id] = problems
         self.liveness.heartbeat(server_id, address)
+        self.departures.heard(server_id)
         self.snapshots.heartbeat(server_id, reports)
         return {"dropped_table_ids": dropped, "replica_version": self.replicas.version}
 
@@ -388,6 +392,7 @@ class Coordinator:
                 sorted(offsets.items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))]
 
     def close(self) -> None:
+        self.departures.close()
         self.replicas.close()
         if self._registration is not None:
             self._registration.close()

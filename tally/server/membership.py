@@ -46,6 +46,16 @@ class HeartbeatLiveness:
             return {sid: addr for sid, (addr, at) in self._seen.items()
                     if now - at <= self.session_timeout}
 
+    def end_session(self, server_id: str, address: str) -> bool:
+        """End a server's session before its timeout (its process is gone), unless it has
+        heartbeated from another address since; whether it was live and now is not."""
+        with self._lock:
+            seen = self._seen.get(server_id)
+            if seen is None or seen[0] != address:
+                return False
+            del self._seen[server_id]
+        return True
+
     def close(self) -> None:
         pass
 
@@ -90,6 +100,23 @@ class ZooKeeperLiveness:
     def live(self) -> dict[str, str]:
         with self._lock:
             return dict(self._live)
+
+    def end_session(self, server_id: str, address: str) -> bool:
+        """Delete a server's /live node before ZooKeeper expires its session (its process is
+        gone), unless the node names another address by now (a restarted server's); a live
+        server's registration would create it again within its interval."""
+        path = live_path(server_id)
+        node = self._store.get(path)
+        if node is None or node.value.get("address") != address:
+            return False
+        try:
+            deleted = self._store.delete(path, version=node.version)
+        except TallyError as e:
+            log.warning("cannot end the session of %s: %s", server_id, e)
+            return False
+        if deleted:
+            self._changed(self._store.children(LIVE))
+        return bool(deleted)
 
     def close(self) -> None:
         pass

@@ -32,6 +32,7 @@ from tally.wire.messages import field
 
 log = logging.getLogger(__name__)
 
+CHECK_INTERVAL = 0.5        # seconds between looks for changes of the live servers
 FULL_CHECK_INTERVAL = 5.0   # seconds between checks of every bucket when nothing changed
 NUDGE_TIMEOUT = 2.0         # a `replicas_changed` nudge to a wedged server gives up after this
 
@@ -43,7 +44,8 @@ class ReplicaControl:
                  grace: float = 0.0, clock=time.monotonic) -> None:
         """`grace`: seconds after start before servers not seen live count as gone: a
         coordinator that has just started has heard no heartbeats yet, and electing then
-        would depose every leader for nothing."""
+        would depose every leader for nothing. It ends early once every known server has
+        been seen live."""
         self.coordinator = coordinator
         self.catalog = coordinator.catalog
         self.default_factor = default_factor
@@ -64,6 +66,7 @@ class ReplicaControl:
             "move_leader": self.move_leader,
         })
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="replica control", daemon=True)
         self._thread.start()
 
@@ -192,8 +195,17 @@ class ReplicaControl:
 
     # --- the loop -------------------------------------------------------------------------
 
+    def wake(self) -> None:
+        """The live servers changed (a departure was noticed): check now, not at the next
+        half second."""
+        self._wake.set()
+
     def _run(self) -> None:
-        while not self._stop.wait(0.5):
+        while not self._stop.is_set():
+            self._wake.wait(CHECK_INTERVAL)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.check()
             except TallyError as e:
@@ -204,11 +216,16 @@ class ReplicaControl:
     def check(self, force: bool = False) -> int:
         """One pass: elections, in-sync shrinks, replacements. Returns buckets changed."""
         now = self._clock()
-        if now < self._acting_from:
-            return 0
         live = self.coordinator.liveness.live()
         live_set = frozenset(live)
-        for sid in self.catalog.known_servers():
+        known = self.catalog.known_servers()
+        if now < self._acting_from:
+            if not set(known) <= live_set:
+                return 0
+            # every server this cluster knows has been heard: the grace has nothing left to
+            # wait for, and a departure noticed from now on is acted on at once
+            self._acting_from = now
+        for sid in known:
             if sid in live_set:
                 self._dead_since.pop(sid, None)
             else:
@@ -322,4 +339,5 @@ class ReplicaControl:
 
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
         self._thread.join(timeout=5)
