@@ -31,7 +31,7 @@ from sink.task import (
     EpochContext,
     fold_rows,
     sequence_name,
-    write_bucket,
+    write_every_bucket,
 )
 from tally.errors import LeaseLostError
 
@@ -108,13 +108,7 @@ class FunnelDelivery:
                  label: str) -> list[BucketReport]:
         rows, mode = combine(self.parts, plan)
         by_bucket = {} if rows is None else split_by_bucket(rows, plan)
-        reports = []
-        for bucket in range(plan.bucket_count):
-            folded = by_bucket.get(bucket)
-            count = 0 if folded is None else folded.num_rows
-            reports.append(write_bucket(conn, plan, epoch, bucket, folded, mode, rows=count,
-                                        registered=True))
-        return reports
+        return write_every_bucket(conn, plan, epoch, by_bucket, mode)
 
 
 class StreamRuns:

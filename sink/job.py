@@ -102,12 +102,17 @@ def _column(name: str):
     return F.col("`" + name.replace("`", "``") + "`")
 
 
-def bucketed(df, plan: WritePlan, label: str):
-    """The DataFrame the write stage reads: partition i holds exactly bucket i's rows."""
+def table_named(df, plan: WritePlan):
+    """The columns the write reads, under their table names (and the hidden sequence)."""
     columns = [_column(src).alias(dst) for src, dst in zip(plan.input_columns, plan.table_columns)]
     if plan.sequence_column is not None and plan.sequence_column not in plan.input_columns:
         columns.append(_column(plan.sequence_column).alias(HIDDEN_SEQUENCE_COLUMN))
-    selected = df.select(*columns)
+    return df.select(*columns)
+
+
+def bucketed(df, plan: WritePlan, label: str):
+    """The DataFrame the write stage reads: partition i holds exactly bucket i's rows."""
+    selected = table_named(df, plan)
     schema = StructType(selected.schema.fields + [
         StructField(BUCKET_COLUMN, IntegerType(), False),
         StructField(ORDER_COLUMN, LongType(), False)])

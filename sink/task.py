@@ -149,6 +149,22 @@ def write_bucket(conn, plan: WritePlan, epoch: EpochContext, bucket: int,
                         time.monotonic() - started)
 
 
+def write_every_bucket(conn, plan: WritePlan, epoch: EpochContext,
+                       folded: dict[int, pa.Table], mode: MergeMode,
+                       rows: dict[int, int] | None = None) -> list[BucketReport]:
+    """Every bucket, rows or not, through the per-bucket step, one after another, in this
+    process, under the attempts the epoch's start registered (a delivery that runs in the
+    driver's or the commit process: each bucket is visited once). `folded`: {bucket: its
+    folded rows}; `rows`: {bucket: the input rows that reached it} (default: folded rows)."""
+    reports = []
+    for bucket in range(plan.bucket_count):
+        part = folded.get(bucket)
+        count = (0 if part is None else part.num_rows) if rows is None else rows.get(bucket, 0)
+        reports.append(write_bucket(conn, plan, epoch, bucket, part, mode, rows=count,
+                                    registered=True))
+    return reports
+
+
 def table_handle(conn, plan: WritePlan):
     """A handle on the plan's table, from the connection's cached metadata (no round trip for
     a connection a worker reuses); RecoveryError when the name now belongs to another table.
