@@ -134,7 +134,7 @@ class _TaskSide:
         from pyspark import TaskContext
 
         from sink.job import BucketAssigner
-        from sink.funnel import fold_part
+        from sink.fold import fold_part
         from sink.plan import HIDDEN_SEQUENCE_COLUMN
 
         plan = self.plan
@@ -159,7 +159,7 @@ class _TaskSide:
 
 
 def _empty(partition: int, query_id: str):
-    from sink.funnel import FoldedPart
+    from sink.fold import FoldedPart
 
     return FoldedPart(partition, 0, b"", True, query_id)
 

@@ -8,7 +8,7 @@ under their table names (the batch is evaluated once), and does the rest on the 
 1. the tasks' first stage over the collected rows (sink.job.BucketAssigner: the client's bucket
    function, the null-key and key-type checks, and the position column; the rows arrive in
    input-partition order, so positions order them as the tasks' positions do);
-2. every bucket's rows folded as its task would fold them (sink.task.fold_rows), all buckets
+2. every bucket's rows folded as its task would fold them (sink.fold.fold_rows), all buckets
    before any write: a value that does not fit its column refuses the batch, nothing written;
 3. every bucket, rows or not, through the per-bucket step under the attempts the epoch's start
    registered (sink.task.write_every_bucket, as the data source's commit process does).
@@ -25,7 +25,8 @@ import pyarrow as pa
 from merge_engine import MergeMode
 from sink.job import BucketAssigner, table_named
 from sink.plan import BUCKET_COLUMN, WritePlan
-from sink.task import BucketReport, EpochContext, fold_rows, write_every_bucket
+from sink.fold import fold_rows
+from sink.task import BucketReport, EpochContext, write_every_bucket
 
 
 def size_estimate(df) -> int | None:

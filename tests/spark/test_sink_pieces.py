@@ -14,7 +14,7 @@ from sink.job import bucketed
 from sink.options import SinkOptions
 from sink.owner import batch_owner_id, streaming_owner_id
 from sink.plan import BUCKET_COLUMN, ORDER_COLUMN, build_plan, descriptor_for
-from sink.task import fold_rows
+from sink.fold import fold_rows
 from sink.types import accepts, widens
 from tally.client.admin import TableInfo
 from tally.errors import InvalidInputError, InvalidOptionError
@@ -138,7 +138,8 @@ def test_one_task_per_bucket_with_the_clients_bucket_function(spark, partitioned
 
         t = pa.Table.from_batches(list(batches))
         yield pa.RecordBatch.from_pylist([{
-            "p": TaskContext.get().partitionId(), "n": t.num_rows if t.num_columns else 0,
+            "p": TaskContext.get().partitionId(),
+            "n": sum(t.column("rows").to_pylist()) if t.num_columns else 0,
             "b": sorted(set(t.column(BUCKET_COLUMN).to_pylist())) if t.num_columns else []}],
             schema=pa.schema([("p", pa.int64()), ("n", pa.int64()), ("b", pa.list_(pa.int64()))]))
 
