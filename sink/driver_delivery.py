@@ -11,7 +11,8 @@ under their table names (the batch is evaluated once), and does the rest on the 
 2. every bucket's rows folded as its task would fold them (sink.fold.fold_rows), all buckets
    before any write: a value that does not fit its column refuses the batch, nothing written;
 3. every bucket, rows or not, through the per-bucket step under the attempts the epoch's start
-   registered (sink.task.write_every_bucket, as the data source's commit process does).
+   registered (sink.task.write_every_bucket, as the data source's commit process does),
+   several buckets at once.
 
 The whole batch passes through the driver's memory: TallySink takes this delivery for batches
 Spark estimates small (the `delivery` option, sink.options), never for a batch of unknown size.
@@ -27,6 +28,10 @@ from sink.job import BucketAssigner, table_named
 from sink.plan import BUCKET_COLUMN, WritePlan
 from sink.fold import fold_rows
 from sink.task import BucketReport, EpochContext, write_every_bucket
+
+
+# Buckets written at once: the tablet servers apply them in parallel, the driver waits once.
+WRITE_THREADS = 8
 
 
 def size_estimate(df) -> int | None:
@@ -82,4 +87,4 @@ class DriverDelivery:
         rows, counts = bucket_rows(data, plan, label)
         folded, mode = fold_by_bucket(rows, counts, plan)
         return write_every_bucket(conn, plan, epoch, folded, mode or MergeMode.MERGE_STATE,
-                                  counts)
+                                  counts, threads=WRITE_THREADS)

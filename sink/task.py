@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 import pyarrow as pa
@@ -120,18 +121,28 @@ def write_bucket(conn, plan: WritePlan, epoch: EpochContext, bucket: int,
 
 def write_every_bucket(conn, plan: WritePlan, epoch: EpochContext,
                        folded: dict[int, pa.Table], mode: MergeMode,
-                       rows: dict[int, int] | None = None) -> list[BucketReport]:
-    """Every bucket, rows or not, through the per-bucket step, one after another, in this
-    process, under the attempts the epoch's start registered (a delivery that runs in the
-    driver's or the commit process: each bucket is visited once). `folded`: {bucket: its
-    folded rows}; `rows`: {bucket: the input rows that reached it} (default: folded rows)."""
-    reports = []
-    for bucket in range(plan.bucket_count):
+                       rows: dict[int, int] | None = None, *,
+                       threads: int = 1) -> list[BucketReport]:
+    """Every bucket, rows or not, through the per-bucket step, in this process, under the
+    attempts the epoch's start registered (a delivery that runs in the driver's or the commit
+    process: each bucket is visited once). `folded`: {bucket: its folded rows}; `rows`:
+    {bucket: the input rows that reached it} (default: folded rows). With `threads` > 1 that
+    many buckets are written at once (the connection is shared safely between threads, each
+    bucket has its own writer); a failure is raised once every started bucket has ended, so
+    a rollback never runs beside a write of this epoch."""
+    def step(bucket: int) -> BucketReport:
         part = folded.get(bucket)
         count = (0 if part is None else part.num_rows) if rows is None else rows.get(bucket, 0)
-        reports.append(write_bucket(conn, plan, epoch, bucket, part, mode, rows=count,
-                                    registered=True))
-    return reports
+        return write_bucket(conn, plan, epoch, bucket, part, mode, rows=count, registered=True)
+
+    buckets = range(plan.bucket_count)
+    if threads <= 1 or plan.bucket_count == 1:
+        return [step(bucket) for bucket in buckets]
+    with ThreadPoolExecutor(max_workers=min(threads, plan.bucket_count),
+                            thread_name_prefix="tally-bucket") as pool:
+        futures = [pool.submit(step, bucket) for bucket in buckets]
+        wait(futures)
+    return [future.result() for future in futures]
 
 
 def table_handle(conn, plan: WritePlan):

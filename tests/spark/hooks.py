@@ -88,7 +88,8 @@ FAIL_BUCKET = "TALLY_TEST_FAIL_BUCKET"
 
 
 def fail_from_bucket(plan, epoch, attempt_number: int, bucket: int) -> None:
-    """Fail in every bucket from the one $TALLY_TEST_FAIL_BUCKET names (after half its rows;
-    earlier buckets are written in full): a driver delivery's write that fails part-way."""
+    """Fail in every bucket from the one $TALLY_TEST_FAIL_BUCKET names, after half its rows:
+    a driver delivery's write that fails part-way (other buckets, written at the same time,
+    may be written in full)."""
     if bucket >= int(os.environ.get(FAIL_BUCKET, "0")):
         raise InjectedTaskFailure(f"injected failure in epoch {epoch.epoch}, bucket {bucket}")

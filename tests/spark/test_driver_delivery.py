@@ -68,8 +68,8 @@ def test_driver_and_task_deliveries_leave_the_models_table(spark, cluster, conn,
        restart_with=st.sampled_from(["driver", "tasks", "auto"]))
 def test_a_driver_that_dies_mid_epoch_is_repaired_by_a_restart(
         spark, cluster, conn, batches, buckets, crash, restart_with):
-    """The driver delivery writes part of an epoch (the buckets before the crash bucket in
-    full, that one half), then the driver dies before any rollback; the restart under the same
+    """The driver delivery writes part of an epoch (half of every bucket from the chosen one
+    that has two keys or more, others in full or not at all), then the driver dies before any rollback; the restart under the same
     owner id, with any delivery, undoes the partial epoch and writes it once (and skips it
     when it had committed: the hook fails only a bucket of two keys or more)."""
     table = fresh_table(conn, buckets)

@@ -58,10 +58,22 @@ def test_options_parse_case_insensitively_with_defaults():
     ({"bucket.num": "0"}, "positive integer"),
     ({"merge-mode": "sideways"}, "Unknown merge mode"),
     ({"create-table": "maybe"}, "expected true or false"),
+    ({"delivery": "executors"}, "Option 'delivery' must be one of auto, tasks, driver"),
+    ({"delivery.driver-max-bytes": "lots"}, "option 'delivery.driver-max-bytes'"),
 ])
 def test_bad_options_are_refused(bad, message):
     with pytest.raises(InvalidOptionError, match=message):
         options(**bad)
+
+
+def test_delivery_options_parse_and_the_data_source_refuses_them():
+    assert (options().delivery, options().driver_max_bytes) == ("auto", 4 << 20)
+    parsed = options(**{"Delivery": "Driver", "delivery.driver-max-bytes": "64mb"})
+    assert (parsed.delivery, parsed.driver_max_bytes) == ("driver", 64 << 20)
+    from sink.datasource import _parse
+
+    with pytest.raises(InvalidOptionError, match=r"\['delivery'\] are TallySink's"):
+        _parse({"url": "grpc://127.0.0.1:1", "table": "db.t", "delivery": "tasks"})
 
 
 def test_the_token_comes_from_a_file_the_environment_or_the_option(tmp_path, monkeypatch):
