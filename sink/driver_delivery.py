@@ -73,15 +73,18 @@ def fold_by_bucket(rows: pa.Table, counts: dict[int, int], plan: WritePlan):
 class DriverDelivery:
     """The driver delivery of an epoch over `df` (see the module docstring)."""
 
-    def __init__(self, df):
+    def __init__(self, df, selected=None):
         self.df = df
+        self.selected = selected  # table_named(df, plan), when the choice built it already
 
     def __call__(self, conn, plan: WritePlan, epoch: EpochContext,
                  label: str) -> list[BucketReport]:
         spark = self.df.sparkSession
         spark.sparkContext.setJobDescription(f"tally sink: {label} into {plan.table} (driver)")
         try:
-            data = table_named(self.df, plan).toArrow()
+            selected = self.selected if self.selected is not None else \
+                table_named(self.df, plan)
+            data = selected.toArrow()
         finally:
             spark.sparkContext.setJobDescription(None)
         rows, counts = bucket_rows(data, plan, label)

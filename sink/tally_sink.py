@@ -22,7 +22,7 @@ import threading
 
 from sink import remote
 from sink.driver_delivery import DriverDelivery, size_estimate
-from sink.job import SparkJob
+from sink.job import SparkJob, table_named
 from sink.options import SinkOptions
 from sink.owner import batch_owner_id, streaming_owner_id
 from sink.plan import plan_write
@@ -48,17 +48,19 @@ def refuse_speculation(value) -> None:
             "spark.speculation=false for this job.")
 
 
-def choose_delivery(df, options: SinkOptions):
+def choose_delivery(df, options: SinkOptions, plan=None):
     """The epoch's delivery: `tasks` or `driver` as the option says; `auto` takes the driver
     when Spark estimates the batch at most `delivery.driver-max-bytes`, else the tasks (also
-    when it cannot estimate: a source without statistics)."""
+    when it cannot estimate: a source without statistics). Given the run's plan, the estimate
+    is of the columns the driver would collect, whose optimized plan the collect then reuses."""
     if options.delivery == "tasks":
         return SparkJob(df)
+    selected = None if plan is None else table_named(df, plan)
     if options.delivery == "driver":
-        return DriverDelivery(df)
-    size = size_estimate(df)
+        return DriverDelivery(df, selected)
+    size = size_estimate(df if selected is None else selected)
     if size is not None and size <= options.driver_max_bytes:
-        return DriverDelivery(df)
+        return DriverDelivery(df, selected)
     return SparkJob(df)
 
 
@@ -114,7 +116,7 @@ class TallySink:
                 "sink.write(df)")
         run = self._run_for(df, query_id, context.getLocalProperty(RUN_ID_PROPERTY) or "")
         run.write_epoch(int(batch_id), f"micro-batch {batch_id} of query {query_id}",
-                        choose_delivery(df, self.options))
+                        choose_delivery(df, self.options, run.plan))
 
     def _run_for(self, df, query_id: str, run_id: str) -> WriterRun:
         with self._lock:
@@ -174,7 +176,7 @@ class TallySink:
         try:
             epoch = run.batch_epoch()
             return run.write_epoch(epoch, f"batch write (epoch {epoch}) by {run.owner_id}",
-                                   choose_delivery(df, self.options))
+                                   choose_delivery(df, self.options, run.plan))
         finally:
             run.end()
 
