@@ -134,7 +134,7 @@ class _TaskSide:
         from pyspark import TaskContext
 
         from sink.job import BucketAssigner
-        from sink.funnel import fold_part
+        from sink.fold import fold_part
         from sink.plan import HIDDEN_SEQUENCE_COLUMN
 
         plan = self.plan
@@ -159,14 +159,27 @@ class _TaskSide:
 
 
 def _empty(partition: int, query_id: str):
-    from sink.funnel import FoldedPart
+    from sink.fold import FoldedPart
 
     return FoldedPart(partition, 0, b"", True, query_id)
 
 
+def _parse(options: dict) -> SinkOptions:
+    """The write options; TallySink's delivery options are refused: the data source's tasks
+    cannot own buckets, so its epochs always go through its commit process."""
+    from sink.options import DELIVERY, DRIVER_MAX_BYTES, lowered
+
+    given = sorted(k for k in lowered(options) if k in (DELIVERY, DRIVER_MAX_BYTES))
+    if given:
+        raise InvalidOptionError(
+            f"Option(s) {given} are TallySink's: the tally data source always writes through "
+            "its commit process (docs/spark.md); drop them, or write with TallySink")
+    return SinkOptions.parse(options)
+
+
 class TallyBatchWriter(_TaskSide, DataSourceArrowWriter):
     def __init__(self, options: dict, schema, app_id: str | None):
-        self.options = SinkOptions.parse(options)
+        self.options = _parse(options)
         self.plan = _plan(self.options, schema)
         self.app_id = app_id  # known only when the session registered the source itself
 
@@ -213,7 +226,7 @@ class TallyBatchWriter(_TaskSide, DataSourceArrowWriter):
 
 class TallyStreamWriter(_TaskSide, DataSourceStreamArrowWriter):
     def __init__(self, options: dict, schema):
-        self.options = SinkOptions.parse(options)
+        self.options = _parse(options)
         self.plan = _plan(self.options, schema)
 
     def write(self, iterator):

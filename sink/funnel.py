@@ -13,79 +13,20 @@ folded rows of a batch pass through the commit process (bounded by spark.driver.
 
 from __future__ import annotations
 
-import dataclasses
-import io
 import logging
 import threading
 
 import numpy as np
 import pyarrow as pa
 
-from merge_engine import MergeMode
-from merge_engine.preaggregate import last_per_key, preaggregate
 from sink import remote
-from sink.plan import ORDER_COLUMN, WritePlan
+from sink.fold import FoldedPart, combine
+from sink.plan import WritePlan
 from sink.protocol import WriterRun
-from sink.task import (
-    BucketReport,
-    EpochContext,
-    fold_rows,
-    sequence_name,
-    write_bucket,
-)
+from sink.task import BucketReport, EpochContext, write_every_bucket
 from tally.errors import LeaseLostError
 
 log = logging.getLogger("tally.sink")
-
-
-@dataclasses.dataclass
-class FoldedPart:
-    """One task's contribution (picklable; travels inside a WriterCommitMessage)."""
-
-    partition: int
-    rows: int
-    payload: bytes          # Arrow IPC stream: folded states, or ordered raw rows (sequence)
-    folded: bool
-    query_id: str | None = None
-
-
-def to_ipc(table: pa.Table) -> bytes:
-    sink = io.BytesIO()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue()
-
-
-def from_ipc(payload: bytes) -> pa.Table:
-    return pa.ipc.open_stream(io.BytesIO(payload)).read_all()
-
-
-def fold_part(data: pa.Table, plan: WritePlan, partition: int, query_id: str | None) -> FoldedPart:
-    """A task's rows folded per key (in input order), or, with a sequence column, its rows as
-    they are: states of order-sensitive functions cannot be merged across tasks by sequence."""
-    if plan.sequence_column is not None:
-        keep = list(plan.target_columns) + [sequence_name(plan), ORDER_COLUMN]
-        return FoldedPart(partition, data.num_rows, to_ipc(data.select(list(dict.fromkeys(keep)))),
-                          False, query_id)
-    folded, _ = fold_rows(data, plan)
-    return FoldedPart(partition, data.num_rows, to_ipc(folded), True, query_id)
-
-
-def combine(parts: list[FoldedPart], plan: WritePlan) -> tuple[pa.Table | None, MergeMode]:
-    """All parts folded into one row per key, in task order (deterministic)."""
-    parts = sorted((p for p in parts if p is not None and p.rows), key=lambda p: p.partition)
-    if not parts:
-        return None, MergeMode.MERGE_STATE
-    tables = [from_ipc(p.payload) for p in parts]
-    if not parts[0].folded:
-        data = pa.concat_tables(tables, promote_options="default")
-        return fold_rows(data, plan)
-    states = pa.concat_tables(tables, promote_options="default")
-    if plan.mode is MergeMode.OVERWRITE:
-        order = np.arange(states.num_rows)
-        return last_per_key(states, plan.key_columns, order), MergeMode.OVERWRITE
-    return preaggregate(states, plan.descriptor, list(plan.target_columns),
-                        MergeMode.MERGE_STATE), MergeMode.MERGE_STATE
 
 
 def split_by_bucket(rows: pa.Table, plan: WritePlan) -> dict[int, pa.Table]:
@@ -108,13 +49,7 @@ class FunnelDelivery:
                  label: str) -> list[BucketReport]:
         rows, mode = combine(self.parts, plan)
         by_bucket = {} if rows is None else split_by_bucket(rows, plan)
-        reports = []
-        for bucket in range(plan.bucket_count):
-            folded = by_bucket.get(bucket)
-            count = 0 if folded is None else folded.num_rows
-            reports.append(write_bucket(conn, plan, epoch, bucket, folded, mode, rows=count,
-                                        registered=True))
-        return reports
+        return write_every_bucket(conn, plan, epoch, by_bucket, mode)
 
 
 class StreamRuns:

@@ -1,15 +1,20 @@
-"""How TallySink delivers an epoch's rows: one Spark job, one task per bucket.
+"""How TallySink delivers a large epoch's rows: one Spark job, one task per bucket.
 
-The first stage (`BucketAssigner`, in mapInArrow) computes each row's bucket with
+The first stage (`PartitionFolder`, in mapInArrow) computes each row's bucket with
 `tally.wire.bucket_hash.bucket_ids` (the function tablet servers check writes against) and a
-position column that makes folding deterministic; `repartitionById(bucket_count, bucket)` then
-sends bucket i to partition i, so task i holds every row of every key of bucket i. Spark's
-`repartition(n, col)` is never used: it hashes with Murmur3 and makes buckets collide. A null
-primary key, or a key value that does not fit the key column's type, fails this first stage,
-before any task of the write stage starts: nothing of the batch is applied. The data source
-uses the same first stage.
+position (`BucketAssigner`), then folds its input partition's rows of each bucket per key
+(sink.folded_parts: one row per key and run instead of every row, validated here) and sends each
+bucket its folded part as one Arrow IPC value. `repartitionById(bucket_count, bucket)` then
+sends bucket i's parts to partition i, so task i holds every folded row of every key of bucket
+i; it folds its parts again, in input-partition order, into what one fold of all the bucket's
+rows gives. Spark's `repartition(n, col)` is never used: it hashes with Murmur3 and makes
+buckets collide. A null primary key, a key value that does not fit the key column's type, or a
+value that does not fit its column fails the first stage, before any task of the write stage
+starts: nothing of the batch is applied. The data source and the driver delivery use the same
+bucket assignment.
 
-    df ─select─▶ table-named columns ─mapInArrow(BucketAssigner)─▶ + bucket, position
+    df ─select─▶ table-named columns ─mapInArrow(PartitionFolder)─▶ (bucket, position, rows,
+       folded part) per input partition and bucket
        ─repartitionById(bucket_count, bucket)─▶ partition i = bucket i
        ─mapInArrow(BucketTask)─▶ one report row per task (the per-bucket step, sink.task)
        ─collect─▶ driver
@@ -23,8 +28,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import functions as F
-from pyspark.sql.types import IntegerType, LongType, StructField, StructType
 
+from sink.fold import fold_part
 from sink.plan import BUCKET_COLUMN, HIDDEN_SEQUENCE_COLUMN, ORDER_COLUMN, WritePlan
 from sink.task import (
     RESULT_DDL,
@@ -39,6 +44,14 @@ from tally.errors import InvalidInputError
 # Position = input partition << 36 | row number within that partition: the order Spark read
 # the rows in, stable across a replay of the same input partitions.
 ROW_BITS = 36
+# An input partition is folded in chunks of at most this many rows, so that one folded part
+# (one binary value crossing the shuffle) stays far below Arrow's 2 GiB per binary array.
+CHUNK_ROWS = 1 << 20
+
+# What crosses the shuffle: one row per (chunk of an input partition, bucket).
+PART_DDL = f"{BUCKET_COLUMN} int, {ORDER_COLUMN} long, rows long, folded boolean, payload binary"
+PART_SCHEMA = pa.schema([(BUCKET_COLUMN, pa.int32()), (ORDER_COLUMN, pa.int64()),
+                         ("rows", pa.int64()), ("folded", pa.bool_()), ("payload", pa.binary())])
 
 
 class BucketAssigner:
@@ -102,17 +115,63 @@ def _column(name: str):
     return F.col("`" + name.replace("`", "``") + "`")
 
 
-def bucketed(df, plan: WritePlan, label: str):
-    """The DataFrame the write stage reads: partition i holds exactly bucket i's rows."""
+def table_named(df, plan: WritePlan):
+    """The columns the write reads, under their table names (and the hidden sequence)."""
     columns = [_column(src).alias(dst) for src, dst in zip(plan.input_columns, plan.table_columns)]
     if plan.sequence_column is not None and plan.sequence_column not in plan.input_columns:
         columns.append(_column(plan.sequence_column).alias(HIDDEN_SEQUENCE_COLUMN))
-    selected = df.select(*columns)
-    schema = StructType(selected.schema.fields + [
-        StructField(BUCKET_COLUMN, IntegerType(), False),
-        StructField(ORDER_COLUMN, LongType(), False)])
-    assigned = selected.mapInArrow(BucketAssigner(plan, label), schema)
-    return assigned.repartitionById(plan.bucket_count, BUCKET_COLUMN)
+    return df.select(*columns)
+
+
+def rows_by_bucket(rows: pa.Table) -> dict[int, pa.Table]:
+    """{bucket: its rows, in their order} of rows with a bucket column."""
+    buckets = rows.column(BUCKET_COLUMN).to_numpy()
+    order = np.argsort(buckets, kind="stable")
+    ordered = rows.take(pa.array(order, type=pa.int64()))
+    parts, start = {}, 0
+    for bucket, count in enumerate(np.bincount(buckets)):
+        if count:
+            parts[bucket] = ordered.slice(start, int(count))
+        start += int(count)
+    return parts
+
+
+class PartitionFolder:
+    """mapInArrow function of the first stage (runs on executors): bucket the input
+    partition's rows, fold each bucket's rows per key, one row per bucket's folded part."""
+
+    def __init__(self, plan: WritePlan, epoch_label: str):
+        self.plan = plan
+        self.epoch_label = epoch_label
+
+    def __call__(self, batches):
+        pending, count = [], 0
+        for batch in BucketAssigner(self.plan, self.epoch_label)(batches):
+            if batch.num_rows:
+                pending.append(batch)
+                count += batch.num_rows
+            if count >= CHUNK_ROWS:
+                yield from self._parts(pending)
+                pending, count = [], 0
+        if pending:
+            yield from self._parts(pending)
+
+    def _parts(self, batches):
+        rows = pa.Table.from_batches(batches)
+        position = int(rows.column(ORDER_COLUMN)[0].as_py())  # orders the chunks of the input
+        for bucket, part in rows_by_bucket(rows).items():
+            folded = fold_part(part, self.plan, position, None)
+            yield pa.RecordBatch.from_arrays([
+                pa.array([bucket], pa.int32()), pa.array([position], pa.int64()),
+                pa.array([folded.rows], pa.int64()), pa.array([folded.folded]),
+                pa.array([folded.payload], pa.binary())], schema=PART_SCHEMA)
+
+
+def bucketed(df, plan: WritePlan, label: str):
+    """The DataFrame the write stage reads: partition i holds exactly bucket i's folded parts
+    (PART_SCHEMA rows)."""
+    folded = table_named(df, plan).mapInArrow(PartitionFolder(plan, label), PART_DDL)
+    return folded.repartitionById(plan.bucket_count, BUCKET_COLUMN)
 
 
 def run_write_job(df, plan: WritePlan, epoch: EpochContext, label: str) -> list[BucketReport]:

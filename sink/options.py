@@ -14,6 +14,7 @@ import os
 from merge_engine import MergeMode
 from merge_engine.option_values import parse_bool_option
 from tally.errors import InvalidOptionError
+from tally.sizes import parse_size
 from tally.wire.tls import TlsFiles
 
 URL = "url"
@@ -31,14 +32,22 @@ LOCK_TTL = "client.column-lock.ttl"
 SEQUENCE_COLUMN = "sequence-column"
 EPOCH = "epoch"
 FAIL_HOOK = "fail-hook"
+DELIVERY = "delivery"
+DRIVER_MAX_BYTES = "delivery.driver-max-bytes"
 TLS_CA, TLS_CERT, TLS_KEY = "tls.ca", "tls.cert", "tls.key"  # PEM paths on every executor
 
 DEFAULT_TTL = 60.0
 
+# How TallySink brings an epoch's rows to the buckets: a Spark job with one task per bucket,
+# the driver (the rows collected to it, for small batches), or the choice by the batch's size.
+DELIVERIES = ("auto", "tasks", "driver")
+# `auto` takes the driver when Spark's size estimate of the batch is at most this.
+DEFAULT_DRIVER_MAX_BYTES = 4 << 20
+
 # Keys the sink itself understands; `fields.*` and `table.*` are table options for create-table.
 SINK_KEYS = {URL, TABLE, TOKEN, TOKEN_FILE, COLUMNS, MERGE_MODE, CREATE_TABLE, PRIMARY_KEY,
              PARTITION_KEY, BUCKET_NUM, OWNER_ID, LOCK_TTL, SEQUENCE_COLUMN, EPOCH, FAIL_HOOK,
-             TLS_CA, TLS_CERT, TLS_KEY}
+             TLS_CA, TLS_CERT, TLS_KEY, DELIVERY, DRIVER_MAX_BYTES}
 # Keys Spark adds to a data source's options on its own.
 SPARK_KEYS = {"path", "checkpointlocation"}
 
@@ -112,6 +121,8 @@ class SinkOptions:
     checkpoint_location: str | None = None
     fail_hook: str | None = None   # tests only: "module:function", see sink.task.write_bucket
     tls: TlsFiles | None = None    # a grpc+tls:// cluster: its CA, our certificate and key
+    delivery: str = "auto"         # TallySink only: one of DELIVERIES
+    driver_max_bytes: int = DEFAULT_DRIVER_MAX_BYTES
 
     @property
     def database(self) -> str:
@@ -157,7 +168,23 @@ class SinkOptions:
             checkpoint_location=raw.get("checkpointlocation"),
             fail_hook=str(raw[FAIL_HOOK]).strip() or None if raw.get(FAIL_HOOK) else None,
             tls=tls,
+            delivery=_delivery(raw.get(DELIVERY)),
+            driver_max_bytes=_byte_count(DRIVER_MAX_BYTES, raw.get(DRIVER_MAX_BYTES)),
         )
+
+
+def _delivery(value) -> str:
+    if value is None:
+        return "auto"
+    text = str(value).strip().lower()
+    if text not in DELIVERIES:
+        raise InvalidOptionError(
+            f"Option '{DELIVERY}' must be one of {', '.join(DELIVERIES)}, got {value!r}")
+    return text
+
+
+def _byte_count(key: str, value) -> int:
+    return DEFAULT_DRIVER_MAX_BYTES if value is None else parse_size(key, value)
 
 
 def _merge_mode(value) -> MergeMode:

@@ -7,7 +7,9 @@
 
 Each streaming query run gets its own `WriterRun` (sink.protocol, the epoch protocol shared
 with the data source), created at its first micro-batch, when the query id (the owner id's
-root) is known; each epoch's rows reach the buckets through one Spark job (sink.job). A
+root) is known; each epoch's rows reach the buckets through one Spark job with a task per
+bucket (sink.job), or, for a batch Spark estimates small, through the driver
+(sink.driver_delivery): the `delivery` option, `choose_delivery`. A
 StreamingQueryListener ends the run when the query terminates: the lock is released unless an
 epoch is partly applied (a rollback that failed), which leaves it to the owner's restart.
 A failed epoch is rolled back before the error reaches Spark (sink.errors.EpochFailedError).
@@ -19,7 +21,8 @@ import dataclasses
 import threading
 
 from sink import remote
-from sink.job import SparkJob
+from sink.driver_delivery import DriverDelivery, size_estimate
+from sink.job import SparkJob, table_named
 from sink.options import SinkOptions
 from sink.owner import batch_owner_id, streaming_owner_id
 from sink.plan import plan_write
@@ -43,6 +46,22 @@ def refuse_speculation(value) -> None:
             "The Tally sink refuses to run with spark.speculation=true: a speculative copy of "
             "a bucket's task would write the bucket at the same time as the original. Set "
             "spark.speculation=false for this job.")
+
+
+def choose_delivery(df, options: SinkOptions, plan=None):
+    """The epoch's delivery: `tasks` or `driver` as the option says; `auto` takes the driver
+    when Spark estimates the batch at most `delivery.driver-max-bytes`, else the tasks (also
+    when it cannot estimate: a source without statistics). Given the run's plan, the estimate
+    is of the columns the driver would collect, whose optimized plan the collect then reuses."""
+    if options.delivery == "tasks":
+        return SparkJob(df)
+    selected = None if plan is None else table_named(df, plan)
+    if options.delivery == "driver":
+        return DriverDelivery(df, selected)
+    size = size_estimate(df if selected is None else selected)
+    if size is not None and size <= options.driver_max_bytes:
+        return DriverDelivery(df, selected)
+    return SparkJob(df)
 
 
 class TallySink:
@@ -97,7 +116,7 @@ class TallySink:
                 "sink.write(df)")
         run = self._run_for(df, query_id, context.getLocalProperty(RUN_ID_PROPERTY) or "")
         run.write_epoch(int(batch_id), f"micro-batch {batch_id} of query {query_id}",
-                        SparkJob(df))
+                        choose_delivery(df, self.options, run.plan))
 
     def _run_for(self, df, query_id: str, run_id: str) -> WriterRun:
         with self._lock:
@@ -157,7 +176,7 @@ class TallySink:
         try:
             epoch = run.batch_epoch()
             return run.write_epoch(epoch, f"batch write (epoch {epoch}) by {run.owner_id}",
-                                   SparkJob(df))
+                                   choose_delivery(df, self.options, run.plan))
         finally:
             run.end()
 

@@ -16,8 +16,9 @@ or the data source's commit process (sink.funnel, one bucket after another). For
    under the lease and that attempt;
 4. report b's end offsets, which the driver commits once every bucket is done.
 
-`BucketTask` checks that every row it received belongs to its bucket and folds them per key
-with the table's own aggregators (less to send, fewer RocksDB writes), in a deterministic
+`BucketTask` checks that every folded part it received (one per chunk of an input partition,
+folded per key where it was read, sink.fold) belongs to its bucket and combines them into one
+row per key with the table's own aggregators (less to send, fewer RocksDB writes), in input
 order, before the step. Folding is where the client validates the values (once); the folded
 rows then go to the bucket as they are, through the client's bucket-addressed writer, and the
 tablet server checks them at its trust boundary.
@@ -27,15 +28,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from merge_engine import MergeMode
-from merge_engine.preaggregate import latest_rows, preaggregate
 from sink import remote
-from sink.plan import BUCKET_COLUMN, HIDDEN_SEQUENCE_COLUMN, ORDER_COLUMN, WritePlan
+from sink.fold import FoldedPart, combine
+from sink.plan import BUCKET_COLUMN, ORDER_COLUMN, WritePlan
 from tally.errors import InvalidInputError, RecoveryError
 
 RESULT_DDL = ("bucket int, rows long, keys long, undone long, attempt int, seconds double, "
@@ -85,37 +86,6 @@ class BucketReport:
     seconds: float = 0.0
 
 
-def order_of(data: pa.Table, plan: WritePlan) -> np.ndarray:
-    """The fold order: by the sequence column (ascending, nulls first) when there is one, then
-    by input position (input partition, row within it), so a replay folds identically."""
-    names = [ORDER_COLUMN]
-    if plan.sequence_column is not None:
-        names.insert(0, sequence_name(plan))
-    try:  # pyarrow >= 25 takes the null placement per key
-        keys = [(name, "ascending", "at_start") for name in names]
-        return pc.sort_indices(data, sort_keys=keys).to_numpy()
-    except (TypeError, ValueError, pa.ArrowInvalid):
-        keys = [(name, "ascending") for name in names]
-        return pc.sort_indices(data, sort_keys=keys, null_placement="at_start").to_numpy()
-
-
-def sequence_name(plan: WritePlan) -> str:
-    if plan.sequence_column in plan.input_columns:
-        return plan.table_columns[plan.input_columns.index(plan.sequence_column)]
-    return HIDDEN_SEQUENCE_COLUMN
-
-
-def fold_rows(data: pa.Table, plan: WritePlan) -> tuple[pa.Table, MergeMode]:
-    """One row per key, and the mode to send it in."""
-    order = order_of(data, plan)
-    rows = data.select(list(plan.target_columns))
-    if plan.mode is MergeMode.OVERWRITE:
-        return latest_rows(rows, plan.descriptor, list(plan.target_columns), order), \
-            MergeMode.OVERWRITE
-    folded = preaggregate(rows, plan.descriptor, list(plan.target_columns), plan.mode, order)
-    return folded, MergeMode.MERGE_STATE
-
-
 def write_bucket(conn, plan: WritePlan, epoch: EpochContext, bucket: int,
                  folded: pa.Table | None, mode: MergeMode, *, rows: int = 0,
                  attempt_number: int = 0, registered: bool = False) -> BucketReport:
@@ -152,6 +122,32 @@ def write_bucket(conn, plan: WritePlan, epoch: EpochContext, bucket: int,
                         time.monotonic() - started)
 
 
+def write_every_bucket(conn, plan: WritePlan, epoch: EpochContext,
+                       folded: dict[int, pa.Table], mode: MergeMode,
+                       rows: dict[int, int] | None = None, *,
+                       threads: int = 1) -> list[BucketReport]:
+    """Every bucket, rows or not, through the per-bucket step, in this process, under the
+    attempts the epoch's start registered (a delivery that runs in the driver's or the commit
+    process: each bucket is visited once). `folded`: {bucket: its folded rows}; `rows`:
+    {bucket: the input rows that reached it} (default: folded rows). With `threads` > 1 that
+    many buckets are written at once (the connection is shared safely between threads, each
+    bucket has its own writer); a failure is raised once every started bucket has ended, so
+    a rollback never runs beside a write of this epoch."""
+    def step(bucket: int) -> BucketReport:
+        part = folded.get(bucket)
+        count = (0 if part is None else part.num_rows) if rows is None else rows.get(bucket, 0)
+        return write_bucket(conn, plan, epoch, bucket, part, mode, rows=count, registered=True)
+
+    buckets = range(plan.bucket_count)
+    if threads <= 1 or plan.bucket_count == 1:
+        return [step(bucket) for bucket in buckets]
+    with ThreadPoolExecutor(max_workers=min(threads, plan.bucket_count),
+                            thread_name_prefix="tally-bucket") as pool:
+        futures = [pool.submit(step, bucket) for bucket in buckets]
+        wait(futures)
+    return [future.result() for future in futures]
+
+
 def table_handle(conn, plan: WritePlan):
     """A handle on the plan's table, from the connection's cached metadata (no round trip for
     a connection a worker reuses); RecoveryError when the name now belongs to another table.
@@ -186,7 +182,7 @@ def _write(writer, folded: pa.Table, plan: WritePlan, epoch: EpochContext,
 
 class BucketTask:
     """mapInArrow function of TallySink's write stage (runs on executors, one call per
-    bucket): check the rows' bucket, fold them, run the per-bucket step."""
+    bucket): check the parts' bucket, combine them, run the per-bucket step."""
 
     def __init__(self, plan: WritePlan, epoch: EpochContext):
         self.plan = plan
@@ -197,14 +193,26 @@ class BucketTask:
 
         context = TaskContext.get()
         bucket = context.partitionId()
-        data = _collect(batches)
-        check_bucket(data.column(BUCKET_COLUMN), bucket, self.plan.table)
-        folded, mode = fold_rows(data, self.plan) if data.num_rows else \
-            (None, MergeMode.MERGE_STATE)
+        parts = received_parts(batches, bucket, self.plan.table)
+        folded, mode = combine(parts, self.plan)
         conn = remote.shared_connection(self.epoch.url, self.epoch.token, self.epoch.tls)
         report = write_bucket(conn, self.plan, self.epoch, bucket, folded, mode,
-                              rows=data.num_rows, attempt_number=context.attemptNumber())
+                              rows=sum(p.rows for p in parts),
+                              attempt_number=context.attemptNumber())
         yield report_batch(report)
+
+
+def received_parts(batches, bucket: int, table: str) -> list[FoldedPart]:
+    """The folded parts a write task received (rows of the first stage's part schema), each
+    checked to belong to the task's bucket."""
+    parts = []
+    for batch in batches:
+        check_bucket(batch.column(BUCKET_COLUMN), bucket, table)
+        columns = [batch.column(name) for name in (ORDER_COLUMN, "rows", "folded", "payload")]
+        for position, rows, folded, payload in zip(*columns):
+            parts.append(FoldedPart(position.as_py(), rows.as_py(), payload.as_buffer(),
+                                    folded.as_py()))
+    return parts
 
 
 class BucketMismatchError(InvalidInputError):
@@ -222,14 +230,6 @@ def check_bucket(buckets: pa.ChunkedArray | pa.Array, expected: int, table: str)
             f"Spark task {expected} of the write to {table} received {len(wrong)} row(s) of "
             f"bucket {int(values[wrong[0]])}: one task must write exactly one bucket. Is "
             "adaptive query execution coalescing the repartitionById shuffle?")
-
-
-def _collect(batches) -> pa.Table:
-    batches = list(batches)
-    if not batches:
-        return pa.table({BUCKET_COLUMN: pa.array([], pa.int32()),
-                         ORDER_COLUMN: pa.array([], pa.int64())})
-    return pa.Table.from_batches(batches)
 
 
 def report_batch(report: BucketReport) -> pa.RecordBatch:

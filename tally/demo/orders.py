@@ -11,7 +11,7 @@ the model must fold the orders in exactly the order the job does:
   file per micro-batch (`maxFilesPerTrigger` 1, `latestFirst` false). The demo still checks, in
   the checkpoint's source log, which files each batch really read (`spark_batches`) and folds
   the model in that recorded order;
-- within a micro-batch, as the sink does (sink/task.py `order_of`): by the sequence column
+- within a micro-batch, as the sink does (sink/fold.py `order_of`): by the sequence column
   (`order_id`, ascending, nulls first), ties by input position. Order ids are unique, so the
   order inside a batch never depends on how Spark split or ordered its input partitions.
 """
@@ -125,7 +125,7 @@ def orders_of_batches(batches: list[list[dict]], schedule: list[tuple[int, list[
 
 
 def sink_order(batch: list[dict]) -> list[dict]:
-    """A micro-batch's rows in the sink's fold order (sink/task.py order_of): the sequence
+    """A micro-batch's rows in the sink's fold order (sink/fold.py order_of): the sequence
     column ascending, nulls first, then input position (a stable sort keeps it)."""
     return sorted(batch, key=lambda o: (o["order_id"] is not None, o["order_id"] or 0))
 

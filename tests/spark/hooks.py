@@ -81,3 +81,15 @@ def kill_tablet_server(plan, epoch, attempt_number: int, bucket: int) -> None:
         os.kill(spec["server_pid"], signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+# The environment variable naming the first bucket `fail_from_bucket` fails in.
+FAIL_BUCKET = "TALLY_TEST_FAIL_BUCKET"
+
+
+def fail_from_bucket(plan, epoch, attempt_number: int, bucket: int) -> None:
+    """Fail in every bucket from the one $TALLY_TEST_FAIL_BUCKET names, after half its rows:
+    a driver delivery's write that fails part-way (other buckets, written at the same time,
+    may be written in full)."""
+    if bucket >= int(os.environ.get(FAIL_BUCKET, "0")):
+        raise InjectedTaskFailure(f"injected failure in epoch {epoch.epoch}, bucket {bucket}")

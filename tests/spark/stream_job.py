@@ -6,8 +6,8 @@ spec: url, table, source (a directory of JSON-lines files, one file per micro-ba
 columns (target columns or null), options (sink options), format ("sink", the default:
 TallySink; "tally": writeStream.format("tally")), kill (null or {"point", "epoch", "bucket"}):
   point "task":          SIGKILL from inside a bucket's write of that epoch (bucket >= "bucket"),
-                         after half its writes: a TallySink write task, or the data source's
-                         commit process
+                         after half its writes: a TallySink write task or driver delivery,
+                         or the data source's commit process
   point "server":        SIGKILL of the tablet server "server_pid" from inside a bucket's write
                          of that epoch; the job goes on (replicated tables fail over)
   point "before_commit": SIGKILL on the driver after every task wrote, before the sink commits

@@ -4,7 +4,9 @@ Each cycle runs tests/spark/stream_job.py in a subprocess (its own JVM) over a d
 JSON-lines files (one file per micro-batch, a replayable source) and kills it with SIGKILL at a
 randomly chosen micro-batch and point: inside a write task after half its writes, after every
 task wrote but before the sink's commit, or after the sink's commit but before Spark's commit
-log. The next cycle restarts from the same checkpoint. After the last kill, a clean run
+log. The next cycle restarts from the same checkpoint. The full-row writer's small batches take
+the driver delivery (its kills inside a bucket's write hit the driver), the partial writer
+runs the task delivery. After the last kill, a clean run
 finishes the stream, and the table must equal the fold of every source row exactly once for
 sum, count, string_agg, array_agg and last_value_ignore_nulls.
 """
@@ -48,13 +50,14 @@ def kill_schedule(seed: int, cycles: int) -> list[dict]:
 
 
 def run_with_kills(cluster, conn, tmp_path, name, seed, cycles, columns=None,
-                   rows_per_file=30, keys=10):
+                   rows_per_file=30, keys=10, delivery="auto"):
     batches = cycles + 3
     files = sink_data.write_source_files(str(tmp_path / "source"), batches, rows_per_file, keys,
                                         seed)
     spec = {"url": cluster.url, "table": name, "source": str(tmp_path / "source"),
             "checkpoint": str(tmp_path / "checkpoint"), "schema": sink_data.SCHEMA_DDL,
-            "columns": columns, "options": {"client.column-lock.ttl": "30"}}
+            "columns": columns,
+            "options": {"client.column-lock.ttl": "30", "delivery": delivery}}
     if columns is not None:
         # the source has every column; a partial writer selects its own in the job
         spec["select"] = ["k", *columns]
@@ -72,6 +75,7 @@ def run_with_kills(cluster, conn, tmp_path, name, seed, cycles, columns=None,
 
 @pytest.mark.slow
 def test_kill_restart_full_row_writer(cluster, conn, tmp_path, table_name):
+    """Small batches: `auto` takes the driver delivery, killed inside its bucket writes."""
     sink_data.create_table(conn, table_name)
     result = run_with_kills(cluster, conn, tmp_path, table_name, seed=11, cycles=3)
     owner = result["owners"][0] if result["owners"] else None
@@ -80,9 +84,10 @@ def test_kill_restart_full_row_writer(cluster, conn, tmp_path, table_name):
 
 @pytest.mark.slow
 def test_kill_restart_partial_writer(cluster, conn, tmp_path, table_name):
+    """The task delivery, killed inside a bucket's write task."""
     sink_data.create_table(conn, table_name)
     run_with_kills(cluster, conn, tmp_path, table_name, seed=23, cycles=3,
-                   columns=["v", "s", "a"])
+                   columns=["v", "s", "a"], delivery="tasks")
 
 
 def test_kill_restart_data_source_stream_inside_its_commit(cluster, conn, tmp_path, table_name):

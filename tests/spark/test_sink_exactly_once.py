@@ -36,7 +36,9 @@ def wait_for_locks(conn, table, count, timeout=120.0):
 def test_injected_task_failures_are_applied_once(spark, cluster, conn, tmp_path, table_name):
     sink_data.create_table(conn, table_name)
     files = sink_data.write_source_files(str(tmp_path / "src"), 3, 40, 12, seed=5)
-    sink = TallySink(cluster.url, table_name, fail_hook=FAIL_FIRST)
+    # task retries: the task delivery (the driver delivery has no retries; a failure rolls
+    # its epoch back and stops the query, test_driver_delivery)
+    sink = TallySink(cluster.url, table_name, fail_hook=FAIL_FIRST, options={"delivery": "tasks"})
     query = sink.start(stream(spark, str(tmp_path / "src")), str(tmp_path / "ckpt"),
                        trigger={"availableNow": True})
     query.awaitTermination()

@@ -14,7 +14,7 @@ from sink.job import bucketed
 from sink.options import SinkOptions
 from sink.owner import batch_owner_id, streaming_owner_id
 from sink.plan import BUCKET_COLUMN, ORDER_COLUMN, build_plan, descriptor_for
-from sink.task import fold_rows
+from sink.fold import fold_rows
 from sink.types import accepts, widens
 from tally.client.admin import TableInfo
 from tally.errors import InvalidInputError, InvalidOptionError
@@ -58,10 +58,22 @@ def test_options_parse_case_insensitively_with_defaults():
     ({"bucket.num": "0"}, "positive integer"),
     ({"merge-mode": "sideways"}, "Unknown merge mode"),
     ({"create-table": "maybe"}, "expected true or false"),
+    ({"delivery": "executors"}, "Option 'delivery' must be one of auto, tasks, driver"),
+    ({"delivery.driver-max-bytes": "lots"}, "option 'delivery.driver-max-bytes'"),
 ])
 def test_bad_options_are_refused(bad, message):
     with pytest.raises(InvalidOptionError, match=message):
         options(**bad)
+
+
+def test_delivery_options_parse_and_the_data_source_refuses_them():
+    assert (options().delivery, options().driver_max_bytes) == ("auto", 4 << 20)
+    parsed = options(**{"Delivery": "Driver", "delivery.driver-max-bytes": "64mb"})
+    assert (parsed.delivery, parsed.driver_max_bytes) == ("driver", 64 << 20)
+    from sink.datasource import _parse
+
+    with pytest.raises(InvalidOptionError, match=r"\['delivery'\] are TallySink's"):
+        _parse({"url": "grpc://127.0.0.1:1", "table": "db.t", "delivery": "tasks"})
 
 
 def test_the_token_comes_from_a_file_the_environment_or_the_option(tmp_path, monkeypatch):
@@ -138,7 +150,8 @@ def test_one_task_per_bucket_with_the_clients_bucket_function(spark, partitioned
 
         t = pa.Table.from_batches(list(batches))
         yield pa.RecordBatch.from_pylist([{
-            "p": TaskContext.get().partitionId(), "n": t.num_rows if t.num_columns else 0,
+            "p": TaskContext.get().partitionId(),
+            "n": sum(t.column("rows").to_pylist()) if t.num_columns else 0,
             "b": sorted(set(t.column(BUCKET_COLUMN).to_pylist())) if t.num_columns else []}],
             schema=pa.schema([("p", pa.int64()), ("n", pa.int64()), ("b", pa.list_(pa.int64()))]))
 
