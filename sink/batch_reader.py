@@ -4,7 +4,12 @@
 
 The driver plans the read once (tally.client.table_scan): one Spark partition per bucket, each
 read by its task in one request at one changelog offset of that bucket, streamed as Arrow
-batches. Read options:
+batches; tasks read the driver's plan without asking the coordinator again. Read options:
+
+- `spark-partitions`: at most this many Spark partitions, each reading a run of whole buckets
+  one after another (each still at one offset of its own). A Python data source pays a fixed
+  cost per task (its Python worker's round of the read), so on few cores fewer, longer tasks
+  read faster; the default stays one partition per bucket.
 
 - `snapshot`: what is read. `live` (the default): the table on its tablet servers, as above.
   `lake`: the table's lake copy (a lake-enabled table's Delta table at the version the
@@ -57,11 +62,13 @@ from tally.wire.messages import MAX_SCAN_BATCH_ROWS
 from tally.wire.tls import TlsFiles
 
 COLUMNS, FILTER, UNWRITTEN_OPTION, BATCH_SIZE = "columns", "filter", "unwritten", "batch-size"
+SPARK_PARTITIONS = "spark-partitions"
 SKETCH_ESTIMATES, KLL_QUANTILE = "sketch-estimates", "kll-quantile"
 SNAPSHOT, LIVE, LAKE, UNION = "snapshot", "live", "lake", "union"
 SNAPSHOTS = (LIVE, LAKE, UNION)
 READ_KEYS = {URL, TABLE, TOKEN, TOKEN_FILE, TLS_CA, TLS_CERT, TLS_KEY, COLUMNS, FILTER,
-             UNWRITTEN_OPTION, BATCH_SIZE, SKETCH_ESTIMATES, KLL_QUANTILE, SNAPSHOT}
+             UNWRITTEN_OPTION, BATCH_SIZE, SKETCH_ESTIMATES, KLL_QUANTILE, SNAPSHOT,
+             SPARK_PARTITIONS}
 SPARK_KEYS = {"path"}
 ESTIMATED_FUNCTIONS = (AggFunction.HLL_SKETCH, AggFunction.THETA_SKETCH, AggFunction.KLL_SKETCH)
 
@@ -106,6 +113,7 @@ class ReadOptions:
     estimates: bool = False
     kll_rank: float = 0.5
     snapshot: str = LIVE
+    spark_partitions: int | None = None  # None: one per bucket
 
     @classmethod
     def parse(cls, options) -> "ReadOptions":
@@ -141,10 +149,11 @@ class ReadOptions:
                                          f"{MAX_SCAN_BATCH_ROWS:,}, not {raw[BATCH_SIZE]!r}")
         estimates = parse_bool_option(SKETCH_ESTIMATES, raw.get(SKETCH_ESTIMATES, "false"))
         unwritten = parse_bool_option(UNWRITTEN_OPTION, raw.get(UNWRITTEN_OPTION, "false"))
+        snapshot = _snapshot(raw.get(SNAPSHOT), unwritten)
         return cls(url=url, table=table, token=token, tls=tls, columns=columns, filter=where,
                    unwritten=unwritten, batch_size=batch_size, estimates=estimates,
-                   kll_rank=_kll_rank(raw.get(KLL_QUANTILE), estimates),
-                   snapshot=_snapshot(raw.get(SNAPSHOT), unwritten))
+                   kll_rank=_kll_rank(raw.get(KLL_QUANTILE), estimates), snapshot=snapshot,
+                   spark_partitions=_spark_partitions(raw.get(SPARK_PARTITIONS), snapshot))
 
 
 def _open_table(options: ReadOptions, table_id: int | None = None):
@@ -171,6 +180,22 @@ def _snapshot(value, unwritten: bool) -> str:
                                  f"'{SNAPSHOT}' = {snapshot}: the lake does not keep which "
                                  "columns were written (read it live)")
     return snapshot
+
+
+def _spark_partitions(value, snapshot: str) -> int | None:
+    if value is None:
+        return None
+    if snapshot != LIVE:
+        raise InvalidOptionError(f"Option '{SPARK_PARTITIONS}' applies to live reads only; "
+                                 f"'{SNAPSHOT}' = {snapshot} reads one Spark partition per file")
+    try:
+        count = int(str(value).strip())
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise InvalidOptionError(f"Option '{SPARK_PARTITIONS}' must be a positive integer, "
+                                 f"not {value!r}")
+    return count
 
 
 def _kll_rank(value, estimates: bool) -> float:
@@ -224,15 +249,23 @@ def read_schema(options: dict) -> StructType:
 
 
 class TallyInputPartition(InputPartition):
-    """One request of the read: a bucket (or a lookup of some of its keys)."""
+    """The requests one task makes, one after another: each a bucket (or a lookup of some of
+    its keys), read at one offset of that bucket."""
 
-    def __init__(self, index: int, part) -> None:
+    def __init__(self, index: int, parts: list) -> None:
         super().__init__(index)
-        self.part = part  # tally.client.table_scan.ScanPart, or None for an empty read
+        self.parts = parts  # tally.client.table_scan.ScanPart each; none for an empty read
+
+
+def grouped(parts: list, most: int | None) -> list[list]:
+    """`parts` in at most `most` runs of neighbours (sizes differing by one at most)."""
+    count = len(parts) if most is None else min(most, len(parts))
+    return [parts[i * len(parts) // count:(i + 1) * len(parts) // count]
+            for i in range(count)]
 
 
 class TallyBatchReader(DataSourceReader):
-    """Plans on the driver; each task reads its part."""
+    """Plans on the driver; each task reads its parts."""
 
     def __init__(self, options: dict, schema: StructType) -> None:
         from tally.client.table_scan import TableScan
@@ -259,19 +292,28 @@ class TallyBatchReader(DataSourceReader):
 
     def partitions(self):
         if not self.parts:
-            return [TallyInputPartition(0, None)]  # Spark wants at least one partition
-        return [TallyInputPartition(i, part) for i, part in enumerate(self.parts)]
+            return [TallyInputPartition(0, [])]  # Spark wants at least one partition
+        return [TallyInputPartition(i, run)
+                for i, run in enumerate(grouped(self.parts, self.options.spark_partitions))]
 
     def read(self, partition: TallyInputPartition):
         from tally.client.table_scan import TableScan
 
-        if partition.part is None:
+        if not partition.parts:
             return
         scan = TableScan(_open_table(self.options, self.table_id), self.columns,
-                         self.options.filter, self.options.batch_size, self.unwritten)
+                         self.options.filter, self.options.batch_size, self.unwritten,
+                         parts=partition.parts)
         schema = self.arrow_schema
-        for batch in scan.read_part(partition.part):
-            yield pa.RecordBatch.from_arrays(
-                [(self.estimated[f.name].of(batch.column(f.name))
-                  if f.name in self.estimated else batch.column(f.name)).cast(f.type)
-                 for f in schema], schema=schema)
+        for part in partition.parts:
+            for batch in scan.read_part(part):
+                yield pa.RecordBatch.from_arrays(
+                    [self._spark_column(batch, f) for f in schema], schema=schema)
+
+    def _spark_column(self, batch: pa.RecordBatch, field: pa.Field) -> pa.Array:
+        """A column as Spark holds it: a sketch's estimate when asked for, cast only where
+        Spark's type differs (unsigned integers, ...)."""
+        column = batch.column(field.name)
+        if field.name in self.estimated:
+            column = self.estimated[field.name].of(column)
+        return column if column.type == field.type else column.cast(field.type)

@@ -122,7 +122,8 @@ def spark_read(result: dict) -> str:
                        for system, ratio in result["tally_over"].items())
     return "\n\n".join([
         f"{result['rows']:,} rows read by Spark from each system ({result['buckets']} buckets "
-        f"in Tally); after an untimed warm-up round, {result['rounds']} timed rounds in rotated "
+        f"in Tally, read in {result.get('spark_partitions', result['buckets'])} Spark "
+        "partitions); after an untimed warm-up round, {result['rounds']} timed rounds in rotated "
         "order, each leg's median counts.",
         table(["source", "rows/s", "median seconds", "rounds (s)", "Spark partitions",
                "verified"], rows),

@@ -1,15 +1,19 @@
 """Spark batch read benchmark: the same rows read by Spark from Tally, PostgreSQL and Parquet.
 
-    python -m tally.bench.spark_read [--rows N] [--buckets B] [--rounds R]
+    python -m tally.bench.spark_read [--rows N] [--buckets B] [--partitions P] [--rounds R]
 
 One table of `--rows` rows (k bigint key, v bigint, c bigint, s string), held three ways:
 
 - Tally: a LocalCluster of 2 tablet servers, `--buckets` buckets, read with
-  `spark.read.format("tally")` (one Spark partition per bucket);
+  `spark.read.format("tally")` in `--partitions` Spark partitions (its `spark-partitions`
+  option; default 2, the cores of the `local[2]` session: each task reads whole buckets);
 - PostgreSQL 15 (Debian's package, a private server as in tally.bench.spark), read over JDBC
   with Debian's PostgreSQL JDBC driver (`libpostgresql-jdbc-java`, installed when missing),
-  split on the key into as many partitions as Tally has buckets;
-- Parquet files (as many as Tally has buckets), read with `spark.read.parquet`.
+  split on the key into `--partitions` partitions too;
+- Parquet files (as many as Tally has buckets), read with `spark.read.parquet`, and the same
+  files read by a Python data source that only yields their Arrow batches
+  (tally.bench.arrow_source, the files in `--partitions` partitions): the least any Python data source read
+  costs, Tally's included.
 
 Each read is timed through Spark's `noop` writer, which materializes every row and column and
 keeps nothing; each leg is verified untimed (row count, sum of v, sum of c). One untimed warm-up
@@ -94,13 +98,14 @@ def load_postgres(spark, pg, rows_path: str) -> dict:
 
 
 def run(rows: int = 1_000_000, buckets: int = 4, rounds: int = 3, seed: int = 11,
-        master: str = "local[2]") -> dict:
+        master: str = "local[2]", partitions: int = 2) -> dict:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     jar = ensure_jdbc_driver()
     from pyspark.sql import SparkSession
 
     import sink
     from tally import client
+    from tally.bench.arrow_source import ParquetArrowSource
     from tally.bench.private_postgres import PrivatePostgres
     from tally.server import LocalCluster
 
@@ -111,13 +116,15 @@ def run(rows: int = 1_000_000, buckets: int = 4, rounds: int = 3, seed: int = 11
              .config("spark.sql.shuffle.partitions", "2").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     sink.register(spark)
+    spark.dataSource.register(ParquetArrowSource)
     data = make_rows(rows, seed)
     expected = expected_of(data)
     parquet = os.path.join(work, "parquet")
     os.makedirs(parquet)
     per = -(-rows // buckets)
-    for i in range(buckets):
-        pq.write_table(data.slice(i * per, per), os.path.join(parquet, f"part-{i}.parquet"))
+    files = [os.path.join(parquet, f"part-{i}.parquet") for i in range(buckets)]
+    for i, path in enumerate(files):
+        pq.write_table(data.slice(i * per, per), path)
     try:
         with LocalCluster(os.path.join(work, "tally"), tablet_servers=2) as cluster, \
                 client.connect(cluster.url) as conn, PrivatePostgres() as pg:
@@ -127,14 +134,16 @@ def run(rows: int = 1_000_000, buckets: int = 4, rounds: int = 3, seed: int = 11
             jdbc = load_postgres(spark, pg, parquet)
             readers = {
                 "tally": lambda: spark.read.format("tally").option("url", cluster.url)
-                .option("table", "bench.read").load(),
+                .option("table", "bench.read").option("spark-partitions", partitions).load(),
                 "postgresql": lambda: spark.read.jdbc(
                     jdbc["url"], "bench_read", column="k", lowerBound=0, upperBound=rows,
-                    numPartitions=buckets, properties=jdbc["props"]),
+                    numPartitions=partitions, properties=jdbc["props"]),
                 "parquet": lambda: spark.read.parquet(parquet),
+                "python-arrow-floor": lambda: spark.read.format("bench-arrow")
+                .option("files", ",".join(files)).option("partitions", partitions).load(),
             }
             verified = {name: check(make()) == expected for name, make in readers.items()}
-            partitions = {name: make().rdd.getNumPartitions() for name, make in readers.items()}
+            counts = {name: make().rdd.getNumPartitions() for name, make in readers.items()}
             for make in readers.values():  # warm-up, untimed
                 timed(make())
             times: dict[str, list[float]] = {name: [] for name in readers}
@@ -147,22 +156,24 @@ def run(rows: int = 1_000_000, buckets: int = 4, rounds: int = 3, seed: int = 11
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
     legs = [{"system": name, "seconds": statistics.median(t), "round_seconds": t,
-             "rows_per_s": rows / statistics.median(t), "partitions": partitions[name],
+             "rows_per_s": rows / statistics.median(t), "partitions": counts[name],
              "verified": verified[name]} for name, t in times.items()]
     tally_rate = legs[0]["rows_per_s"]
     return {"benchmark": "spark_read", "rows": rows, "buckets": buckets, "rounds": rounds,
+            "spark_partitions": partitions,
             "tally_load_seconds": tally_load, "legs": legs,
             "tally_over": {leg["system"]: tally_rate / leg["rows_per_s"] for leg in legs[1:]},
             "ok": all(verified.values())}
 
 
 def format_text(outcome: dict) -> str:
-    lines = [f"Spark batch read of {outcome['rows']:,} rows (k, v, c, s), {outcome['buckets']} "
-             f"partitions each; after a warm-up round, the median of {outcome['rounds']} rounds "
+    lines = [f"Spark batch read of {outcome['rows']:,} rows (k, v, c, s), Tally's "
+             f"{outcome['buckets']} buckets in {outcome['spark_partitions']} Spark partitions; "
+             f"after a warm-up round, the median of {outcome['rounds']} rounds "
              f"in rotated order (Tally loaded in {outcome['tally_load_seconds']:.1f} s)"]
     for leg in outcome["legs"]:
         rounds = ", ".join(f"{s:.2f}" for s in leg["round_seconds"])
-        lines.append(f"  {leg['system']:<11} {leg['rows_per_s']:>12,.0f} rows/s  "
+        lines.append(f"  {leg['system']:<18} {leg['rows_per_s']:>12,.0f} rows/s  "
                      f"({leg['seconds']:.2f} s; rounds {rounds} s; {leg['partitions']} Spark "
                      f"partitions)  verified={leg['verified']}")
     for system, ratio in outcome["tally_over"].items():
@@ -174,9 +185,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--buckets", type=int, default=4)
+    parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
-    outcome = run(args.rows, args.buckets, args.rounds)
+    outcome = run(args.rows, args.buckets, args.rounds, partitions=args.partitions)
     print(format_text(outcome))
     return 0 if outcome["ok"] else 1
 

@@ -9,7 +9,8 @@ buckets are read at their own offsets: a scan is consistent per bucket, not acro
 
 A part is retried (fresh routing, same table id) until its first batch arrives; a failure
 after that ends the scan with the error, since the batches already handed out cannot be taken
-back. Spark's reader (sink.batch_reader) sends the parts to its tasks, one Spark partition each.
+back. Spark's reader (sink.batch_reader) sends the parts to its tasks, which read them without
+planning again.
 """
 
 from __future__ import annotations
@@ -42,9 +43,13 @@ class TableScan:
     """An iterable of record batches in `schema`; see the module docstring."""
 
     def __init__(self, table, columns=None, filter=None, batch_size: int = DEFAULT_BATCH_SIZE,
-                 unwritten: bool = False) -> None:
+                 unwritten: bool = False, parts: list[ScanPart] | None = None) -> None:
+        """`parts`: the parts an earlier scan of the same table id planned (a Spark task reads
+        its driver's plan): no planning again, and cached metadata serves, since a read of a
+        bucket that moved re-routes and a dropped table's id is refused by its servers."""
         self.table = table
-        meta = table.connection.table_meta(table.name, refresh=True, table_id=table.table_id)
+        meta = table.connection.table_meta(table.name, refresh=parts is None,
+                                           table_id=table.table_id)
         routing = meta.routing
         names = routing.arrow_schema.names
         self.columns = _columns(columns, names)
@@ -65,7 +70,7 @@ class TableScan:
         if unwritten:
             fields.append(pa.field(UNWRITTEN, pa.list_(pa.string())))
         self.schema = pa.schema(fields)
-        self.parts = self._plan(meta)
+        self.parts = self._plan(meta) if parts is None else list(parts)
         self.offsets: dict[tuple[str | None, int], int] = {}
 
     def _plan(self, meta) -> list[ScanPart]:

@@ -1,7 +1,8 @@
-"""spark.read.format("tally"): reads equal `to_arrow()`, one Spark partition per bucket, the
-`columns`/`filter`/`unwritten` options prune what they say, and a DataFrame reused for a
-filtered and then an unfiltered query returns every row to the second (Spark filters are not
-pushed down: PySpark 4.3 would reuse the first query's pruned read for the second).
+"""spark.read.format("tally"): reads equal `to_arrow()`, one Spark partition per bucket (or
+runs of whole buckets with `spark-partitions`), the `columns`/`filter`/`unwritten` options
+prune what they say, and a DataFrame reused for a filtered and then an unfiltered query
+returns every row to the second (Spark filters are not pushed down: PySpark 4.3 would reuse
+the first query's pruned read for the second).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 
 import sink
 import tally
+from sink.batch_reader import grouped
 
 DAYS = ["d1", "d2"]
 SCHEMA = (tally.Schema.builder().column("day", pa.string()).column("k", pa.int64())
@@ -33,8 +35,8 @@ def registered(spark):
     return sink.register(spark)
 
 
-def new_table(conn, rows: list[dict]):
-    name = f"sparkread.t_{uuid.uuid4().hex[:10]}"
+def new_table(conn, rows: list[dict], name: str | None = None):
+    name = name or f"sparkread.t_{uuid.uuid4().hex[:10]}"
     conn.admin.create_database("sparkread", ignore_if_exists=True)
     conn.admin.create_table(name, tally.TableDescriptor(
         SCHEMA, bucket_count=BUCKETS, properties={"table.merge-engine": "aggregation"}))
@@ -82,6 +84,35 @@ def test_read_equals_to_arrow(spark, registered, cluster, conn, rows):
     assert spark_rows(df) == arrow_rows(expected)
     partitions = len(table.meta.partitions)
     assert df.rdd.getNumPartitions() == max(1, partitions * BUCKETS)
+
+
+@settings(max_examples=4, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(row, max_size=60), most=st.integers(1, 8),
+       where=st.sampled_from([None, {"day": "d1"}, {"day": "d2", "k": [1, 2, 3, 39]}]))
+def test_spark_partitions_group_whole_buckets(spark, registered, cluster, conn, rows, most,
+                                              where):
+    """Property: with `spark-partitions`, the read still holds exactly `to_arrow()`'s rows (of
+    the filter's), in at most that many Spark partitions, each bucket (or lookup request) read
+    by one of them."""
+    table = new_table(conn, rows)
+    options = {"spark-partitions": str(most)}
+    if where is not None:
+        options["filter"] = json.dumps(where)
+    df = reader(spark, cluster, table, **options).load()
+    planned = len(table.scan(filter=where).parts)
+    assert df.rdd.getNumPartitions() == max(1, min(most, planned))
+    assert spark_rows(df) == arrow_rows(table.to_arrow(filter=where))
+
+
+@given(parts=st.integers(0, 50), most=st.one_of(st.none(), st.integers(1, 60)))
+def test_grouped_keeps_every_part_once_in_order(parts, most):
+    """Property: runs hold every part exactly once, in order, at most `most` runs (one per part
+    without it), none empty, sizes within one of each other."""
+    runs = grouped(list(range(parts)), most)
+    assert [p for run in runs for p in run] == list(range(parts))
+    assert len(runs) == (parts if most is None else min(most, parts))
+    assert all(runs) and (not runs or max(map(len, runs)) - min(map(len, runs)) <= 1)
 
 
 def test_reused_dataframe_filtered_then_unfiltered(spark, registered, cluster, conn):
@@ -172,6 +203,10 @@ def test_unwritten_only_when_asked(spark, registered, cluster, conn):
     ({"url": "grpc://x:1", "table": "db.t", "batch-size": "many"}, "'batch-size'"),
     ({"url": "grpc://x:1", "table": "db.t", "unwritten": "perhaps"}, "unwritten"),
     ({"url": "grpc://x:1", "table": "db.t", "colums": "k"}, "Unknown Tally read option"),
+    ({"url": "grpc://x:1", "table": "db.t", "spark-partitions": "0"}, "'spark-partitions'"),
+    ({"url": "grpc://x:1", "table": "db.t", "spark-partitions": "two"}, "'spark-partitions'"),
+    ({"url": "grpc://x:1", "table": "db.t", "spark-partitions": "2", "snapshot": "lake"},
+     "'spark-partitions' applies to live reads only"),
 ])
 def test_read_options_are_checked(options, message):
     from sink.batch_reader import ReadOptions
@@ -179,3 +214,26 @@ def test_read_options_are_checked(options, message):
 
     with pytest.raises(InvalidOptionError, match=message):
         ReadOptions.parse(options)
+
+
+def test_a_task_reads_the_planned_table_not_one_recreated_under_its_name(cluster, conn):
+    """Tasks read the driver's plan with cached metadata: a table dropped and re-created after
+    planning still fails the task with TableRecreatedError, also in a worker whose cache
+    already held the old table (this process, where the driver-side plan filled it)."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from sink.batch_reader import TallyBatchReader
+    from tally.errors import TableRecreatedError
+
+    rows = [{"day": "d1", "k": k, "total": k, "amount": decimal.Decimal("1.00"), "hits": 1,
+             "tags": "t"} for k in range(20)]
+    table = new_table(conn, rows)
+    options = {"url": cluster.url, "table": table.name, "spark-partitions": "1"}
+    planned = TallyBatchReader(options, StructType([StructField("k", LongType(), False)]))
+    (partition,) = planned.partitions()
+    assert sorted(k for b in planned.read(partition) for k in b.column("k").to_pylist()) == \
+        list(range(20))
+    conn.admin.drop_table(table.name)
+    assert new_table(conn, rows, table.name).table_id != table.table_id
+    with pytest.raises(TableRecreatedError):
+        list(planned.read(partition))
