@@ -2,7 +2,20 @@
 
 import pyarrow as pa
 
+from aggfuncs import AggFunction as F
 from merge_engine import KvTablet, Schema, TableDescriptor
+from merge_engine.testing import ColumnSpec, TableSpec
+from merge_engine.testing.spec import MERGE_ENGINE
+
+
+def ingest_spec() -> TableSpec:
+    """The ingest benchmark's table: a key, a sum, a max, a string_agg and a last non-null."""
+    return TableSpec((ColumnSpec("id", pa.int64(), nullable=False),
+                      ColumnSpec("qty", pa.int64(), F.SUM),
+                      ColumnSpec("price", pa.float64(), F.MAX),
+                      ColumnSpec("tag", pa.string(), F.STRING_AGG, {"delimiter": ","}),
+                      ColumnSpec("status", pa.string(), F.LAST_VALUE_IGNORE_NULLS)),
+                     ("id",), {MERGE_ENGINE: "aggregation"})
 
 
 def one_column_tablet(path, fn, arrow_type, properties=None, **params):

@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 
 from aggfuncs import AggFunction as F
 from aggfuncs import Segments, make_aggregator
-from merge_engine.testing import ColumnSpec, TableSpec
+from merge_engine.testing import TableSpec
 from merge_engine.testing.harness import TabletHarness
 from merge_engine.testing.ops import Put
 from merge_engine.testing.profiles import examples, load_profile
-from merge_engine.testing.spec import MERGE_ENGINE
 from merge_engine.testing.strategies import puts, table_specs, values_of, write_sequences
+from tests.tablet_helpers import ingest_spec
 
 load_profile()
 
@@ -109,12 +109,7 @@ def test_repeated_keys_onto_stored_rows_match_the_model(tmp_path_factory, data, 
 def test_the_ingest_shape_onto_stored_rows_matches_the_model(tmp_path):
     """The ingest benchmark's columns, many rows per key over keys that exist, nulls in every
     column, in dict and Arrow form."""
-    spec = TableSpec((ColumnSpec("id", pa.int64(), nullable=False),
-                      ColumnSpec("qty", pa.int64(), F.SUM),
-                      ColumnSpec("price", pa.float64(), F.MAX),
-                      ColumnSpec("tag", pa.string(), F.STRING_AGG, {"delimiter": ","}),
-                      ColumnSpec("status", pa.string(), F.LAST_VALUE_IGNORE_NULLS)),
-                     ("id",), {MERGE_ENGINE: "aggregation"})
+    spec = ingest_spec()
     rng = np.random.default_rng(11)
 
     def rows(n):

@@ -14,18 +14,17 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-import pyarrow as pa
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from aggfuncs import AggFunction as F
 from merge_engine.mergers.aggregate import AggregateRowMerger
-from merge_engine.testing import ColumnSpec, TableSpec
+from merge_engine.testing import TableSpec
 from merge_engine.testing.harness import TabletHarness
 from merge_engine.testing.ops import Put
 from merge_engine.testing.profiles import examples, load_profile
-from merge_engine.testing.spec import MERGE_ENGINE
 from merge_engine.testing.strategies import puts, table_specs
+from tests.tablet_helpers import ingest_spec
 
 load_profile()
 
@@ -76,12 +75,7 @@ def test_new_keys_then_existing_keys_match_the_model(tmp_path_factory, data, spe
 
 def test_the_ingest_shape_takes_the_fast_path_and_matches_the_model(tmp_path):
     """The ingest benchmark's columns, one row per new key with nulls in every column."""
-    spec = TableSpec((ColumnSpec("id", pa.int64(), nullable=False),
-                      ColumnSpec("qty", pa.int64(), F.SUM),
-                      ColumnSpec("price", pa.float64(), F.MAX),
-                      ColumnSpec("tag", pa.string(), F.STRING_AGG, {"delimiter": ","}),
-                      ColumnSpec("status", pa.string(), F.LAST_VALUE_IGNORE_NULLS)),
-                     ("id",), {MERGE_ENGINE: "aggregation"})
+    spec = ingest_spec()
     rng = np.random.default_rng(7)
     ids = rng.permutation(200).tolist()
     rows = [{"id": i, "qty": None if i % 7 == 0 else int(rng.integers(-5, 5)),
