@@ -23,6 +23,7 @@ round, then `--rounds` rounds in rotated order; each leg counts its median round
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -187,10 +188,36 @@ def main(argv=None) -> int:
     parser.add_argument("--buckets", type=int, default=4)
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--result", metavar="FILE",
+                        help="also write the result as JSON to FILE (for `tally bench`)")
     args = parser.parse_args(argv)
-    outcome = run(args.rows, args.buckets, args.rounds, partitions=args.partitions)
+    outcome = run(args.rows, args.buckets, args.rounds, seed=args.seed,
+                  partitions=args.partitions)
+    if args.result:
+        with open(args.result, "w") as f:
+            json.dump(outcome, f)
     print(format_text(outcome))
     return 0 if outcome["ok"] else 1
+
+
+def run_in_own_process(rows: int, seed: int) -> dict:
+    """`run` in a fresh Python process. The JDBC driver must be on the classpath the JVM was
+    launched with: a JVM an earlier benchmark of the same run started (and whose session it
+    stopped) cannot load it any more, so `tally bench` runs this benchmark in its own process.
+    Its progress shows on this process's output."""
+    from tally.bench.proc import child_env
+
+    with tempfile.TemporaryDirectory(prefix="tally-bench-read-") as scratch:
+        result = os.path.join(scratch, "result.json")
+        done = subprocess.run([sys.executable, "-m", "tally.bench.spark_read", "--rows",
+                               str(rows), "--seed", str(seed), "--result", result],
+                              env=child_env())
+        if not os.path.exists(result):
+            raise RuntimeError(f"the Spark read benchmark's process failed (exit code "
+                               f"{done.returncode}); its output is above")
+        with open(result) as f:
+            return json.load(f)
 
 
 if __name__ == "__main__":

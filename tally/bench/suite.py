@@ -101,7 +101,7 @@ def _spark(s: Sizes):
 def _spark_read(s: Sizes):
     from tally.bench import spark_read
 
-    return spark_read.run(rows=s.read_rows, seed=s.seed)
+    return spark_read.run_in_own_process(rows=s.read_rows, seed=s.seed)
 
 
 def _replication(s: Sizes):
