@@ -123,11 +123,12 @@ def spark_read(result: dict) -> str:
     return "\n\n".join([
         f"{result['rows']:,} rows read by Spark from each system ({result['buckets']} buckets "
         f"in Tally, read in {result.get('spark_partitions', result['buckets'])} Spark "
-        "partitions); after an untimed warm-up round, {result['rounds']} timed rounds in rotated "
-        "order, each leg's median counts.",
+        f"partitions); after an untimed warm-up round, {result['rounds']} timed rounds in "
+        "rotated order, each leg's median counts.",
         table(["source", "rows/s", "median seconds", "rounds (s)", "Spark partitions",
                "verified"], rows),
-        f"{ratios}.",
+        f"{ratios}. Target: Tally >= 2x PostgreSQL over JDBC: "
+        f"{_mark(result['tally_over'].get('postgresql', 0) >= 2.0)}.",
     ])
 
 

@@ -184,11 +184,14 @@ BENCHMARKS = [
         _spark, lambda r: r["ok"]),
     by_convention(
         "spark_read", "Spark batch reads: Tally, PostgreSQL over JDBC, Parquet",
-        "The same rows (k, v, c, s) read by Spark from a Tally table (`format(\"tally\")`, one "
-        "Spark partition per bucket), from PostgreSQL over JDBC (split on the key into as many "
-        "partitions) and from Parquet files; each read materialized through Spark's `noop` "
-        "writer; rows/s (median of rotated rounds after a warm-up round), every leg verified "
-        "(count and sums). See tally.bench.spark_read.",
+        "The same rows (k, v, c, s) read by Spark from a Tally table (`format(\"tally\")`, its "
+        "buckets grouped into as many Spark partitions as `local[2]` has cores, the "
+        "`spark-partitions` option), from PostgreSQL over JDBC (split on the key into as many "
+        "partitions), from Parquet files, and from a Python data source that only yields "
+        "Arrow batches of those files (the floor of any Python data source); each read "
+        "materialized through Spark's `noop` writer; rows/s (median of rotated rounds after a "
+        "warm-up round), every leg verified (count and sums). Target: Tally >= 2x JDBC. See "
+        "tally.bench.spark_read.",
         _spark_read, lambda r: r["ok"]),
     by_convention(
         "replication", "Replication: ingest at RF 1 and RF 3, failover time",
