@@ -22,6 +22,7 @@ class AggregateRowMerger(RowMerger):
 
     def merge(self, stored: StateBatch, write: WriteInput, group_ids: np.ndarray,
               mode: MergeMode) -> StateBatch:
+        self.check_sequences(write)
         m, n = len(stored), write.rows
         input_groups = Segments(group_ids, m)
         segments = None  # stored rows and input rows together: made when a fold needs them

@@ -27,6 +27,7 @@ class OverwriteRowMerger(RowMerger):
             raise RetractionError(
                 "An OVERWRITE write cannot carry retractions (-U/-D rows): it replaces values. "
                 "Nothing was applied.")
+        self.check_sequences(write)
         columns = list(stored.columns)
         written = stored.written.copy()
         counts = stored.counts().copy()

@@ -39,11 +39,23 @@ class RowMerger:
             if i not in self.key_positions and write.target[i]:
                 yield i, agg
 
+    def check_sequences(self, write: WriteInput) -> None:
+        """Every sequenced column's sequence checked for the whole write before any column is
+        merged: a write that lacks or nulls a sequence is refused as such, whatever else in it
+        would fail later (an overflow in another column, another key)."""
+        for _, agg in self.targets(write):
+            if agg.sequenced and not pa.types.is_struct(write.columns[agg.column].type):
+                self._sequence_of(agg, write)
+
     def with_sequence(self, agg: Aggregator, values: pa.Array, write: WriteInput) -> pa.Array:
         """A sequenced column's input with each row's sequence attached (its states); other
         columns' inputs, and states given as such (undo's images), as they are."""
         if not agg.sequenced or pa.types.is_struct(values.type):
             return values
+        return agg.attach(values, self._sequence_of(agg, write))
+
+    def _sequence_of(self, agg: Aggregator, write: WriteInput) -> pa.StructArray:
+        """The write's sequence of a sequenced column; refused when a field is missing or null."""
         by_name = {a.column: a for a in self.aggregators}
         parts = []
         for i, name in enumerate(agg.sequence_type.names):
@@ -59,5 +71,4 @@ class RowMerger:
                     f"Sequence column '{name}' is null in row {row} of the write; a write to "
                     f"column '{agg.column}' needs a sequence. Nothing was applied.")
             parts.append(column)
-        sequence = pa.StructArray.from_arrays(parts, fields=list(agg.sequence_type))
-        return agg.attach(values, sequence)
+        return pa.StructArray.from_arrays(parts, fields=list(agg.sequence_type))

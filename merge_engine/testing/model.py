@@ -117,6 +117,7 @@ class ReferenceTable:
             return self._writers[writer[0]][1]
         targets = self._targets(target_columns)
         groups = self._group(self._as_dicts(rows), targets, mode)
+        self._check_sequences(groups, targets)
         changes: list[tuple[tuple, RowState | None, RowState]] = []
         for key, key_rows in groups.items():
             old = self._rows.get(key)
@@ -263,6 +264,21 @@ class ReferenceTable:
         return RowState(values, frozenset(unwritten), tuple(counts[n] for n in self.counted),
                         tuple(tokens[n] for n in self.tokenized),
                         tuple(sequences[n] for n in self.sequenced))
+
+    def _check_sequences(self, groups: dict[tuple, list[dict]], targets: list[str]) -> None:
+        """The whole write's sequences before any key is folded (contract): a write that lacks
+        or nulls a sequenced column's sequence is refused as such, whatever else would fail."""
+        for name in targets:
+            if name in self.key_names or name not in self.sequenced:
+                continue
+            missing = [f for f in self.sequence_fields if f not in targets]
+            if missing:
+                raise InvalidInputError(f"Column '{name}' follows the sequence field: a write "
+                                        f"to it must carry column '{missing[0]}'")
+            for rows in groups.values():
+                if any(row.get(f) is None for row in rows for f in self.sequence_fields):
+                    raise InvalidInputError(f"A write to column '{name}' needs a non-null "
+                                            "sequence")
 
     def _fold_sequenced(self, name: str, rows: list[dict], targets: list[str], mode: str,
                         values: dict, sequences: dict) -> None:
