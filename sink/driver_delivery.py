@@ -20,12 +20,11 @@ Spark estimates small (the `delivery` option, sink.options), never for a batch o
 
 from __future__ import annotations
 
-import numpy as np
 import pyarrow as pa
 
 from merge_engine import MergeMode
-from sink.job import BucketAssigner, table_named
-from sink.plan import BUCKET_COLUMN, WritePlan
+from sink.job import BucketAssigner, rows_by_bucket, table_named
+from sink.plan import WritePlan
 from sink.fold import fold_rows
 from sink.task import BucketReport, EpochContext, write_every_bucket
 
@@ -46,26 +45,16 @@ def size_estimate(df) -> int | None:
     return size if size >= 0 else None
 
 
-def bucket_rows(data: pa.Table, plan: WritePlan, label: str) -> tuple[pa.Table, dict[int, int]]:
-    """The collected rows with their bucket and position columns, in bucket order, and the
-    number of rows of each bucket."""
+def bucket_parts(data: pa.Table, plan: WritePlan, label: str) -> dict[int, pa.Table]:
+    """{bucket: its collected rows, with their bucket and position columns, in input order}."""
     assigned = list(BucketAssigner(plan, label)(data.to_batches()))
-    if not assigned:
-        return pa.table({}), {}
-    rows = pa.Table.from_batches(assigned)
-    buckets = rows.column(BUCKET_COLUMN).to_numpy()
-    order = np.argsort(buckets, kind="stable")
-    counts = np.bincount(buckets, minlength=plan.bucket_count)
-    return rows.take(pa.array(order, type=pa.int64())), \
-        {int(b): int(n) for b, n in enumerate(counts) if n}
+    return rows_by_bucket(pa.Table.from_batches(assigned)) if assigned else {}
 
 
-def fold_by_bucket(rows: pa.Table, counts: dict[int, int], plan: WritePlan):
-    """({bucket: its folded rows}, the mode to send them in) for rows in bucket order."""
-    folded, mode, start = {}, None, 0
-    for bucket in sorted(counts):
-        part = rows.slice(start, counts[bucket])
-        start += counts[bucket]
+def fold_by_bucket(parts: dict[int, pa.Table], plan: WritePlan):
+    """({bucket: its folded rows}, the mode to send them in)."""
+    folded, mode = {}, None
+    for bucket, part in parts.items():
         folded[bucket], mode = fold_rows(part, plan)
     return folded, mode
 
@@ -87,7 +76,8 @@ class DriverDelivery:
             data = selected.toArrow()
         finally:
             spark.sparkContext.setJobDescription(None)
-        rows, counts = bucket_rows(data, plan, label)
-        folded, mode = fold_by_bucket(rows, counts, plan)
+        parts = bucket_parts(data, plan, label)
+        folded, mode = fold_by_bucket(parts, plan)
+        counts = {bucket: part.num_rows for bucket, part in parts.items()}
         return write_every_bucket(conn, plan, epoch, folded, mode or MergeMode.MERGE_STATE,
                                   counts, threads=WRITE_THREADS)
