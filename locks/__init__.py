@@ -16,7 +16,8 @@ tablet server or connection is passed in).
 from locks.commits import CommitLog
 from locks.fencing import HeldLock, LockView, view_from_records
 from locks.lease import Lease, LockRecord, offsets_from_json, offsets_to_json
-from locks.service import ColumnLockService, LockTarget
+from locks.request import LockTarget
+from locks.service import ColumnLockService
 
 __all__ = ["ColumnLockService", "CommitLog", "HeldLock", "Lease", "LockRecord", "LockTarget",
            "LockView", "offsets_from_json", "offsets_to_json", "view_from_records"]

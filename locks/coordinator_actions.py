@@ -12,7 +12,7 @@ import logging
 
 from locks import ColumnLockService, CommitLog, Lease, LockTarget, view_from_records
 from locks.commits import check_epoch
-from locks.service import check_buckets
+from locks.request import check_buckets
 from locks.lease import offsets_from_json, offsets_to_json
 from tally.errors import (InvalidInputError, LeaseLostError, RecoveryError, TallyError,
                           UnavailableError)

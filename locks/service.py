@@ -23,13 +23,12 @@ else; `take_over` hands such an expired lock to another owner for exactly that u
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 from locks.lease import (Lease, LockRecord, Offsets, new_lease_secret, secret_hash,
                          secret_matches)
+from locks.request import LockTarget, check_buckets, check_ttl
 from tally.errors import (
     ColumnLockConflict,
     InvalidInputError,
@@ -43,48 +42,8 @@ from tally.errors import (
 from tally.meta import MetadataStore, join_path, node_name
 
 
-@dataclass(frozen=True)
-class LockTarget:
-    """The table a lock is for: its name, id (changes when re-created) and schema."""
-
-    name: str
-    table_id: int
-    schema: object  # merge_engine.Schema (columns with stable ids, primary key)
-    # seconds after expiry that retention keeps what an undo of the lock needs (a table option)
-    expired_hold: float = math.inf
-
-
-# A lease lives `ttl` seconds past its last renewal. Below a tenth of a second no renewal could
-# keep it; past a day a dead job's columns stay closed for too long, and an unbounded ttl once
-# gave a lock that never expired (inf) or one whose expiry no clock could print (1e300).
-MIN_LOCK_TTL = 0.1
-MAX_LOCK_TTL = 86400.0
-
-
-def _check_ttl(ttl) -> float:
-    """`ttl` as seconds, refused unless a number in [MIN_LOCK_TTL, MAX_LOCK_TTL] (NaN is in no
-    range)."""
-    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or \
-            not MIN_LOCK_TTL <= ttl <= MAX_LOCK_TTL:
-        raise InvalidInputError(
-            f"A lock ttl must be a number of seconds from {MIN_LOCK_TTL} to {MAX_LOCK_TTL:.0f} "
-            f"(one day), got ttl={ttl!r}")
-    return float(ttl)
-
-
 def _when(timestamp: float) -> str:
     return time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(timestamp))
-
-
-def check_buckets(buckets) -> list[int]:
-    """At least one bucket, each a non-negative integer (JSON's true is no bucket)."""
-    buckets = list(buckets)
-    for bucket in buckets:
-        if not isinstance(bucket, int) or isinstance(bucket, bool) or bucket < 0:
-            raise InvalidInputError(f"A bucket is a non-negative integer, got {bucket!r}")
-    if not buckets:
-        raise InvalidInputError("register attempts for at least one bucket")
-    return buckets
 
 
 def guard_path(table_id: int) -> str:
@@ -143,7 +102,7 @@ class ColumnLockService:
         if not isinstance(owner_id, str) or not owner_id:
             raise InvalidInputError(f"A lock owner id must be a non-empty string, got {owner_id!r}")
         node_name(owner_id, "lock owner id")  # within the metadata stores' name limit
-        ttl = _check_ttl(ttl)
+        ttl = check_ttl(ttl)
         ids, names = self._resolve(target, columns)
         # another acquirer that changed the table's locks first: look again
         lease = self.store.transact(
@@ -258,7 +217,7 @@ class ColumnLockService:
         Each expired lock keeps its owner id, tenure and offsets and gets a new token (which
         fences its zombie) and `ttl` to live. Live locks in the way raise ColumnLockConflict.
         """
-        ttl = _check_ttl(ttl)
+        ttl = check_ttl(ttl)
         ids, _ = self._resolve(target, columns)
         leases = self.store.transact(lambda: self._take_over_ops(target, owner_id, ids, ttl),
                                      what=f"Locks of table {target.name}")

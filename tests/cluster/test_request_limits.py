@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from locks.service import MAX_LOCK_TTL, MIN_LOCK_TTL
+from locks.request import MAX_LOCK_TTL, MIN_LOCK_TTL
 from merge_engine import Schema, TableDescriptor
 from tally.errors import InvalidInputError
 from tally.meta.store import MAX_NODE_NAME_BYTES
