@@ -44,5 +44,7 @@ def test_ingest_bench_small_run_verifies(tmp_path):
     text = ingest.format_text(results)
     assert "(a) 20,000 rows over 2,000 keys" in text and "peak RSS" in text
     assert "DuckDB 2." in text
-    assert ingest_markdown(results).startswith("| case | engine rows/s | floor rows/s |")
+    header = ingest_markdown(results).splitlines()[0]
+    assert [cell.strip() for cell in header.strip("|").split("|")][:3] == [
+        "case", "engine rows/s", "floor rows/s"]
     assert list(tmp_path.iterdir()) == []  # the bench cleans up its data directories

@@ -257,14 +257,10 @@ def verified(results: list[dict]) -> bool:
 
 
 def format_text(results: list[dict]) -> str:
-    rows = [HEADERS] + table_rows(results)
-    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADERS))]
-    lines = []
-    for n, row in enumerate(rows):
-        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
-        lines.append("  ".join(cells))
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
+    from tabulate import tabulate
+
+    align = ["left"] + ["right"] * (len(HEADERS) - 1)
+    lines = [tabulate(table_rows(results), HEADERS, colalign=align, disable_numparse=True)]
     for extra in (versions_line(results), rss_line(results)):
         if extra:
             lines.append(extra)

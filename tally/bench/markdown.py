@@ -9,11 +9,12 @@ from __future__ import annotations
 
 
 def table(headers: list[str], rows: list[list[str]], numeric_from: int = 1) -> str:
-    """A markdown table; columns from `numeric_from` on are right-aligned."""
-    align = ["---" if i < numeric_from else "---:" for i in range(len(headers))]
-    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(align) + " |"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
+    """A markdown table; columns from `numeric_from` on are right-aligned. Cells are already
+    formatted text (`1,000`, `1.5x`): tabulate must not parse them as numbers again."""
+    from tabulate import tabulate
+
+    align = ["left" if i < numeric_from else "right" for i in range(len(headers))]
+    return tabulate(rows, headers, tablefmt="pipe", colalign=align, disable_numparse=True)
 
 
 def _mark(good: bool) -> str:
