@@ -164,15 +164,19 @@ def run(rows: int = 1_000_000, keys: int | None = 100_000, batch: int = 100_000,
 
 
 def format_text(result: dict) -> str:
+    from tabulate import tabulate
+
     ip, cl, lk = result["in_process"], result["cluster"], result["lookup"]
     many = result["lookup_many"]
     mark = lambda good: "ok" if good else "MISSED"  # noqa: E731
     lines = [
         f"cluster benchmark: {result['workload']}, {result['tablet_servers']} tablet servers, "
         f"{result['buckets']} buckets",
-        f"{'side':<34}{'rows/s':>14}{'seconds':>10}",
-        f"{'in-process KvTablet.put':<34}{ip['rows_per_s']:>14,.0f}{ip['seconds']:>10.2f}",
-        f"{'client -> LocalCluster (Flight)':<34}{cl['rows_per_s']:>14,.0f}{cl['seconds']:>10.2f}",
+        tabulate([["in-process KvTablet.put", f"{ip['rows_per_s']:,.0f}", f"{ip['seconds']:.2f}"],
+                  ["client -> LocalCluster (Flight)", f"{cl['rows_per_s']:,.0f}",
+                   f"{cl['seconds']:.2f}"]],
+                 ["side", "rows/s", "seconds"], colalign=["left", "right", "right"],
+                 disable_numparse=True),
         f"ratio cluster / in-process: {result['ratio']:.2f}x "
         f"(target >= {result['throughput_target']}x: {mark(result['ratio'] >= 0.7)})",
         f"lookup latency over Flight ({lk['count']:,} lookups): p50 {lk['p50_ms']:.3f} ms, "

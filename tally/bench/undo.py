@@ -87,13 +87,16 @@ def run(table_rows=(1_000_000, 4_000_000), batch_keys=(1_000, 10_000, 100_000)) 
 
 
 def format_text(results: list[dict]) -> str:
-    lines = [f"{'table rows':>11} {'batch keys':>10} {'write s':>8} {'undo s':>8} "
-             f"{'undo/write':>10}  target <= {TARGET_RATIO}x  verified"]
-    for r in results:
-        lines.append(f"{r['table_rows']:>11,} {r['batch_keys']:>10,} {r['write_s']:>8.3f} "
-                     f"{r['undo_s']:>8.3f} {r['ratio']:>9.2f}x  "
-                     f"{'met' if r['ratio'] <= TARGET_RATIO else 'MISSED':>14}  {r['verified']}")
-    return "\n".join(lines)
+    from tabulate import tabulate
+
+    rows = [[f"{r['table_rows']:,}", f"{r['batch_keys']:,}", f"{r['write_s']:.3f}",
+             f"{r['undo_s']:.3f}", f"{r['ratio']:.2f}x",
+             "met" if r["ratio"] <= TARGET_RATIO else "MISSED", str(r["verified"])]
+            for r in results]
+    headers = ["table rows", "batch keys", "write s", "undo s", "undo/write",
+               f"target <= {TARGET_RATIO}x", "verified"]
+    return tabulate(rows, headers, colalign=["right"] * 5 + ["left", "left"],
+                    disable_numparse=True)
 
 
 def main(argv=None) -> int:
