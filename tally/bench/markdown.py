@@ -129,7 +129,10 @@ def spark_read(result: dict) -> str:
         table(["source", "rows/s", "median seconds", "rounds (s)", "Spark partitions",
                "verified"], rows),
         f"{ratios}. Target: Tally >= 2x PostgreSQL over JDBC: "
-        f"{_mark(result['tally_over'].get('postgresql', 0) >= 2.0)}.",
+        f"{_mark(result['tally_over'].get('postgresql', 0) >= 2.0)}."
+        + (f" Rows flushed to RocksDB (`tally-stored`): **{result['stored_over_postgresql']:.2f}x**"
+           " PostgreSQL: a scan steps RocksDB's iterator once per row."
+           if "stored_over_postgresql" in result else ""),
     ])
 
 

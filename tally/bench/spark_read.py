@@ -7,13 +7,16 @@ One table of `--rows` rows (k bigint key, v bigint, c bigint, s string), held th
 - Tally: a LocalCluster of 2 tablet servers, `--buckets` buckets, read with
   `spark.read.format("tally")` in `--partitions` Spark partitions (its `spark-partitions`
   option; default 2, the cores of the `local[2]` session: each task reads whole buckets);
+  twice: freshly written rows, which the buckets still hold in their row buffers (`tally`), and
+  the same rows in a table with `table.kv.buffer-size` 0, whose every put is written to RocksDB
+  (`tally-stored`: what a scan of rows flushed long ago costs);
 - PostgreSQL 15 (Debian's package, a private server as in tally.bench.spark), read over JDBC
   with Debian's PostgreSQL JDBC driver (`libpostgresql-jdbc-java`, installed when missing),
   split on the key into `--partitions` partitions too;
 - Parquet files (as many as Tally has buckets), read with `spark.read.parquet`, and the same
   files read by a Python data source that only yields their Arrow batches
-  (tally.bench.arrow_source, the files in `--partitions` partitions): the least any Python data source read
-  costs, Tally's included.
+  (tally.bench.arrow_source, the files in `--partitions` partitions): the least any Python
+  data source read costs, Tally's included.
 
 Each read is timed through Spark's `noop` writer, which materializes every row and column and
 keeps nothing; each leg is verified untimed (row count, sum of v, sum of c). One untimed warm-up
@@ -73,7 +76,7 @@ def timed(df) -> float:
     return time.monotonic() - started
 
 
-def load_tally(conn, rows: pa.Table, buckets: int) -> None:
+def load_tally(conn, rows: pa.Table, buckets: int, name: str, properties: dict) -> None:
     import tally
 
     schema = (tally.Schema.builder().column("k", pa.int64())
@@ -82,9 +85,10 @@ def load_tally(conn, rows: pa.Table, buckets: int) -> None:
               .agg_column("s", pa.string(), tally.AggFunction.LAST_VALUE)
               .primary_key("k").build())
     conn.admin.create_database("bench", ignore_if_exists=True)
-    conn.admin.create_table("bench.read", tally.TableDescriptor(
-        schema, bucket_count=buckets, properties={"table.merge-engine": "aggregation"}))
-    with conn.table("bench.read").upsert_writer() as writer:
+    conn.admin.create_table(name, tally.TableDescriptor(
+        schema, bucket_count=buckets,
+        properties={"table.merge-engine": "aggregation", **properties}))
+    with conn.table(name).upsert_writer() as writer:
         for batch in rows.to_batches(max_chunksize=100_000):
             writer.upsert(pa.Table.from_batches([batch]))
 
@@ -130,12 +134,16 @@ def run(rows: int = 1_000_000, buckets: int = 4, rounds: int = 3, seed: int = 11
         with LocalCluster(os.path.join(work, "tally"), tablet_servers=2) as cluster, \
                 client.connect(cluster.url) as conn, PrivatePostgres() as pg:
             started = time.monotonic()
-            load_tally(conn, data, buckets)
+            load_tally(conn, data, buckets, "bench.read", {})
             tally_load = time.monotonic() - started
+            load_tally(conn, data, buckets, "bench.read_stored", {"table.kv.buffer-size": "0"})
             jdbc = load_postgres(spark, pg, parquet)
             readers = {
                 "tally": lambda: spark.read.format("tally").option("url", cluster.url)
                 .option("table", "bench.read").option("spark-partitions", partitions).load(),
+                "tally-stored": lambda: spark.read.format("tally").option("url", cluster.url)
+                .option("table", "bench.read_stored").option("spark-partitions", partitions)
+                .load(),
                 "postgresql": lambda: spark.read.jdbc(
                     jdbc["url"], "bench_read", column="k", lowerBound=0, upperBound=rows,
                     numPartitions=partitions, properties=jdbc["props"]),
@@ -159,11 +167,13 @@ def run(rows: int = 1_000_000, buckets: int = 4, rounds: int = 3, seed: int = 11
     legs = [{"system": name, "seconds": statistics.median(t), "round_seconds": t,
              "rows_per_s": rows / statistics.median(t), "partitions": counts[name],
              "verified": verified[name]} for name, t in times.items()]
-    tally_rate = legs[0]["rows_per_s"]
+    rate = {leg["system"]: leg["rows_per_s"] for leg in legs}
     return {"benchmark": "spark_read", "rows": rows, "buckets": buckets, "rounds": rounds,
             "spark_partitions": partitions,
             "tally_load_seconds": tally_load, "legs": legs,
-            "tally_over": {leg["system"]: tally_rate / leg["rows_per_s"] for leg in legs[1:]},
+            "tally_over": {leg["system"]: rate["tally"] / leg["rows_per_s"] for leg in legs
+                           if not leg["system"].startswith("tally")},
+            "stored_over_postgresql": rate["tally-stored"] / rate["postgresql"],
             "ok": all(verified.values())}
 
 
@@ -179,6 +189,7 @@ def format_text(outcome: dict) -> str:
                      f"partitions)  verified={leg['verified']}")
     for system, ratio in outcome["tally_over"].items():
         lines.append(f"  tally / {system}: {ratio:.2f}x")
+    lines.append(f"  tally-stored / postgresql: {outcome['stored_over_postgresql']:.2f}x")
     return "\n".join(lines)
 
 

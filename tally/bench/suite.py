@@ -186,7 +186,9 @@ BENCHMARKS = [
         "spark_read", "Spark batch reads: Tally, PostgreSQL over JDBC, Parquet",
         "The same rows (k, v, c, s) read by Spark from a Tally table (`format(\"tally\")`, its "
         "buckets grouped into as many Spark partitions as `local[2]` has cores, the "
-        "`spark-partitions` option), from PostgreSQL over JDBC (split on the key into as many "
+        "`spark-partitions` option; once with the rows still in the buckets' row buffers, once "
+        "from a table whose rows are all in RocksDB, `tally-stored`), from PostgreSQL over "
+        "JDBC (split on the key into as many "
         "partitions), from Parquet files, and from a Python data source that only yields "
         "Arrow batches of those files (the floor of any Python data source); each read "
         "materialized through Spark's `noop` writer; rows/s (median of rotated rounds after a "
