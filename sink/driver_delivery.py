@@ -9,8 +9,8 @@ under their table names (the batch is evaluated once), and does the rest on the 
 1. the tasks' first stage over the collected rows (sink.job.BucketAssigner: the client's bucket
    function, the null-key and key-type checks, and the position column; the rows arrive in
    input-partition order, so positions order them as the tasks' positions do);
-2. every bucket's rows folded as its task would fold them (sink.fold.fold_rows: one fold of
-   the whole batch, split by bucket), all buckets before any write: a value that does not fit
+2. every bucket's rows folded as its task would fold them (sink.fold.fold_rows; a small batch
+   in one call, split by bucket after), all buckets before any write: a value that does not fit
    its column refuses the batch, nothing written;
 3. every bucket, rows or not, through the per-bucket step under the attempts the epoch's start
    registered (sink.task.write_every_bucket, as the data source's commit process does),
@@ -33,6 +33,9 @@ from sink.task import BucketReport, EpochContext, write_every_bucket
 from tally.wire.bucket_hash import bucket_ids
 
 
+# Batches up to this many rows are folded in one call (the per-call cost dominates), larger
+# ones bucket by bucket (the sort dominates): the two cross near 20,000 rows here.
+ONE_FOLD_ROWS = 16_384
 # Buckets written at once: the tablet servers apply them in parallel, the driver waits once.
 WRITE_THREADS = 8
 
@@ -52,14 +55,21 @@ def size_estimate(df) -> int | None:
 def fold_by_bucket(data: pa.Table, plan: WritePlan, label: str):
     """({bucket: its folded rows}, the mode to send them in, {bucket: its input rows}).
 
-    One fold of the whole batch, split by bucket after: a key lives in one bucket and the fold
-    groups by key, in input order, so each bucket gets what folding its rows alone gives (one
-    fold call instead of one per bucket). The folded rows' buckets come from their keys, by
-    the function that placed the input rows."""
+    A small batch is folded in one call and split by bucket after: a key lives in one bucket
+    and the fold groups by key, in input order, so each bucket gets what folding its rows
+    alone gives (the folded rows' buckets come from their keys, by the function that placed
+    the input rows). A large one is split first and each bucket folded alone: the fold sorts,
+    so several smaller sorts beat one past ONE_FOLD_ROWS."""
     assigned = [b for b in BucketAssigner(plan, label)(data.to_batches()) if b.num_rows]
     if not assigned:
         return {}, None, {}
     rows = pa.Table.from_batches(assigned)
+    if rows.num_rows > ONE_FOLD_ROWS:
+        folded, mode = {}, None
+        parts = rows_by_bucket(rows)
+        for bucket, part in parts.items():
+            folded[bucket], mode = fold_rows(part, plan)
+        return folded, mode, {bucket: part.num_rows for bucket, part in parts.items()}
     counts = np.bincount(rows.column(BUCKET_COLUMN).to_numpy(), minlength=plan.bucket_count)
     folded, mode = fold_rows(rows, plan)
     buckets = bucket_ids(folded.select(list(plan.key_columns)), list(plan.bucket_key),

@@ -1,14 +1,17 @@
 """The driver delivery's per-epoch shortcuts against their definitions: one fold of the whole
-batch split by bucket gives what folding each bucket's rows alone gives (and what a plain-Python
+batch split by bucket (a small batch) gives what folding each bucket's rows alone gives (and what a plain-Python
 model of the keys' buckets and concatenations says); the write reads the micro-batch's
 DataFrame as it is when its columns already carry their table names, and selects otherwise."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sink import driver_delivery
 from sink.driver_delivery import fold_by_bucket
 from sink.fold import fold_rows
 from sink.job import BucketAssigner, rows_by_bucket, table_named
@@ -21,6 +24,16 @@ rows_strategy = st.lists(st.tuples(st.integers(-20, 20), st.integers(-1000, 1000
                          max_size=60)
 
 
+@contextlib.contextmanager
+def one_fold_limit(rows: int):
+    saved = driver_delivery.ONE_FOLD_ROWS
+    driver_delivery.ONE_FOLD_ROWS = rows
+    try:
+        yield
+    finally:
+        driver_delivery.ONE_FOLD_ROWS = saved
+
+
 def fold_each_bucket(data: pa.Table, plan) -> dict[int, pa.Table]:
     """The definition: every bucket's rows folded alone (as its task folds them)."""
     batches = [b for b in BucketAssigner(plan, "test")(data.to_batches()) if b.num_rows]
@@ -31,8 +44,9 @@ def fold_each_bucket(data: pa.Table, plan) -> dict[int, pa.Table]:
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)
-@given(rows=rows_strategy, buckets=st.integers(1, 5))
-def test_one_fold_split_by_bucket_is_each_buckets_fold(rows, buckets):
+@given(rows=rows_strategy, buckets=st.integers(1, 5),
+       one_fold_rows=st.sampled_from([0, 30, 10**6]))
+def test_one_fold_split_by_bucket_is_each_buckets_fold(rows, buckets, one_fold_rows):
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
     schema = StructType([StructField("k", LongType()), StructField("v", LongType()),
@@ -41,7 +55,8 @@ def test_one_fold_split_by_bucket_is_each_buckets_fold(rows, buckets):
     data = pa.table({"k": pa.array([r[0] for r in rows], pa.int64()),
                      "v": pa.array([r[1] for r in rows], pa.int64()),
                      "s": pa.array([r[2] for r in rows], pa.string())})
-    folded, _, counts = fold_by_bucket(data, plan, "test")
+    with one_fold_limit(one_fold_rows):  # both ways: one fold split after, or bucket by bucket
+        folded, _, counts = fold_by_bucket(data, plan, "test")
     expected = fold_each_bucket(data, plan)
     assert sorted(folded) == sorted(expected)
     for bucket, part in folded.items():
