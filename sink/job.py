@@ -116,7 +116,11 @@ def _column(name: str):
 
 
 def table_named(df, plan: WritePlan):
-    """The columns the write reads, under their table names (and the hidden sequence)."""
+    """The columns the write reads, under their table names (and the hidden sequence): the
+    DataFrame itself when it has those already (a select costs a py4j call per column and
+    plans the batch again)."""
+    if not plan.renames:
+        return df
     columns = [_column(src).alias(dst) for src, dst in zip(plan.input_columns, plan.table_columns)]
     if plan.sequence_column is not None and plan.sequence_column not in plan.input_columns:
         columns.append(_column(plan.sequence_column).alias(HIDDEN_SEQUENCE_COLUMN))

@@ -42,10 +42,18 @@ class WritePlan:
     partitioned: bool
     mode: MergeMode
     sequence_column: str | None        # DataFrame column ordering rows of a key, or None
+    # Every DataFrame column, in order: when they are the input columns under their table
+    # names already, the write reads the DataFrame as it is (no select to build and plan).
+    dataframe_columns: tuple[str, ...] = ()
 
     @property
     def full_row(self) -> bool:
         return len(self.target_columns) == len(self.descriptor.schema.columns)
+
+    @property
+    def renames(self) -> bool:
+        """Whether the write must select its columns under other names (or fewer of them)."""
+        return not (self.dataframe_columns == self.input_columns == self.table_columns)
 
     @property
     def descriptor(self) -> TableDescriptor:
@@ -245,7 +253,8 @@ def build_plan(info, options: SinkOptions, df_schema) -> WritePlan:
         lock_columns=tuple(lock_columns(schema, None if len(target_columns) == len(table_names)
                                         else target_columns)),
         key_columns=tuple(schema.primary_key), bucket_key=routing[0], partitioned=routing[1],
-        mode=options.merge_mode, sequence_column=sequence)
+        mode=options.merge_mode, sequence_column=sequence,
+        dataframe_columns=tuple(f.name for f in df_schema.fields))
 
 
 def plan_write(conn, options: SinkOptions, df_schema) -> WritePlan:

@@ -20,7 +20,9 @@ tenure) and undoes everything the owner wrote in that tenure since its last comm
    insert-if-absent before any write of the epoch, so a replayed epoch keeps the offsets it had
    before its first run;
 3. deliver the rows: every bucket goes through the per-bucket step (register an attempt, undo
-   to the baseline, write, report its end offsets);
+   to the baseline, write, report its end offsets). A delivery that reads the batch first
+   (the driver delivery's `prepare`) reads it while step 2's call runs; what it raises fails
+   the begun epoch like a failed delivery;
 4. check that every bucket was visited by exactly one step, then commit the epoch with the
    end offsets of every bucket.
 
@@ -39,6 +41,7 @@ import dataclasses
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from sink import remote
@@ -151,7 +154,7 @@ class WriterRun:
             result = EpochResult(epoch, skipped=True)
             self.epochs.append(result)
             return result
-        start = remote.begin_epoch(self.conn, self.lease, epoch, range(self.plan.bucket_count))
+        start, prepare_error = self._begin(epoch, deliver, label)
         baseline = dict(start.baseline)
         context = EpochContext(self.options.url, self.options.token, self.lease, epoch,
                                baseline, self.options.fail_hook, self.options.tls,
@@ -159,6 +162,8 @@ class WriterRun:
                                run=start.run)
         self.dirty = True
         try:
+            if prepare_error is not None:
+                raise prepare_error
             reports = deliver(self.conn, self.plan, context, label)
             result = self._summarize(epoch, reports, baseline)
         except Exception as failure:
@@ -174,6 +179,24 @@ class WriterRun:
         self.epochs.append(result)
         log.info("%s", epoch_line(self.plan.table, label, result))
         return result
+
+    def _begin(self, epoch: int, deliver: Delivery, label: str):
+        """Begin the epoch (step 2); a delivery with a `prepare` step (reading the batch,
+        which changes nothing in Tally) runs it meanwhile, so the coordinator call overlaps
+        Spark's job. (the epoch's start, the error `prepare` raised or None): that error
+        fails the begun epoch as a failed delivery would, rolled back."""
+        prepare = getattr(deliver, "prepare", None)
+        buckets = range(self.plan.bucket_count)
+        if prepare is None:
+            return remote.begin_epoch(self.conn, self.lease, epoch, buckets), None
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tally-begin") as pool:
+            begun = pool.submit(remote.begin_epoch, self.conn, self.lease, epoch, buckets)
+            try:
+                prepare(self.plan, label)
+                failure = None
+            except Exception as error:  # noqa: BLE001 - raised once the epoch is begun
+                failure = error
+            return begun.result(), failure
 
     def _summarize(self, epoch: int, reports: list[BucketReport], baseline: dict) -> EpochResult:
         check_task_coverage([r.bucket for r in reports], self.plan.bucket_count, self.plan.table)

@@ -196,7 +196,7 @@ class _QueryEnds:
             ends = cls._by_session.get(id(spark))
             if ends is None:
                 ends = cls._by_session[id(spark)] = cls()
-                spark.streams.addListener(_listener(ends))
+                _add_listener(spark, ends)
             if sink not in ends.sinks:
                 ends.sinks.append(sink)
 
@@ -205,20 +205,39 @@ class _QueryEnds:
             sink.query_ended(query_id, run_id)
 
 
-def _listener(ends: _QueryEnds):
-    from pyspark.sql.streaming import StreamingQueryListener
+class _TerminationListener:
+    """Spark's PythonStreamingQueryListener, implemented through py4j, that hears only of
+    terminations. pyspark's StreamingQueryListener turns every event into Python objects
+    before calling its method: dozens of py4j round trips per micro-batch's progress, on the
+    driver beside the next batch, for an event the sink ignores."""
 
-    class TallyQueryListener(StreamingQueryListener):
-        def onQueryStarted(self, event):
-            pass
+    def __init__(self, ends: _QueryEnds):
+        self.ends = ends
 
-        def onQueryProgress(self, event):
-            pass
+    def onQueryStarted(self, event):
+        pass
 
-        def onQueryIdle(self, event):
-            pass
+    def onQueryProgress(self, event):
+        pass
 
-        def onQueryTerminated(self, event):
-            ends.ended(str(event.id), str(event.runId))
+    def onQueryIdle(self, event):
+        pass
 
-    return TallyQueryListener()
+    def onQueryTerminated(self, event):
+        self.ends.ended(event.id().toString(), event.runId().toString())
+
+    class Java:
+        implements = ["org.apache.spark.sql.streaming.PythonStreamingQueryListener"]
+
+
+def _add_listener(spark, ends: _QueryEnds) -> None:
+    """Register a _TerminationListener on the session's StreamingQueryManager (as pyspark's
+    `spark.streams.addListener` registers its own wrapper)."""
+    from pyspark import SparkContext
+    from pyspark.java_gateway import ensure_callback_server_started
+
+    gateway = SparkContext._gateway
+    ensure_callback_server_started(gateway)
+    wrapper = gateway.jvm.org.apache.spark.sql.streaming.PythonStreamingQueryListenerWrapper(
+        _TerminationListener(ends))
+    spark._jsparkSession.streams().addListener(wrapper)
