@@ -10,8 +10,8 @@ last batch), and a bucket reopened after a crash replays the changelog from ther
 buffer. KV state and changelog
 therefore never disagree; on disk the rows may just lag the log.
 
-Rows stay in Arrow form (StateBatch runs, one per put) so the next put takes them without
-decoding. The index is the sorted keys as a KeyArray (merge_engine/keys.py: numpy values that
+Rows stay in Arrow form (StateBatch runs, one per put, the newest small ones merged as they
+grow: `settled`) so the next put takes them without decoding. The index is the sorted keys as a KeyArray (merge_engine/keys.py: numpy values that
 compare like the encoded bytes) with each key's row id; ids are global and each run covers a
 consecutive id range. Lookups may run while a put adds to the buffer: the index is replaced as a
 whole, never changed in place, and a run is appended before the index points at it.
@@ -33,6 +33,8 @@ REMOVED = -1  # the key was deleted since the last flush
 ENTRY_BYTES = 64  # what one index entry costs beyond its row (key, id, copies during rebuilds)
 COMPACT_MIN_ROWS = 4096
 MAX_RUNS = 256
+# A put of fewer rows than this starts merging the newest runs (below)
+SMALL_RUN_ROWS = 16384
 
 
 class _Index(NamedTuple):
@@ -184,6 +186,48 @@ class RowBuffer:
         allowed (`limit` bytes), or when puts left many small runs."""
         superseded = self._next_id > max(2 * len(self._index.ids), COMPACT_MIN_ROWS)
         return (superseded and self.size_bytes > limit // 2) or len(self._runs) > MAX_RUNS
+
+    def settled(self, limit: int) -> "RowBuffer":
+        """The buffer to keep after a put: compacted (wants_compaction), with its newest runs
+        merged (tail_to_merge), or this one. Every put's `current` takes from each run that
+        holds one of its keys, so many small puts (a stream of small micro-batches) made every
+        later put slower until a flush; merging the newest runs whenever they together outgrow
+        the run before them (a binary counter) keeps their number logarithmic, each row copied
+        a logarithmic number of times. Large puts make large runs and are left alone."""
+        if self.wants_compaction(limit):
+            return self.compacted()
+        tail = self.tail_to_merge()
+        return self if tail is None else self.merged_from(tail)
+
+    def tail_to_merge(self) -> int | None:
+        """The first of the newest runs to merge into one, or None."""
+        runs = self._runs
+        if len(runs) < 2 or len(runs[-1]) >= SMALL_RUN_ROWS:
+            return None
+        first, rows = len(runs) - 1, len(runs[-1])
+        while first > 0 and rows >= len(runs[first - 1]):
+            first -= 1
+            rows += len(runs[first])
+        return first if first < len(runs) - 1 else None
+
+    def merged_from(self, first: int) -> "RowBuffer":
+        """A new buffer whose runs from `first` on are one run of their live rows (in key
+        order); older runs are shared. New, not changed in place: a reader holding this
+        buffer's index keeps finding its ids here."""
+        index, base = self._index, self._bases[first]
+        in_tail = index.ids >= base  # ids grow with the runs: these rows live in the tail
+        tail_ids = index.ids[in_tail]
+        other = RowBuffer()
+        other._bases, other._runs = self._bases[:first], self._runs[:first]
+        ids = index.ids.copy()
+        if len(tail_ids):
+            rows = self.states(tail_ids)
+            ids[in_tail] = np.arange(base, base + len(tail_ids))
+            other._bases, other._runs = other._bases + [base], other._runs + [rows]
+        other._next_id = base + len(tail_ids)
+        other._run_bytes = sum(run.nbytes for run in other._runs)
+        other._index = _Index(index.keys, ids)
+        return other
 
     def compacted(self) -> "RowBuffer":
         """A new buffer holding only the live rows, in key order in one run."""

@@ -47,8 +47,10 @@ class PendingWrite:
         TabletStore.put_log_entry(self.batch, self.end, data, self._written)
         self._last_entry = self.end
         self.end += records.num_rows
-        # What a crash would replay, uncompressed: the row buffer's flush rule bounds it.
-        self._log_bytes += records.nbytes
+        # What a crash would replay, read and decoded: the row buffer's flush rule bounds it.
+        # A large entry is stored compressed (smaller than its rows); a small one carries its
+        # schema (larger than its rows): the larger of the two counts.
+        self._log_bytes += max(records.nbytes, len(data))
         self._changed = True
         changed = np.nonzero((outcome == log.INSERTED) | (outcome == log.UPDATED))[0]
         rows = None if not len(changed) else \

@@ -179,8 +179,8 @@ class BucketRows:
             self._buffer.add(keys, rows, removed)
         if staged.flush:
             self.flush(end)
-        elif self._buffer.wants_compaction(self._limit):
-            self._buffer = self._buffer.compacted()
+        else:
+            self._buffer = self._buffer.settled(self._limit)
 
     def flush(self, applied: int) -> None:
         """Write the buffered rows to RocksDB, applied up to offset `applied` (the log end).
@@ -220,8 +220,7 @@ class BucketRows:
     def _add_all(self, changes: Iterable[tuple[KeyArray, StateBatch, KeyArray]]) -> None:
         for keys, rows, removed in changes:
             self._buffer.add(keys, rows, removed)
-            if self._buffer.wants_compaction(self._limit):
-                self._buffer = self._buffer.compacted()
+            self._buffer = self._buffer.settled(self._limit)
 
     def _write_changes(self, changes: Iterable[tuple[KeyArray, StateBatch, KeyArray]],
                        applied: int) -> None:

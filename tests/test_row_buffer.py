@@ -49,7 +49,8 @@ def writes(draw):
         upserts = upserts.take(np.argsort(upserts.to_list(), kind="stable")) if len(upserts) \
             else upserts
         steps.append((upserts, encoded(chosen[cut:], kind),
-                      draw(st.sampled_from(["none", "compact", "copy"]))))
+                      draw(st.sampled_from(["none", "compact", "copy", "settle", "merge"])),
+                      draw(st.integers(0, 12))))
     return encoded(pool, kind), steps
 
 
@@ -58,7 +59,7 @@ def writes(draw):
 def test_buffer_matches_a_dict(case):
     keys, steps = case
     buffer, model, serial = RowBuffer(), {}, 0
-    for upserts, removed, then in steps:
+    for upserts, removed, then, first_run in steps:
         values = list(range(serial, serial + len(upserts)))
         serial += len(upserts)
         buffer.add(upserts, rows(values) if len(upserts) else None, removed)
@@ -68,6 +69,10 @@ def test_buffer_matches_a_dict(case):
             buffer = buffer.compacted()
         elif then == "copy":
             buffer = buffer.copy()
+        elif then == "settle":
+            buffer = buffer.settled(1 << 30)
+        elif then == "merge" and len(buffer._runs):
+            buffer = buffer.merged_from(min(first_run, len(buffer._runs) - 1))
         found = buffer.find(keys)
         for key, got in zip(keys.to_list(), found.tolist()):
             expected = model.get(key, ABSENT)
@@ -184,3 +189,18 @@ def test_rows_as_bytes_keep_every_byte_after_the_prefix(shape, prefix):
 @given(key_columns(), st.sampled_from([b"", b"k"]))
 def test_key_lists_carry_the_prefix(columns, prefix):
     assert key_array(columns).to_list(prefix) == [prefix + k for k in encode_keys(columns)]
+
+
+def test_small_puts_keep_few_runs_and_every_row():
+    """A stream of small puts: the newest runs merge as they outgrow the run before them, so
+    the runs a put may have to take from stay logarithmic in the puts, and no row is lost."""
+    buffer, model = RowBuffer(), {}
+    none = encoded([]).take(slice(0, 0))
+    for put in range(300):
+        keys = sorted({(put * 37 + i * 11) % 2_000 for i in range(50)})
+        buffer.add(encoded(keys), rows([put] * len(keys)), none)
+        buffer = buffer.settled(1 << 30)
+        model.update((k, put) for k in keys)
+        assert len(buffer._runs) <= 10  # 2 * log2(300) would be 16
+    found = buffer.find(encoded(sorted(model)))
+    assert buffer.states(found).columns[0].to_pylist() == [model[k] for k in sorted(model)]
