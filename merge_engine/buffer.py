@@ -7,14 +7,14 @@ here; they reach RocksDB in key order, in write batches of a bounded size, when 
 outgrows `table.kv.buffer-size`, before the changelog is truncated, and at close. The changelog
 is the write-ahead log: RocksDB records up to which offset its rows are applied (in a flush's
 last batch), and a bucket reopened after a crash replays the changelog from there into a fresh
-buffer. KV state and changelog
-therefore never disagree; on disk the rows may just lag the log.
+buffer. KV state and changelog therefore never disagree; on disk the rows may just lag the log.
 
 Rows stay in Arrow form (StateBatch runs, one per put, the newest small ones merged as they
-grow: `settled`) so the next put takes them without decoding. The index is the sorted keys as a KeyArray (merge_engine/keys.py: numpy values that
-compare like the encoded bytes) with each key's row id; ids are global and each run covers a
-consecutive id range. Lookups may run while a put adds to the buffer: the index is replaced as a
-whole, never changed in place, and a run is appended before the index points at it.
+grow: `settled`) so the next put takes them without decoding. The index is the sorted keys as
+a KeyArray (numpy values that compare like the encoded bytes) with each key's row id; ids are
+global and each run covers a consecutive id range. Lookups may run while a put adds to the
+buffer: the index is replaced as a whole, never changed in place, and a run is appended before
+the index points at it.
 """
 
 from __future__ import annotations

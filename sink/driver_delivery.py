@@ -64,20 +64,20 @@ def fold_by_bucket(data: pa.Table, plan: WritePlan, label: str):
     if not assigned:
         return {}, None, {}
     rows = pa.Table.from_batches(assigned)
+    counts = np.bincount(rows.column(BUCKET_COLUMN).to_numpy(), minlength=plan.bucket_count)
+    counts = {bucket: int(n) for bucket, n in enumerate(counts) if n}
     if rows.num_rows > ONE_FOLD_ROWS:
         folded, mode = {}, None
-        parts = rows_by_bucket(rows)
-        for bucket, part in parts.items():
+        for bucket, part in rows_by_bucket(rows).items():
             folded[bucket], mode = fold_rows(part, plan)
-        return folded, mode, {bucket: part.num_rows for bucket, part in parts.items()}
-    counts = np.bincount(rows.column(BUCKET_COLUMN).to_numpy(), minlength=plan.bucket_count)
+        return folded, mode, counts
     folded, mode = fold_rows(rows, plan)
     buckets = bucket_ids(folded.select(list(plan.key_columns)), list(plan.bucket_key),
                          plan.bucket_count)
     parts = rows_by_bucket(folded.append_column(BUCKET_COLUMN,
                                                 pa.array(buckets.astype(np.int32))))
     return ({bucket: part.drop_columns([BUCKET_COLUMN]) for bucket, part in parts.items()},
-            mode, {bucket: int(n) for bucket, n in enumerate(counts) if n})
+            mode, counts)
 
 
 class DriverDelivery:

@@ -149,8 +149,9 @@ KEY_SHAPES = {  # key columns of each shape: fixed <= 8 bytes, fixed > 8, variab
 def key_columns(draw):
     types = KEY_SHAPES[draw(st.sampled_from(sorted(KEY_SHAPES)))]
     n = draw(st.integers(0, 30))
-    values = {pa.int32(): st.integers(-3, 3) | st.integers(-2**31, 2**31 - 1), pa.int64(): st.sampled_from(
-        [0, 1, 256, -256, 2**40, -1]) | INTS, pa.string(): STRINGS}
+    values = {pa.int32(): st.integers(-3, 3) | st.integers(-2**31, 2**31 - 1),
+              pa.int64(): st.sampled_from([0, 1, 256, -256, 2**40, -1]) | INTS,
+              pa.string(): STRINGS}
     return [pa.array(draw(st.lists(values[t], min_size=n, max_size=n)), type=t) for t in types]
 
 

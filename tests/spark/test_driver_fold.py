@@ -1,7 +1,8 @@
 """The driver delivery's per-epoch shortcuts against their definitions: one fold of the whole
-batch split by bucket (a small batch) gives what folding each bucket's rows alone gives (and what a plain-Python
-model of the keys' buckets and concatenations says); the write reads the micro-batch's
-DataFrame as it is when its columns already carry their table names, and selects otherwise."""
+batch split by bucket (a small batch) gives what folding each bucket's rows alone gives (and
+what a plain-Python model of the keys' buckets and concatenations says); the write reads the
+micro-batch's DataFrame as it is when its columns already carry their table names, and
+selects otherwise."""
 
 from __future__ import annotations
 
