@@ -18,6 +18,7 @@ from merge_engine.hidden_columns import CONTRIBUTIONS, UNWRITTEN
 from merge_engine.testing.model_functions import (FOLDS, bitmap_input, empty_value,
                                                   fold_merge_map, is_empty, self_overlapping,
                                                   sketch_input, tokens_of)
+from merge_engine.testing.model_sequences import check_sequences, fold_sequenced
 from merge_engine.testing.records import ChangeRecord, as_records
 from merge_engine.testing.spec import TableSpec
 from merge_engine.testing.values import check_range, coerce_input, same_row
@@ -117,7 +118,7 @@ class ReferenceTable:
             return self._writers[writer[0]][1]
         targets = self._targets(target_columns)
         groups = self._group(self._as_dicts(rows), targets, mode)
-        self._check_sequences(groups, targets)
+        check_sequences(self.spec, groups, targets, self.key_names)
         changes: list[tuple[tuple, RowState | None, RowState]] = []
         for key, key_rows in groups.items():
             old = self._rows.get(key)
@@ -221,7 +222,8 @@ class ReferenceTable:
             column = self.spec.column(name)
             function = self._function(name)
             if name in sequences:
-                self._fold_sequenced(name, rows, targets, mode, values, sequences)
+                fold_sequenced(self.spec, self._function(name), name, rows, targets,
+                               mode == OVERWRITE, values, sequences)
                 if mode != OVERWRITE or name not in (rows[-1].get(UNWRITTEN) or ()):
                     unwritten.discard(name)
                 else:
@@ -264,56 +266,6 @@ class ReferenceTable:
         return RowState(values, frozenset(unwritten), tuple(counts[n] for n in self.counted),
                         tuple(tokens[n] for n in self.tokenized),
                         tuple(sequences[n] for n in self.sequenced))
-
-    def _check_sequences(self, groups: dict[tuple, list[dict]], targets: list[str]) -> None:
-        """The whole write's sequences before any key is folded (contract): a write that lacks
-        or nulls a sequenced column's sequence is refused as such, whatever else would fail."""
-        for name in targets:
-            if name in self.key_names or name not in self.sequenced:
-                continue
-            missing = [f for f in self.sequence_fields if f not in targets]
-            if missing:
-                raise InvalidInputError(f"Column '{name}' follows the sequence field: a write "
-                                        f"to it must carry column '{missing[0]}'")
-            for rows in groups.values():
-                if any(row.get(f) is None for row in rows for f in self.sequence_fields):
-                    raise InvalidInputError(f"A write to column '{name}' needs a non-null "
-                                            "sequence")
-
-    def _fold_sequenced(self, name: str, rows: list[dict], targets: list[str], mode: str,
-                        values: dict, sequences: dict) -> None:
-        """A sequence-ordered cell: the value of the highest sequence (last_value, the later
-        write on a tie) or the lowest (first_value, the earlier on a tie); the ignore-nulls
-        forms only look at non-null values. OVERWRITE takes the last row, sequence and all."""
-        function = AggFunction.LAST_VALUE if name in self.sequence_fields else self._function(name)
-        ignore_nulls = function in (AggFunction.LAST_VALUE_IGNORE_NULLS,
-                                    AggFunction.FIRST_VALUE_IGNORE_NULLS)
-        missing = [f for f in self.sequence_fields if f not in targets]
-        if missing:
-            raise InvalidInputError(f"Column '{name}' follows the sequence field: a write to it "
-                                    f"must carry column '{missing[0]}'")
-        candidates = []
-        if sequences[name] is not None:
-            candidates.append((sequences[name], -1, values[name]))
-        for position, row in enumerate(rows):
-            sequence = tuple(row.get(f) for f in self.sequence_fields)
-            if any(s is None for s in sequence):
-                raise InvalidInputError(f"A write to column '{name}' needs a non-null sequence")
-            if not (ignore_nulls and row.get(name) is None):
-                candidates.append((sequence, position, row.get(name)))
-        if mode == OVERWRITE:
-            last = rows[-1]
-            value = last.get(name)
-            values[name] = value
-            sequences[name] = None if ignore_nulls and value is None else \
-                tuple(last.get(f) for f in self.sequence_fields)
-            return
-        if not candidates:
-            return
-        pick = max if function in (AggFunction.LAST_VALUE,
-                                   AggFunction.LAST_VALUE_IGNORE_NULLS) else min
-        sequence, _, value = pick(candidates, key=lambda c: (c[0], c[1]))
-        values[name], sequences[name] = value, sequence
 
     def _split(self, name: str, value) -> tuple | None:
         """The tokens of a stored string_agg value (exact when the delimiter does not overlap)."""
