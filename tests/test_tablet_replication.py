@@ -83,16 +83,17 @@ class ReplicaMachine(RuleBasedStateMachine):
         self.history[self.leader.log_end_offset] = (
             self.clock.now, rw.rows_of(self.leader), rw.lookups_of(self.leader))
 
-    def _write(self, op) -> None:
+    def _write(self, op) -> int | None:
         start = self.leader.log_end_offset
         end = apply_write(self.leader, op)
         if end is None:
-            return
+            return None
         if op.writer is not None and op.writer[1] > self.writer_states.get(op.writer[0], (0,))[0]:
             self.writer_states[op.writer[0]] = (op.writer[1], end)
             if end > start:
                 self.writes.append((end, *op.writer))
         self._record()
+        return end
 
     # --- the leader's writes ----------------------------------------------------------------
 
@@ -104,8 +105,11 @@ class ReplicaMachine(RuleBasedStateMachine):
     def write_as_writer(self, data, writer):
         self.sequences[writer] += data.draw(st.integers(1, 2))  # sequences may skip
         op = data.draw(rw.writes(self.kind))
-        self.last_writer_op = type(op)(**{**op.__dict__, "writer": (writer, self.sequences[writer])})
-        self._write(self.last_writer_op)
+        op = type(op)(**{**op.__dict__, "writer": (writer, self.sequences[writer])})
+        # A refused write records no sequence, so resending it is a new attempt that may
+        # apply once other writes made it valid: only an applied write's resend is a retry.
+        if self._write(op) is not None:
+            self.last_writer_op = op
 
     @precondition(lambda self: self.last_writer_op is not None)
     @rule()
