@@ -3,8 +3,8 @@ give the same tablet as write batches: against the reference model, after reopen
 follower that applies the leader's changelog, and after a crash between the file's ingestion
 and the commit of the applied offset (tests/test_tablet_flush_crash.py covers that one).
 
-Flushes only ingest from `ingest_rows` keys up (65,536), so these tests lower it to one key:
-every flush with a row ingests a file, including ones of deletes only.
+Flushes only ingest from `ingest_rows` keys up (262,144), so these tests lower it: to one key
+(every flush with a row ingests a file, including ones of deletes only) or to 65,536.
 """
 
 from __future__ import annotations
@@ -33,10 +33,11 @@ load_profile()
 
 
 @contextlib.contextmanager
-def ingest_every_flush():
-    """Every flush of this process's tablets ingests a file while inside."""
+def ingest_every_flush(keys: int = 1):
+    """Every flush of `keys` or more keys of this process's tablets ingests a file while
+    inside."""
     saved = BucketRows.ingest_rows
-    BucketRows.ingest_rows = 1
+    BucketRows.ingest_rows = keys
     try:
         yield
     finally:
@@ -82,12 +83,13 @@ def test_ingested_flushes_match_the_model_and_a_follower(spec, buffer, data):
 
 
 def test_a_large_flush_ingests_one_file_of_puts_and_deletes(tmp_path):
-    """At the default threshold a flush of 100,000 new keys is one ingested file; the next
+    """From 65,536 keys up, a flush of 100,000 new keys is one ingested file; the next
     flush's file holds 50,000 new keys with the deletes of 25,000 stored ones between them.
     Reads find every row before, during (the buffer) and after each flush."""
     n = 100_000
     allow = {"table.delete.behavior": "allow"}
-    with one_column_tablet(tmp_path / "t", F.SUM, pa.int64(), allow) as tablet:
+    with ingest_every_flush(65536), \
+            one_column_tablet(tmp_path / "t", F.SUM, pa.int64(), allow) as tablet:
         before = table_files(tablet)
         even = pa.record_batch([pa.array(range(0, 2 * n, 2), pa.int64()),
                                 pa.array([1] * n, pa.int64())], names=["k", "v"])
