@@ -2,8 +2,8 @@
 
 KvTablet decides what a write changes and commits its changelog; this class decides where the
 changed rows live. A put's rows join the buffer after its changelog batch commits; when the
-buffer then outgrows its limit it is written to RocksDB in batches of its own (a large one as
-an ingested table file), the offset the rows are applied up to in the last one. Reads look in the buffer first, then in RocksDB. See
+buffer then outgrows its limit it is written to RocksDB in batches of its own, the offset the
+rows are applied up to in the last one. Reads look in the buffer first, then in RocksDB. See
 merge_engine/buffer.py for why the rows wait in memory and how a crash is recovered (replay of
 the changelog)."""
 
@@ -13,7 +13,7 @@ import collections
 import dataclasses
 import itertools
 import operator
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable
 
 import numpy as np
 from rocksdict import WriteBatch
@@ -29,13 +29,6 @@ from tally.errors import StorageError, StorageWriteError
 # At 65,536 the multi-gets of later puts of new keys ran 2-3x slower (measured on the ingest
 # benchmark's rows; the cause inside RocksDB is not known); at this size they do not.
 BATCH_ROWS = 262144
-
-
-# A flush of at least this many keys writes them as a table file RocksDB ingests (one file per
-# flush, see TabletStore.ingest_rows); smaller ones go in write batches. A file costs two
-# fsyncs (the write-ahead log's, then its own) that only a large flush repays: at 100,000 keys
-# the flush of the ingest benchmark's repeated keys took longer than its write batches.
-INGEST_ROWS = 262144
 
 
 # Rows are flushed once the changelog since the last flush reaches this many buffer sizes, so a
@@ -86,7 +79,6 @@ class BucketRows:
     """Rows by encoded key. Writes are serialised by the tablet; reads may run alongside."""
 
     batch_rows = BATCH_ROWS  # rows per write batch of a flush (tests make it small)
-    ingest_rows = INGEST_ROWS  # flushes of this many keys or more ingest a file (tests: fewer)
 
     def __init__(self, store: TabletStore, codec: RowCodec, buffer_limit: int):
         self._store = store
@@ -196,17 +188,8 @@ class BucketRows:
         A slice of `batch_rows` keys per write batch (its rows as Python bytes and in the
         batch at once took several times the buffer's size), the applied offset in the last:
         until then a crash replays every buffered row from the changelog, and readers keep
-        seeing the buffer, whose rows are the ones being written. A flush of `ingest_rows`
-        keys or more writes its slices into one table file that RocksDB ingests, then the
-        applied offset in a batch of its own: the same order, so the same recovery."""
+        seeing the buffer, whose rows are the ones being written."""
         if len(self._buffer) == 0 and self.applied_offset() == applied:
-            return
-        if len(self._buffer) >= self.ingest_rows:
-            self._store.ingest_rows(self._segments(self._buffer.chunks(self.batch_rows)))
-            batch = self._store.new_batch()
-            TabletStore.put_int(batch, KV_APPLIED, applied)
-            self._store.commit(batch)
-            self._buffer, self._log_bytes = RowBuffer(), 0
             return
         batch = None
         for keys, rows, removed in self._buffer.chunks(self.batch_rows):
@@ -269,30 +252,6 @@ class BucketRows:
                               maxlen=0)
         for key in removed.to_list(ROW):
             batch.delete(key)
-
-    def _segments(self, chunks: Iterable[tuple[KeyArray, StateBatch | None, KeyArray]]
-                  ) -> Iterator[tuple[list[bytes], list[bytes] | None]]:
-        """The chunks' rows to put and keys to delete as one run of ascending row keys
-        (TabletStore.ingest_rows): each chunk's removed keys between its live ones."""
-        for keys, rows, removed in chunks:
-            live = keys.to_list(ROW)
-            values = self._codec.encode(rows) if rows is not None else []
-            if len(removed) == 0:
-                yield live, values
-                continue
-            dead = removed.to_list(ROW)
-            # where each removed key falls among the live ones (a chunk's keys share a dtype)
-            at = np.searchsorted(keys.search, removed.search)
-            cuts, firsts = np.unique(at, return_index=True)
-            start = 0
-            for cut, first, last in zip(cuts.tolist(), firsts.tolist(),
-                                        firsts[1:].tolist() + [len(dead)]):
-                if cut > start:
-                    yield live[start:cut], values[start:cut]
-                yield dead[first:last], None
-                start = cut
-            if start < len(live):
-                yield live[start:], values[start:]
 
     @staticmethod
     def initialise(batch: WriteBatch) -> None:

@@ -10,12 +10,9 @@ its row buffer survives solely as changelog records. Steps:
   truncate            truncate_log(log_end_offset)
   retain              enforce_retention(tablet)  (merge_engine/log_retention.py)
   batch-rows:N        flushes write N rows per RocksDB write batch (many batches per flush)
-  ingest-rows:N       flushes of N keys or more write an ingested table file (then the
-                      applied offset in a batch) instead of write batches
-  die:N               end with os._exit(0) right after the N-th RocksDB commit (write batch
-                      or ingested file) from here on: a crash at a chosen point of a write
-                      (after its changelog, between the batches of a flush, between a
-                      flush's file and its applied offset)
+  die:N               end with os._exit(0) right after the N-th RocksDB commit from here on:
+                      a crash at a chosen point of a write (after its changelog, between
+                      the batches of a flush)
   follow:SOURCE:BYTES as a follower, apply the changelog entries of the bucket at SOURCE
                       (closed, of the same table) from this one's log end until caught up,
                       BYTES of entries per apply_replicated
@@ -172,19 +169,16 @@ def apply(table, op, table_spec: TableSpec | None = None) -> int:
 
 def die_after_commits(tablet, count: int) -> None:
     """Make the tablet's store end the process right after its `count`-th commit from now."""
-    store, left = tablet._store, [count]
+    store, commit, left = tablet._store, tablet._store.commit, [count]
 
-    def then_die(write):
-        def write_then_die(*args) -> None:
-            write(*args)
-            left[0] -= 1
-            if left[0] == 0:
-                print("died", flush=True)
-                os._exit(0)
-        return write_then_die
+    def commit_then_die(batch) -> None:
+        commit(batch)
+        left[0] -= 1
+        if left[0] == 0:
+            print("died", flush=True)
+            os._exit(0)
 
-    store.commit = then_die(store.commit)
-    store.ingest_rows = then_die(store.ingest_rows)
+    store.commit = commit_then_die
 
 
 def follow(tablet, source, max_bytes: int) -> None:
@@ -226,8 +220,6 @@ def main(argv: list[str]) -> None:
             print(f"cut {tablet.truncate_tail(int(step.split(':')[1]))}", flush=True)
         elif step.startswith("batch-rows:"):
             tablet._rows.batch_rows = int(step.split(":")[1])
-        elif step.startswith("ingest-rows:"):
-            tablet._rows.ingest_rows = int(step.split(":")[1])
         elif step.startswith("die:"):
             die_after_commits(tablet, int(step.split(":")[1]))
         else:
