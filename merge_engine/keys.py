@@ -236,6 +236,12 @@ def one_key(key_columns: list[pa.Array]) -> KeyArray:
                 encoded = _escaped(column)[0]
                 fixed = False
         parts.append(encoded)
+    return key_of_parts(parts, fixed)
+
+
+def key_of_parts(parts: list[bytes], fixed: bool) -> KeyArray:
+    """The KeyArray of one key given as each column's encoding (`fixed`: every column is
+    fixed-width), as key_array() holds it."""
     key = b"".join(parts)
     if not fixed:
         return KeyArray.from_bytes([key])

@@ -81,7 +81,7 @@ class Table:
         meta = self.meta
         keys = meta.point_keys
         batch = keys.key_batch(key)
-        partition, bucket = keys.place(batch)
+        partition, bucket, canonical = keys.place(batch)
         if partition is not None and not meta.has_partition(partition):
             if not self.connection.table_meta(self.name, refresh=True,
                                               table_id=self.table_id).has_partition(partition):
@@ -90,7 +90,8 @@ class Table:
 
         def attempt() -> pa.Buffer:
             route = conn.route(self.name, partition, bucket, self.table_id)
-            return conn.server(route.address).lookup(keys.frame(route.header(), batch))
+            return conn.server(route.address).lookup(keys.frame(route.header(), batch,
+                                                                   canonical))
 
         return keys.answer_row(conn.retry(attempt, refresh=self.name))
 

@@ -1,10 +1,11 @@
 """One key of a point lookup: checked, bucketed and framed on the client; checked on the server.
 
 A point lookup is one small request, so per-request costs decide its latency: the key skips the
-write-input validation (only the primary-key columns are looked at) and the Arrow IPC stream
-that carries it is assembled from the key schema's message, serialized once per table, and
-the key's one record batch (the bytes are those an IPC stream writer makes, without making
-one). The server checks the key exactly as strictly as before: the primary-key columns and
+write-input validation (only the primary-key columns are looked at) and travels as the bytes the
+client hashed to find its bucket (tally.wire.key_bytes), or, for a key with a boolean or
+floating column, as an Arrow IPC stream assembled from the key schema's message, serialized
+once per table, and the key's one record batch (the bytes are those an IPC stream writer
+makes, without making one). The server checks the key exactly as strictly as before: the primary-key columns and
 nothing else, each castable without loss to its column's type, none null, and the key in the
 addressed partition and bucket. Every refusal is an InvalidInputError naming the column.
 """
@@ -14,12 +15,17 @@ from __future__ import annotations
 import pyarrow as pa
 
 from tally.errors import InvalidInputError
-from tally.wire.bucket_hash import bucket_ids
+from tally.wire import key_bytes
+from tally.wire.bucket_hash import bucket_ids, fnv_fmix, one_value_bytes
 from tally.wire.messages import dumps, ipc_to_table
 from tally.wire.routing import TableRouting, partition_names
 
 # The end-of-stream marker of the Arrow IPC stream format (a continuation token, length 0).
 IPC_END = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+# A lookup header's entry saying how its key travels: CANONICAL (tally.wire.key_bytes), or,
+# absent, as an Arrow IPC stream.
+KEY_FORMAT = "key_format"
+CANONICAL = "canonical"
 
 
 def ipc_of_batch(schema_message: bytes, batch: pa.RecordBatch) -> bytes:
@@ -40,6 +46,8 @@ class PointKeys:
         self._schema_message = self.schema.serialize().to_pybytes()
         self._answer_schema = routing.arrow_schema
         self._answer_message = routing.arrow_schema.serialize()
+        self.canonical = key_bytes.canonical_keys(routing)
+        self._bucket_positions = [self.names.index(c) for c in routing.bucket_key]
 
     def key_batch(self, key: dict) -> pa.RecordBatch:
         """`key` (a dict holding at least the primary-key columns; others are ignored, so a
@@ -66,13 +74,19 @@ class PointKeys:
                     f"{_short(value)} does not fit ({e})") from None
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
-    def place(self, batch: pa.RecordBatch) -> tuple[str | None, int]:
-        """(partition, bucket) of a key batch."""
+    def place(self, batch: pa.RecordBatch) -> tuple[str | None, int, bytes | None]:
+        """(partition, bucket, canonical key bytes or None) of a key batch: the bytes when
+        the table's key travels as them (they are what the bucket is hashed from)."""
         routing = self.routing
         partition = partition_names(batch, routing.partition_key)[0] \
             if routing.partitioned else None
-        bucket = int(bucket_ids(batch, list(routing.bucket_key), routing.bucket_count)[0])
-        return partition, bucket
+        if not self.canonical:
+            bucket = int(bucket_ids(batch, list(routing.bucket_key), routing.bucket_count)[0])
+            return partition, bucket, None
+        parts = [one_value_bytes(c, n) for n, c in zip(self.names, batch.columns)]
+        bucket = fnv_fmix(b"".join([parts[i] for i in self._bucket_positions])) \
+            % routing.bucket_count
+        return partition, bucket, b"".join(parts)
 
     def answer_row(self, answer: pa.Buffer) -> dict | None:
         """The row of a lookup's answer (Arrow IPC, 0 or 1 row), or None. An answer in the
@@ -91,9 +105,12 @@ class PointKeys:
             raise InvalidInputError(f"malformed Arrow IPC payload: {e}") from None
         return batch.to_pylist()[0] if batch.num_rows else None
 
-    def frame(self, header: dict, batch: pa.RecordBatch) -> bytes:
-        """A lookup request: the JSON header, '\\n', the key as an Arrow IPC stream (what
+    def frame(self, header: dict, batch: pa.RecordBatch, canonical: bytes | None) -> bytes:
+        """A lookup request: the JSON header, '\\n', the key: its `canonical` bytes when
+        given (the header says so), else an Arrow IPC stream of `batch` (what
         tally.wire.messages.frame makes of it, without an IPC writer)."""
+        if canonical is not None:
+            return dumps({**header, KEY_FORMAT: CANONICAL}) + b"\n" + canonical
         return dumps(header) + b"\n" + ipc_of_batch(self._schema_message, batch)
 
 
