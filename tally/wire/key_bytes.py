@@ -25,6 +25,7 @@ from tally.wire.bucket_hash import fnv_fmix, one_value_bytes
 from tally.wire.routing import TableRouting, partition_names
 
 _M64 = (1 << 64) - 1
+_EIGHT = (8).to_bytes(4, "little")
 
 
 def _fits(t: pa.DataType) -> bool:
@@ -40,10 +41,55 @@ def canonical_keys(routing: TableRouting) -> bool:
     return all(_fits(routing.arrow_schema.field(c).type) for c in routing.primary_key)
 
 
-def encode(batch: pa.RecordBatch) -> bytes:
-    """The canonical bytes of a one-row key batch (the primary-key columns in key order)."""
-    return b"".join(one_value_bytes(column, name)
-                    for name, column in zip(batch.schema.names, batch.columns))
+def encode(batch: pa.RecordBatch) -> list[bytes]:
+    """Each column's length-prefixed canonical bytes of a one-row key batch."""
+    return [one_value_bytes(column, name)
+            for name, column in zip(batch.schema.names, batch.columns)]
+
+
+class PlainValues:
+    """The canonical bytes of a key straight from plain Python values, without Arrow: for a
+    table whose key columns are all integers, strings or binary, and a key whose values are
+    exactly `int`, `str` or `bytes` within their column's type. Any other key is left to
+    Arrow (`parts` answers None), which converts it or names what does not fit."""
+
+    def __init__(self, routing: TableRouting) -> None:
+        self.columns = []
+        for name in routing.primary_key:
+            t = routing.arrow_schema.field(name).type
+            if pa.types.is_integer(t):
+                bits = t.bit_width
+                low = -(1 << (bits - 1)) if pa.types.is_signed_integer(t) else 0
+                self.columns.append((name, int, low, low + (1 << bits)))
+            elif pa.types.is_string(t) or pa.types.is_large_string(t):
+                self.columns.append((name, str, 0, 0))
+            elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
+                self.columns.append((name, bytes, 0, 0))
+            else:
+                self.columns = None
+                break
+
+    def parts(self, key: dict) -> list[bytes] | None:
+        """Each key column's length-prefixed canonical bytes, or None (see the class)."""
+        if self.columns is None:
+            return None
+        parts = []
+        for name, kind, low, high in self.columns:
+            value = key.get(name)
+            if type(value) is not kind:  # bool is an int, numpy integers are not: Arrow's
+                return None
+            if kind is int:
+                if not low <= value < high:
+                    return None
+                parts.append(_EIGHT + (value & _M64).to_bytes(8, "little"))
+                continue
+            if kind is str:
+                try:
+                    value = value.encode()
+                except UnicodeEncodeError:
+                    return None
+            parts.append(len(value).to_bytes(4, "little") + value)
+        return parts
 
 
 def bucket_of(parts: dict[str, bytes], routing: TableRouting) -> int:

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from tally.errors import InvalidInputError
 from tally.wire import key_bytes
-from tally.wire.bucket_hash import bucket_ids, fnv_fmix, one_value_bytes
+from tally.wire.bucket_hash import bucket_ids, fnv_fmix
 from tally.wire.messages import dumps, ipc_to_table
 from tally.wire.routing import TableRouting, partition_names
 
@@ -26,6 +26,7 @@ IPC_END = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 # absent, as an Arrow IPC stream.
 KEY_FORMAT = "key_format"
 CANONICAL = "canonical"
+_HEADS = 4096  # request header lines kept per table (one per bucket it has looked up)
 
 
 def ipc_of_batch(schema_message: bytes, batch: pa.RecordBatch) -> bytes:
@@ -47,7 +48,43 @@ class PointKeys:
         self._answer_schema = routing.arrow_schema
         self._answer_message = routing.arrow_schema.serialize()
         self.canonical = key_bytes.canonical_keys(routing)
+        self._plain = key_bytes.PlainValues(routing) \
+            if self.canonical and not routing.partitioned else None
         self._bucket_positions = [self.names.index(c) for c in routing.bucket_key]
+        self._format = {KEY_FORMAT: CANONICAL} if self.canonical else {}
+        self._heads: dict = {}  # Route -> (server address, the request's header line)
+
+    def prepare(self, key: dict) -> tuple[str | None, int, bytes]:
+        """(partition, bucket, the key as a request carries it) of a lookup key (see
+        `key_batch` for what a key is); InvalidInputError naming what does not fit."""
+        parts = self._plain.parts(key) if self._plain is not None and type(key) is dict \
+            else None
+        if parts is not None:
+            return None, self._bucket(parts), b"".join(parts)
+        batch = self.key_batch(key)
+        routing = self.routing
+        partition = partition_names(batch, routing.partition_key)[0] \
+            if routing.partitioned else None
+        if not self.canonical:
+            bucket = int(bucket_ids(batch, list(routing.bucket_key), routing.bucket_count)[0])
+            return partition, bucket, ipc_of_batch(self._schema_message, batch)
+        parts = key_bytes.encode(batch)
+        return partition, self._bucket(parts), b"".join(parts)
+
+    def _bucket(self, parts: list[bytes]) -> int:
+        return fnv_fmix(b"".join([parts[i] for i in self._bucket_positions])) \
+            % self.routing.bucket_count
+
+    def head(self, route) -> tuple[str, bytes]:
+        """(server address, header line) of a lookup request to `route` (a
+        tally.client.metadata.Route of this routing), made once per route."""
+        found = self._heads.get(route)
+        if found is None:
+            if len(self._heads) > _HEADS:
+                self._heads.clear()
+            found = self._heads[route] = (
+                route.address, dumps({**route.header(), **self._format}) + b"\n")
+        return found
 
     def key_batch(self, key: dict) -> pa.RecordBatch:
         """`key` (a dict holding at least the primary-key columns; others are ignored, so a
@@ -74,20 +111,6 @@ class PointKeys:
                     f"{_short(value)} does not fit ({e})") from None
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
-    def place(self, batch: pa.RecordBatch) -> tuple[str | None, int, bytes | None]:
-        """(partition, bucket, canonical key bytes or None) of a key batch: the bytes when
-        the table's key travels as them (they are what the bucket is hashed from)."""
-        routing = self.routing
-        partition = partition_names(batch, routing.partition_key)[0] \
-            if routing.partitioned else None
-        if not self.canonical:
-            bucket = int(bucket_ids(batch, list(routing.bucket_key), routing.bucket_count)[0])
-            return partition, bucket, None
-        parts = [one_value_bytes(c, n) for n, c in zip(self.names, batch.columns)]
-        bucket = fnv_fmix(b"".join([parts[i] for i in self._bucket_positions])) \
-            % routing.bucket_count
-        return partition, bucket, b"".join(parts)
-
     def answer_row(self, answer: pa.Buffer) -> dict | None:
         """The row of a lookup's answer (Arrow IPC, 0 or 1 row), or None. An answer in the
         table's schema as this client knows it (the bytes of its schema message equal) has
@@ -104,14 +127,6 @@ class PointKeys:
         except (pa.ArrowException, OSError) as e:
             raise InvalidInputError(f"malformed Arrow IPC payload: {e}") from None
         return batch.to_pylist()[0] if batch.num_rows else None
-
-    def frame(self, header: dict, batch: pa.RecordBatch, canonical: bytes | None) -> bytes:
-        """A lookup request: the JSON header, '\\n', the key: its `canonical` bytes when
-        given (the header says so), else an Arrow IPC stream of `batch` (what
-        tally.wire.messages.frame makes of it, without an IPC writer)."""
-        if canonical is not None:
-            return dumps({**header, KEY_FORMAT: CANONICAL}) + b"\n" + canonical
-        return dumps(header) + b"\n" + ipc_of_batch(self._schema_message, batch)
 
 
 def checked_key(routing: TableRouting, key: pa.Table | pa.RecordBatch, bucket: int,
