@@ -41,12 +41,12 @@ class TabletReads:
         state = self._rows.lookup(key)
         if state is None or (self._ttl is not None and self._expired(state)[0]):
             return None
-        row = self._images.visible(state)
-        arrays = [c.chunk(0) if c.num_chunks == 1 else c.combine_chunks() for c in row.columns]
+        arrays = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c
+                  for c in self._images.visible_arrays(state)]
         try:  # the types match but for nullability: no cast, which copies every column
             return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
         except (pa.ArrowInvalid, pa.ArrowTypeError):
-            return pa.RecordBatch.from_arrays(arrays, names=row.column_names).cast(
+            return pa.RecordBatch.from_arrays(arrays, names=self.arrow_schema.names).cast(
                 self.arrow_schema)
 
     def lookup_many(self, keys, unwritten: bool = False) -> tuple[pa.Table, np.ndarray]:

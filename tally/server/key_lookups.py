@@ -24,7 +24,8 @@ from tally.wire.ipc_guard import read_stream
 from tally.wire.key_bytes import KeyDecoder
 from tally.wire.messages import (FOUND_COLUMN, MAX_FRAMED_BYTES, MAX_REQUEST_JSON_BYTES,
                                  SCAN_OFFSET_KEY, field, loads, table_to_ipc)
-from tally.wire.point_keys import CANONICAL, IPC_END, KEY_FORMAT, checked_key, ipc_of_batch
+from tally.wire.point_keys import (CANONICAL_HEAD, CANONICAL_MARK, IPC_END, checked_key,
+                                   ipc_of_batch)
 
 _SCHEMA_MESSAGES = 64  # answer schemas kept (one per open bucket schema, in practice a few)
 _DECODERS = 64  # key decoders kept, one per table routing
@@ -43,29 +44,29 @@ class KeyLookups:
         server.raw_actions["lookup"] = self.lookup
 
     def lookup(self, request: pa.Buffer | bytes) -> bytes:
-        """The row of one key, as Arrow IPC with 0 or 1 row. `request`: the JSON header,
-        '\\n', then the key: its canonical bytes when the header's KEY_FORMAT says so, else a
-        one-row Arrow IPC stream of the primary-key columns."""
+        """The row of one key, as Arrow IPC with 0 or 1 row. `request`: CANONICAL_HEAD and
+        the key's canonical bytes, or the JSON header, '\\n', and a one-row Arrow IPC stream
+        of the primary-key columns."""
         if len(request) > MAX_FRAMED_BYTES:
             raise InvalidInputError(f"a lookup request of {len(request):,} bytes exceeds the "
                                     f"limit of {MAX_FRAMED_BYTES:,} bytes")
         data = request.to_pybytes() if isinstance(request, pa.Buffer) else request
-        head, sep, rest = data.partition(b"\n")
-        header = loads(head, MAX_REQUEST_JSON_BYTES, "a lookup request")
-        if not isinstance(header, dict):
-            raise InvalidInputError("lookup must start with a JSON object")
-        if not sep:
-            raise InvalidInputError("a lookup carries exactly one key")
-        key_format = header.get(KEY_FORMAT)
-        if key_format not in (None, CANONICAL):
-            raise InvalidInputError(f"a lookup's {KEY_FORMAT} is {CANONICAL!r} or absent, not "
-                                    f"{key_format!r}")
         server = self.server
-        if key_format == CANONICAL:
-            hosted = server.addressed(header)
+        if data.startswith(CANONICAL_MARK):
+            if len(data) < CANONICAL_HEAD.size:
+                raise InvalidInputError("a lookup request ends inside its head")
+            _, table_id, partition_id, bucket = CANONICAL_HEAD.unpack_from(data)
+            hosted = server.tablet(table_id, partition_id, bucket)
             key = self._decoder(hosted.routing).storage_key(
-                rest, hosted.key.bucket, hosted.partition, hosted.label)
-        else:  # read (and bounded) before any bucket is touched
+                data[CANONICAL_HEAD.size:], bucket, hosted.partition, _Label(hosted))
+        else:
+            head, sep, rest = data.partition(b"\n")
+            header = loads(head, MAX_REQUEST_JSON_BYTES, "a lookup request")
+            if not isinstance(header, dict):
+                raise InvalidInputError("lookup must start with a JSON object")
+            if not sep:
+                raise InvalidInputError("a lookup carries exactly one key")
+            # read (and bounded) before any bucket is touched
             payload = read_stream(rest, max_rows=1, max_bytes=MAX_FRAMED_BYTES,
                                   what="the key of a lookup request")
             if payload.num_rows != 1:
@@ -126,3 +127,12 @@ class KeyLookups:
         return table_to_ipc(rows.replace_schema_metadata(
             {SCAN_OFFSET_KEY: str(offset).encode()}))
 
+
+class _Label:
+    """A hosted bucket's label, made only when a refusal names it (its text costs a lookup)."""
+
+    def __init__(self, hosted) -> None:
+        self.hosted = hosted
+
+    def __str__(self) -> str:
+        return self.hosted.label

@@ -97,7 +97,7 @@ def bucket_of(parts: dict[str, bytes], routing: TableRouting) -> int:
     return fnv_fmix(b"".join(parts[c] for c in routing.bucket_key)) % routing.bucket_count
 
 
-def split(data: bytes, names, where: str) -> dict[str, bytes]:
+def split(data: bytes, names, where: object) -> dict[str, bytes]:
     """Each column's length-prefixed canonical bytes, by name; InvalidInputError when `data`
     is not exactly one value per column."""
     parts, at = {}, 0
@@ -124,9 +124,10 @@ class KeyDecoder:
         self._columns = [(c, routing.arrow_schema.field(c).type) for c in self.names]
 
     def storage_key(self, data: bytes, bucket: int, partition: str | None,
-                    where: str) -> KeyArray:
+                    where: object) -> KeyArray:
         """The storage key of canonical key bytes sent to (`partition`, `bucket`), checked;
-        InvalidInputError naming the column or the bucket (`where`) otherwise."""
+        InvalidInputError naming the column or the bucket otherwise (`where`, made text only
+        for a refusal)."""
         parts = split(data, self.names, where)
         encoded, fixed = [], True
         for name, t in self._columns:
@@ -156,7 +157,7 @@ class KeyDecoder:
             [_array(parts[c][4:], schema.field(c).type) for c in names], names=list(names))
 
 
-def _stored(value: bytes, t: pa.DataType, name: str, where: str) -> tuple[bytes, bool]:
+def _stored(value: bytes, t: pa.DataType, name: str, where: object) -> tuple[bytes, bool]:
     """(the storage encoding of one canonical value of type `t`, whether fixed-width), as
     merge_engine.keys encodes it; InvalidInputError when the value does not fit `t`."""
     if pa.types.is_string(t) or pa.types.is_large_string(t):
@@ -201,6 +202,6 @@ def _array(value: bytes, t: pa.DataType) -> pa.Array:
     return pa.Array.from_buffers(t, 1, [None, pa.py_buffer(data)])
 
 
-def _width(name: str, where: str, t: pa.DataType, size: int) -> InvalidInputError:
+def _width(name: str, where: object, t: pa.DataType, size: int) -> InvalidInputError:
     return InvalidInputError(f"key column {name!r} of {where} is {t}: a value of {size} bytes "
                              f"is not one of its values")

@@ -12,6 +12,8 @@ addressed partition and bucket. Every refusal is an InvalidInputError naming the
 
 from __future__ import annotations
 
+import struct
+
 import pyarrow as pa
 
 from tally.errors import InvalidInputError
@@ -22,11 +24,13 @@ from tally.wire.routing import TableRouting, partition_names
 
 # The end-of-stream marker of the Arrow IPC stream format (a continuation token, length 0).
 IPC_END = b"\xff\xff\xff\xff\x00\x00\x00\x00"
-# A lookup header's entry saying how its key travels: CANONICAL (tally.wire.key_bytes), or,
-# absent, as an Arrow IPC stream.
-KEY_FORMAT = "key_format"
-CANONICAL = "canonical"
-_HEADS = 4096  # request header lines kept per table (one per bucket it has looked up)
+# A lookup whose key travels as canonical bytes (tally.wire.key_bytes) starts with this head,
+# not with JSON (whose text never starts with a NUL byte): a marker, then the table id, the
+# partition id and the bucket as little-endian int64s; the key's bytes follow. Any other lookup
+# is the JSON header, '\n', and the key as an Arrow IPC stream.
+CANONICAL_MARK = b"\x00TLK"
+CANONICAL_HEAD = struct.Struct("<4sqqq")
+_HEADS = 4096  # request heads kept per table (one per bucket it has looked up)
 
 
 def ipc_of_batch(schema_message: bytes, batch: pa.RecordBatch) -> bytes:
@@ -51,8 +55,7 @@ class PointKeys:
         self._plain = key_bytes.PlainValues(routing) \
             if self.canonical and not routing.partitioned else None
         self._bucket_positions = [self.names.index(c) for c in routing.bucket_key]
-        self._format = {KEY_FORMAT: CANONICAL} if self.canonical else {}
-        self._heads: dict = {}  # Route -> (server address, the request's header line)
+        self._heads: dict = {}  # Route -> (server address, the request's head)
 
     def prepare(self, key: dict) -> tuple[str | None, int, bytes]:
         """(partition, bucket, the key as a request carries it) of a lookup key (see
@@ -76,14 +79,16 @@ class PointKeys:
             % self.routing.bucket_count
 
     def head(self, route) -> tuple[str, bytes]:
-        """(server address, header line) of a lookup request to `route` (a
-        tally.client.metadata.Route of this routing), made once per route."""
+        """(server address, the bytes a lookup request to `route` (a
+        tally.client.metadata.Route of this routing) starts with), made once per route."""
         found = self._heads.get(route)
         if found is None:
             if len(self._heads) > _HEADS:
                 self._heads.clear()
-            found = self._heads[route] = (
-                route.address, dumps({**route.header(), **self._format}) + b"\n")
+            head = CANONICAL_HEAD.pack(CANONICAL_MARK, route.table_id, route.partition_id,
+                                       route.bucket) if self.canonical \
+                else dumps(route.header()) + b"\n"
+            found = self._heads[route] = (route.address, head)
         return found
 
     def key_batch(self, key: dict) -> pa.RecordBatch:

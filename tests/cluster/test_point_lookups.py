@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 import tally
 from tally.errors import InvalidInputError
 from tally.wire.messages import dumps, frame
-from tally.wire.point_keys import PointKeys
+from tally.wire.point_keys import CANONICAL_HEAD, CANONICAL_MARK, PointKeys
 from tests.cluster.conftest import private_cluster
 
 _names = itertools.count()
@@ -263,9 +263,10 @@ def test_the_server_refuses_bad_canonical_keys_naming_the_column(conn):
     route = conn.route(table.name, "d1", 0, table.table_id)
     server = conn.server(route.address)
 
-    def ask(key: bytes, **extra):
-        header = {**route.header(), "key_format": "canonical", **extra}
-        return keys.answer_row(server.lookup(dumps(header) + b"\n" + key))
+    def ask(key: bytes, head: bytes | None = None):
+        head = head or CANONICAL_HEAD.pack(CANONICAL_MARK, route.table_id, route.partition_id,
+                                           route.bucket)
+        return keys.answer_row(server.lookup(head + key))
 
     def text(value: bytes) -> bytes:
         return len(value).to_bytes(4, "little") + value
@@ -286,5 +287,10 @@ def test_the_server_refuses_bad_canonical_keys_naming_the_column(conn):
     for message, key in bad.items():
         with pytest.raises(InvalidInputError, match=message):
             ask(key)
-    with pytest.raises(InvalidInputError, match="key_format is 'canonical' or absent"):
-        ask(text(b"d1") + number(in_bucket), key_format="pickle")
+    with pytest.raises(InvalidInputError, match="ends inside its head"):
+        ask(b"", head=CANONICAL_MARK + bytes(8))
+    other = conn.route(table.name, "d1", 1, table.table_id)
+    with pytest.raises(InvalidInputError, match="belongs to bucket 0"):  # sent to bucket 1
+        conn.server(other.address).lookup(CANONICAL_HEAD.pack(
+            CANONICAL_MARK, other.table_id, other.partition_id, 1)
+            + text(b"d1") + number(in_bucket))
