@@ -88,8 +88,8 @@ class Table:
         conn = self.connection
 
         def attempt() -> pa.Buffer:
-            route = conn.route(self.name, partition, bucket, self.table_id)
-            address, head = keys.head(route)
+            current = conn.table_meta(self.name, table_id=self.table_id)  # fresh on a retry
+            address, head = current.lookup_head(partition, bucket)
             return conn.server(address).lookup(head + payload)
 
         return keys.answer_row(conn.retry(attempt, refresh=self.name))

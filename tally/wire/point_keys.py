@@ -30,7 +30,6 @@ IPC_END = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 # is the JSON header, '\n', and the key as an Arrow IPC stream.
 CANONICAL_MARK = b"\x00TLK"
 CANONICAL_HEAD = struct.Struct("<4sqqq")
-_HEADS = 4096  # request heads kept per table (one per bucket it has looked up)
 
 
 def ipc_of_batch(schema_message: bytes, batch: pa.RecordBatch) -> bytes:
@@ -55,7 +54,6 @@ class PointKeys:
         self._plain = key_bytes.PlainValues(routing) \
             if self.canonical and not routing.partitioned else None
         self._bucket_positions = [self.names.index(c) for c in routing.bucket_key]
-        self._heads: dict = {}  # Route -> (server address, the request's head)
 
     def prepare(self, key: dict) -> tuple[str | None, int, bytes]:
         """(partition, bucket, the key as a request carries it) of a lookup key (see
@@ -78,18 +76,13 @@ class PointKeys:
         return fnv_fmix(b"".join([parts[i] for i in self._bucket_positions])) \
             % self.routing.bucket_count
 
-    def head(self, route) -> tuple[str, bytes]:
-        """(server address, the bytes a lookup request to `route` (a
-        tally.client.metadata.Route of this routing) starts with), made once per route."""
-        found = self._heads.get(route)
-        if found is None:
-            if len(self._heads) > _HEADS:
-                self._heads.clear()
-            head = CANONICAL_HEAD.pack(CANONICAL_MARK, route.table_id, route.partition_id,
-                                       route.bucket) if self.canonical \
-                else dumps(route.header()) + b"\n"
-            found = self._heads[route] = (route.address, head)
-        return found
+    def head(self, route) -> bytes:
+        """The bytes a lookup request to `route` (a tally.client.metadata.Route of this
+        routing) starts with; its key follows."""
+        if self.canonical:
+            return CANONICAL_HEAD.pack(CANONICAL_MARK, route.table_id, route.partition_id,
+                                       route.bucket)
+        return dumps(route.header()) + b"\n"
 
     def key_batch(self, key: dict) -> pa.RecordBatch:
         """`key` (a dict holding at least the primary-key columns; others are ignored, so a
