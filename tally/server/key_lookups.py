@@ -1,4 +1,4 @@
-"""A tablet server's key lookups: the binary actions `lookup` (one key) and `lookup_many`.
+"""A tablet server's key lookups: the actions `lookup` (one key) and `lookup_many` (many).
 
 Both read a bucket this server leads, and both answer only what is acknowledged: the rows are
 read with the bucket's log end offset under its lock, and the answer waits until the high
@@ -32,7 +32,8 @@ _DECODERS = 64  # key decoders kept, one per table routing
 
 
 class KeyLookups:
-    """Adds `lookup` and `lookup_many` to a TabletServer's binary actions."""
+    """Adds `lookup` (an action that reads its own request) and `lookup_many` (a binary
+    action) to a TabletServer."""
 
     def __init__(self, server) -> None:
         self.server = server
