@@ -5,9 +5,10 @@ write-input validation (only the primary-key columns are looked at) and travels 
 client hashed to find its bucket (tally.wire.key_bytes), or, for a key with a boolean or
 floating column, as an Arrow IPC stream assembled from the key schema's message, serialized
 once per table, and the key's one record batch (the bytes are those an IPC stream writer
-makes, without making one). The server checks the key exactly as strictly as before: the primary-key columns and
-nothing else, each castable without loss to its column's type, none null, and the key in the
-addressed partition and bucket. Every refusal is an InvalidInputError naming the column.
+makes, without making one). The server checks an Arrow key exactly as strictly as before: the
+primary-key columns and nothing else, each castable without loss to its column's type, none
+null, and the key in the addressed partition and bucket (canonical bytes: tally.wire.key_bytes).
+Every refusal is an InvalidInputError naming the column.
 """
 
 from __future__ import annotations
