@@ -132,6 +132,10 @@ class KeyArray:
 
     def to_list(self, prefix: bytes = b"") -> list[bytes]:
         """The keys as bytes objects, exactly as encoded, each after `prefix`."""
+        if self.width is not None and len(self.search) == 1:  # a point lookup's: no matrix
+            if self.search.dtype == np.uint64:
+                return [prefix + int(self.search[0]).to_bytes(8, "big")[:self.width]]
+            return [prefix + self.search.tobytes()]
         if self.width is None:
             size = self.search.dtype.itemsize
             flat = self.search.tobytes()

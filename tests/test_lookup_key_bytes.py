@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from merge_engine.keys import key_array
+from merge_engine.keys import encode_keys, key_array
 from tally.errors import InvalidInputError
 from tally.wire.bucket_hash import bucket_ids
 from tally.wire.key_bytes import KeyDecoder, PlainValues, canonical_keys
@@ -76,7 +76,8 @@ def test_canonical_bytes_reach_the_write_paths_key_bucket_and_partition(case):
     assert canonical_keys(routing)
     batch = pa.RecordBatch.from_pylist([key], schema=pa.schema(
         [routing.arrow_schema.field(c) for c in routing.primary_key]))
-    model_key = key_array([batch.column(c) for c in routing.primary_key]).to_list()
+    model_key = encode_keys([batch.column(c) for c in routing.primary_key])
+    assert key_array([batch.column(c) for c in routing.primary_key]).to_list() == model_key
     model_bucket = int(bucket_ids(batch, list(routing.bucket_key), routing.bucket_count)[0])
     try:
         model_partition = partition_names(batch, routing.partition_key)[0] \
