@@ -132,6 +132,10 @@ class KeyArray:
 
     def to_list(self, prefix: bytes = b"") -> list[bytes]:
         """The keys as bytes objects, exactly as encoded, each after `prefix`."""
+        if self.width is not None and len(self.search) == 1:  # a point lookup's: no matrix
+            if self.search.dtype == np.uint64:
+                return [prefix + int(self.search[0]).to_bytes(8, "big")[:self.width]]
+            return [prefix + self.search.tobytes()]
         if self.width is None:
             size = self.search.dtype.itemsize
             flat = self.search.tobytes()
@@ -236,6 +240,12 @@ def one_key(key_columns: list[pa.Array]) -> KeyArray:
                 encoded = _escaped(column)[0]
                 fixed = False
         parts.append(encoded)
+    return key_of_parts(parts, fixed)
+
+
+def key_of_parts(parts: list[bytes], fixed: bool) -> KeyArray:
+    """The KeyArray of one key given as each column's encoding (`fixed`: every column is
+    fixed-width), as key_array() holds it."""
     key = b"".join(parts)
     if not fixed:
         return KeyArray.from_bytes([key])

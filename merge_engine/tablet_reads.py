@@ -12,7 +12,7 @@ import pyarrow as pa
 from merge_engine import changelog as log
 from merge_engine.hidden_columns import UNWRITTEN
 from merge_engine.input import prepare_write
-from merge_engine.keys import key_array
+from merge_engine.keys import KeyArray, key_array
 from merge_engine.row_snapshot import RowSnapshot
 from tally.errors import InvalidInputError
 
@@ -33,16 +33,20 @@ class TabletReads:
         """The row of one key as a one-row batch of the tablet's schema, or None. The key is
         one value per primary-key column, in key order, already typed like them and not null
         (the caller checked): a point lookup's key skips the write-input validation."""
+        return self.lookup_key(key_array(key_columns))
+
+    def lookup_key(self, key: KeyArray) -> pa.RecordBatch | None:
+        """lookup_row() of a key already encoded as the store encodes it (one key)."""
         self._check_open()
-        state = self._rows.lookup(key_array(key_columns))
+        state = self._rows.lookup(key)
         if state is None or (self._ttl is not None and self._expired(state)[0]):
             return None
-        row = self._images.visible(state)
-        arrays = [c.chunk(0) if c.num_chunks == 1 else c.combine_chunks() for c in row.columns]
+        arrays = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c
+                  for c in self._images.visible_arrays(state)]
         try:  # the types match but for nullability: no cast, which copies every column
             return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
         except (pa.ArrowInvalid, pa.ArrowTypeError):
-            return pa.RecordBatch.from_arrays(arrays, names=row.column_names).cast(
+            return pa.RecordBatch.from_arrays(arrays, names=self.arrow_schema.names).cast(
                 self.arrow_schema)
 
     def lookup_many(self, keys, unwritten: bool = False) -> tuple[pa.Table, np.ndarray]:

@@ -44,6 +44,10 @@ class TableMeta:
     routing: TableRouting
     partitions: dict[str | None, dict]   # name -> {"partition_id", "buckets": [replicas]}
     servers: dict[str, str | None]       # server id -> address (None: not live)
+    # (partition, bucket) -> (server address, a lookup request's head): what a point lookup
+    # would otherwise rebuild per call, made once per snapshot (a snapshot never changes)
+    _lookup_heads: dict = dataclasses.field(default_factory=dict, init=False, repr=False,
+                                            compare=False)
 
     @classmethod
     def from_info(cls, info: dict) -> "TableMeta":
@@ -101,6 +105,16 @@ class TableMeta:
             raise UnavailableError(f"tablet server {owner} leading bucket {bucket} of "
                                    f"'{self.name}' is not live")
         return Route(self.table_id, partition, int(p["partition_id"]), bucket, owner, address)
+
+    def lookup_head(self, partition: str | None, bucket: int) -> tuple[str, bytes]:
+        """(server address, the head of a lookup request) of (partition, bucket); route()'s
+        errors while it has no live leader."""
+        found = self._lookup_heads.get((partition, bucket))
+        if found is None:
+            route = self.route(partition, bucket)
+            found = self._lookup_heads[(partition, bucket)] = (
+                route.address, self.point_keys.head(route))
+        return found
 
     def all_buckets(self) -> list[tuple[str | None, int]]:
         return [(p, b) for p in self.partition_names()

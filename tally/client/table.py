@@ -80,8 +80,7 @@ class Table:
         (see docs/reading.md)."""
         meta = self.meta
         keys = meta.point_keys
-        batch = keys.key_batch(key)
-        partition, bucket = keys.place(batch)
+        partition, bucket, payload = keys.prepare(key)
         if partition is not None and not meta.has_partition(partition):
             if not self.connection.table_meta(self.name, refresh=True,
                                               table_id=self.table_id).has_partition(partition):
@@ -89,8 +88,9 @@ class Table:
         conn = self.connection
 
         def attempt() -> pa.Buffer:
-            route = conn.route(self.name, partition, bucket, self.table_id)
-            return conn.server(route.address).lookup(keys.frame(route.header(), batch))
+            current = conn.table_meta(self.name, table_id=self.table_id)  # fresh on a retry
+            address, head = current.lookup_head(partition, bucket)
+            return conn.server(address).lookup(head + payload)
 
         return keys.answer_row(conn.retry(attempt, refresh=self.name))
 

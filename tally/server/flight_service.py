@@ -68,6 +68,7 @@ class TallyFlightServer(flight.FlightServerBase):
         self.tablet_server = tablet_server
         self.actions = {"ping": lambda body: {"ok": True}}
         self.binary_actions: dict = {}  # name -> handler(header, payload) -> bytes
+        self.raw_actions: dict = {}  # name -> handler(request: pa.Buffer) -> bytes
 
     def attach(self, coordinator=None, tablet_server=None) -> None:
         """Add the roles once they exist (they need this server's bound port first)."""
@@ -78,7 +79,9 @@ class TallyFlightServer(flight.FlightServerBase):
             self.tablet_server = tablet_server
             self.actions.update(tablet_server.actions)
             self.binary_actions.update(tablet_server.binary_actions)
-        missing = unlisted(list(self.actions) + list(self.binary_actions))
+            self.raw_actions.update(tablet_server.raw_actions)
+        missing = unlisted(list(self.actions) + list(self.binary_actions)
+                           + list(self.raw_actions))
         if missing:
             raise TypeError(f"actions {missing} have no required role in the role table")
 
@@ -104,8 +107,11 @@ class TallyFlightServer(flight.FlightServerBase):
     def do_action(self, context, action):
         # an unknown name is timed as one, so a caller cannot make up series
         name = action.type if action.type in REQUIRED_ROLE else "unknown"
-        with self.metrics.timed(name):
+        started = time.perf_counter()  # not metrics.timed: a context manager costs a lookup
+        try:
             return self._action(context, action, name)
+        finally:
+            self.metrics.observe(name, started)
 
     def _action(self, context, action, name: str):
         try:
@@ -114,6 +120,8 @@ class TallyFlightServer(flight.FlightServerBase):
                 authorize(self._principal(context), action.type)
         except BaseException as e:  # noqa: BLE001
             raise self._failure(e, action.type, name)
+        if action.type in self.raw_actions:
+            return self._raw_action(action)
         if action.type in self.binary_actions:
             return self._binary_action(action)
         try:
@@ -140,6 +148,17 @@ class TallyFlightServer(flight.FlightServerBase):
             if not isinstance(header, dict):
                 raise InvalidInputError(f"{action.type} must start with a JSON object")
             result = self.binary_actions[action.type](header, payload)
+        except (KeyError, TypeError, ValueError) as e:
+            raise to_flight_error(InvalidInputError(
+                f"malformed request for action {action.type!r}: {type(e).__name__}: {e}"))
+        except BaseException as e:  # noqa: BLE001
+            raise self._failure(e, action.type)
+        return iter([flight.Result(result)])
+
+    def _raw_action(self, action):
+        """An action that reads its own request (the point lookup: one pass over its bytes)."""
+        try:
+            result = self.raw_actions[action.type](action.body)
         except (KeyError, TypeError, ValueError) as e:
             raise to_flight_error(InvalidInputError(
                 f"malformed request for action {action.type!r}: {type(e).__name__}: {e}"))

@@ -116,6 +116,7 @@ class TabletServer:
                         "reopen_tablets": self.reopen_tablets,
                         "server_id": lambda body: self.server_id}
         self.binary_actions: dict = {}
+        self.raw_actions: dict = {}  # name -> handler(request bytes) -> bytes: reads its own
         KeyLookups(self)  # adds lookup and lookup_many
         self._heartbeat = PeriodicDuty(self.send_heartbeat, heartbeat_interval, "heartbeat")
         self.locks = TabletLocks(self)

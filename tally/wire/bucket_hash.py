@@ -158,7 +158,7 @@ def _row_bytes(columns, i: int) -> bytes:
     return bytes(out)
 
 
-def _fnv_fmix(data: bytes) -> int:
+def fnv_fmix(data: bytes) -> int:
     h = 0xCBF29CE484222325
     for byte in data:
         h = ((h ^ byte) * 0x100000001B3) & _M64
@@ -171,11 +171,11 @@ def _fnv_fmix(data: bytes) -> int:
 
 def _hash_small(table, key_columns: list[str]) -> np.ndarray:
     columns = [_canonical(column, name) for name, column in _key_arrays(table, key_columns)]
-    return np.array([_fnv_fmix(_row_bytes(columns, i)) for i in range(table.num_rows)],
+    return np.array([fnv_fmix(_row_bytes(columns, i)) for i in range(table.num_rows)],
                     dtype=np.uint64)
 
 
-def _one_value(arr: pa.Array, name: str) -> bytes:
+def one_value_bytes(arr: pa.Array, name: str) -> bytes:
     """The length-prefixed canonical encoding of a one-value key column, read from its
     buffers without numpy (a point lookup's key; `_canonical` covers every other case)."""
     t = arr.type
@@ -219,7 +219,7 @@ def hash_keys(table: pa.Table | pa.RecordBatch, key_columns: list[str]) -> np.nd
 
 def hash_one(table: pa.Table | pa.RecordBatch, key_columns: list[str]) -> int:
     """The hash of a one-row table's key in plain Python (tests compare it with the others)."""
-    return _fnv_fmix(b"".join(_one_value(column, name)
+    return fnv_fmix(b"".join(one_value_bytes(column, name)
                              for name, column in _key_arrays(table, key_columns)))
 
 

@@ -73,8 +73,8 @@ class FlightChannel:
         return loads(results[0].body.to_pybytes()) if results else None
 
     def lookup(self, request: bytes) -> pa.Buffer:
-        """The binary `lookup` action: a framed header + key in (tally.wire.point_keys), the
-        answer's Arrow IPC bytes (0 or 1 row) out."""
+        """The `lookup` action: a request made by tally.wire.point_keys in (a head naming the
+        bucket, then the key), the answer's Arrow IPC bytes (0 or 1 row) out."""
         try:
             results = list(self._client.do_action(flight.Action("lookup", request),
                                                   self._options))

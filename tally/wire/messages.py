@@ -81,7 +81,8 @@ def loads(data: bytes, max_bytes: int | None = None, what: str = "a request") ->
     if max_bytes is not None and len(data) > max_bytes:
         raise InvalidInputError(f"{what} carries {len(data):,} bytes of JSON; the limit is "
                                 f"{max_bytes:,} bytes")
-    if len(data) > MAX_JSON_DEPTH:  # a shorter text cannot open more brackets than that
+    # A text with fewer brackets (or bytes) than that cannot nest deeper: most requests.
+    if len(data) > MAX_JSON_DEPTH and data.count(b"{") + data.count(b"[") > MAX_JSON_DEPTH:
         check_json_depth(data)
     return json.loads(data.decode())
 

@@ -1,25 +1,36 @@
 """One key of a point lookup: checked, bucketed and framed on the client; checked on the server.
 
 A point lookup is one small request, so per-request costs decide its latency: the key skips the
-write-input validation (only the primary-key columns are looked at) and the Arrow IPC stream
-that carries it is assembled from the key schema's message, serialized once per table, and
-the key's one record batch (the bytes are those an IPC stream writer makes, without making
-one). The server checks the key exactly as strictly as before: the primary-key columns and
-nothing else, each castable without loss to its column's type, none null, and the key in the
-addressed partition and bucket. Every refusal is an InvalidInputError naming the column.
+write-input validation (only the primary-key columns are looked at) and travels as the bytes the
+client hashed to find its bucket (tally.wire.key_bytes), or, for a key with a boolean or
+floating column, as an Arrow IPC stream assembled from the key schema's message, serialized
+once per table, and the key's one record batch (the bytes are those an IPC stream writer
+makes, without making one). The server checks an Arrow key exactly as strictly as before: the
+primary-key columns and nothing else, each castable without loss to its column's type, none
+null, and the key in the addressed partition and bucket (canonical bytes: tally.wire.key_bytes).
+Every refusal is an InvalidInputError naming the column.
 """
 
 from __future__ import annotations
 
+import struct
+
 import pyarrow as pa
 
 from tally.errors import InvalidInputError
-from tally.wire.bucket_hash import bucket_ids
+from tally.wire import key_bytes
+from tally.wire.bucket_hash import bucket_ids, fnv_fmix
 from tally.wire.messages import dumps, ipc_to_table
 from tally.wire.routing import TableRouting, partition_names
 
 # The end-of-stream marker of the Arrow IPC stream format (a continuation token, length 0).
 IPC_END = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+# A lookup whose key travels as canonical bytes (tally.wire.key_bytes) starts with this head,
+# not with JSON (whose text never starts with a NUL byte): a marker, then the table id, the
+# partition id and the bucket as little-endian int64s; the key's bytes follow. Any other lookup
+# is the JSON header, '\n', and the key as an Arrow IPC stream.
+CANONICAL_MARK = b"\x00TLK"
+CANONICAL_HEAD = struct.Struct("<4sqqq")
 
 
 def ipc_of_batch(schema_message: bytes, batch: pa.RecordBatch) -> bytes:
@@ -40,6 +51,39 @@ class PointKeys:
         self._schema_message = self.schema.serialize().to_pybytes()
         self._answer_schema = routing.arrow_schema
         self._answer_message = routing.arrow_schema.serialize()
+        self.canonical = key_bytes.canonical_keys(routing)
+        self._plain = key_bytes.PlainValues(routing) \
+            if self.canonical and not routing.partitioned else None
+        self._bucket_positions = [self.names.index(c) for c in routing.bucket_key]
+
+    def prepare(self, key: dict) -> tuple[str | None, int, bytes]:
+        """(partition, bucket, the key as a request carries it) of a lookup key (see
+        `key_batch` for what a key is); InvalidInputError naming what does not fit."""
+        parts = self._plain.parts(key) if self._plain is not None and type(key) is dict \
+            else None
+        if parts is not None:
+            return None, self._bucket(parts), b"".join(parts)
+        batch = self.key_batch(key)
+        routing = self.routing
+        partition = partition_names(batch, routing.partition_key)[0] \
+            if routing.partitioned else None
+        if not self.canonical:
+            bucket = int(bucket_ids(batch, list(routing.bucket_key), routing.bucket_count)[0])
+            return partition, bucket, ipc_of_batch(self._schema_message, batch)
+        parts = key_bytes.encode(batch)
+        return partition, self._bucket(parts), b"".join(parts)
+
+    def _bucket(self, parts: list[bytes]) -> int:
+        return fnv_fmix(b"".join([parts[i] for i in self._bucket_positions])) \
+            % self.routing.bucket_count
+
+    def head(self, route) -> bytes:
+        """The bytes a lookup request to `route` (a tally.client.metadata.Route of this
+        routing) starts with; its key follows."""
+        if self.canonical:
+            return CANONICAL_HEAD.pack(CANONICAL_MARK, route.table_id, route.partition_id,
+                                       route.bucket)
+        return dumps(route.header()) + b"\n"
 
     def key_batch(self, key: dict) -> pa.RecordBatch:
         """`key` (a dict holding at least the primary-key columns; others are ignored, so a
@@ -66,14 +110,6 @@ class PointKeys:
                     f"{_short(value)} does not fit ({e})") from None
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
-    def place(self, batch: pa.RecordBatch) -> tuple[str | None, int]:
-        """(partition, bucket) of a key batch."""
-        routing = self.routing
-        partition = partition_names(batch, routing.partition_key)[0] \
-            if routing.partitioned else None
-        bucket = int(bucket_ids(batch, list(routing.bucket_key), routing.bucket_count)[0])
-        return partition, bucket
-
     def answer_row(self, answer: pa.Buffer) -> dict | None:
         """The row of a lookup's answer (Arrow IPC, 0 or 1 row), or None. An answer in the
         table's schema as this client knows it (the bytes of its schema message equal) has
@@ -90,11 +126,6 @@ class PointKeys:
         except (pa.ArrowException, OSError) as e:
             raise InvalidInputError(f"malformed Arrow IPC payload: {e}") from None
         return batch.to_pylist()[0] if batch.num_rows else None
-
-    def frame(self, header: dict, batch: pa.RecordBatch) -> bytes:
-        """A lookup request: the JSON header, '\\n', the key as an Arrow IPC stream (what
-        tally.wire.messages.frame makes of it, without an IPC writer)."""
-        return dumps(header) + b"\n" + ipc_of_batch(self._schema_message, batch)
 
 
 def checked_key(routing: TableRouting, key: pa.Table | pa.RecordBatch, bucket: int,

@@ -95,7 +95,8 @@ def test_every_served_call_is_in_the_role_table(tmp_path):
         ["--data-dir", str(tmp_path)])
     process = ServerProcess(args)
     try:
-        served = set(process.flight.actions) | set(process.flight.binary_actions)
+        served = set(process.flight.actions) | set(process.flight.binary_actions) \
+            | set(process.flight.raw_actions)
     finally:
         process.close()
     ops = {"do_put:put", "do_put:delete", "do_get:scan", "do_get:changelog"}

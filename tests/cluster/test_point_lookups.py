@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 import tally
 from tally.errors import InvalidInputError
 from tally.wire.messages import dumps, frame
-from tally.wire.point_keys import PointKeys
+from tally.wire.point_keys import CANONICAL_HEAD, CANONICAL_MARK, PointKeys
 from tests.cluster.conftest import private_cluster
 
 _names = itertools.count()
@@ -248,3 +248,49 @@ def test_decimal_and_binary_keys_survive_exactly(conn):
     assert binary.lookup({"k": b"a\x00"})["v"] == 1
     assert binary.lookup({"k": b"a"})["v"] == 2
     assert binary.lookup({"k": b"a\x00\x00"}) is None
+
+
+def test_the_server_refuses_bad_canonical_keys_naming_the_column(conn):
+    """A key sent as canonical bytes is checked on the server as strictly as an Arrow one:
+    its partition, its bucket, each value against its column's type; nothing is read."""
+    table = new_table(conn, "partitioned", buckets=2)
+    keys = PointKeys(table.meta.routing)
+    in_bucket = next(k for k in range(100) if keys.prepare({"day": "d1", "k": k})[1] == 0)
+    elsewhere = next(k for k in range(100) if keys.prepare({"day": "d1", "k": k})[1] == 1)
+    with table.upsert_writer() as writer:
+        writer.upsert([{"day": "d1", "k": in_bucket, "v": 1, "s": "a"}])
+        writer.flush()
+    route = conn.route(table.name, "d1", 0, table.table_id)
+    server = conn.server(route.address)
+
+    def ask(key: bytes, head: bytes | None = None):
+        head = head or CANONICAL_HEAD.pack(CANONICAL_MARK, route.table_id, route.partition_id,
+                                           route.bucket)
+        return keys.answer_row(server.lookup(head + key))
+
+    def text(value: bytes) -> bytes:
+        return len(value).to_bytes(4, "little") + value
+
+    def number(value: int) -> bytes:
+        return text((value & (2**64 - 1)).to_bytes(8, "little"))
+
+    assert ask(text(b"d1") + number(in_bucket)) == {"day": "d1", "k": in_bucket, "v": 1,
+                                                    "s": "a"}
+    bad = {
+        "belongs to bucket 1": text(b"d1") + number(elsewhere),
+        "belongs to partition 'd2'": text(b"d2") + number(in_bucket),
+        "key column 'day' .* not valid UTF-8": text(b"\xff") + number(in_bucket),
+        "key column 'k' .* a value of 4 bytes": text(b"d1") + text(b"\x00" * 4),
+        "bytes beyond its primary-key columns": text(b"d1") + number(in_bucket) + b"\x00",
+        "ends before column 'k'": text(b"d1"),
+    }
+    for message, key in bad.items():
+        with pytest.raises(InvalidInputError, match=message):
+            ask(key)
+    with pytest.raises(InvalidInputError, match="ends inside its head"):
+        ask(b"", head=CANONICAL_MARK + bytes(8))
+    other = conn.route(table.name, "d1", 1, table.table_id)
+    with pytest.raises(InvalidInputError, match="belongs to bucket 0"):  # sent to bucket 1
+        conn.server(other.address).lookup(CANONICAL_HEAD.pack(
+            CANONICAL_MARK, other.table_id, other.partition_id, 1)
+            + text(b"d1") + number(in_bucket))
