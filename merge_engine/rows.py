@@ -45,6 +45,7 @@ class StagedRows:
     flush: bool                 # the buffer goes to RocksDB once the write's rows joined it
     parts: list[tuple[KeyArray, StateBatch | None, KeyArray]] | None
     log_bytes: int
+    buffer: RowBuffer | None = None  # the buffer with the parts joined (prepare), if made
 
 
 class RowsKept:
@@ -146,14 +147,29 @@ class BucketRows:
 
     # --- writes -----------------------------------------------------------------------------
 
-    def stage(self, kept: RowsKept, log_bytes: int) -> StagedRows:
+    def prepare(self, kept: RowsKept) -> RowBuffer | None:
+        """The buffer as it will be once a write's kept rows joined it (settled), made beside
+        the live one, which readers keep seeing until `committed` installs it; None when the
+        write will flush the buffer anyway or keeps no rows. A write prepares it while its
+        changelog entry is being encoded (PendingWrite); nothing may change the buffer until
+        the write is committed (the tablet's lock)."""
+        if kept.parts is None or kept.nbytes == 0 or \
+                self._buffer.size_bytes + kept.nbytes > self._limit:
+            return None
+        buffer = self._buffer.copy()
+        for keys, rows, removed in kept.parts:
+            buffer.add(keys, rows, removed)
+        return buffer.settled(self._limit)
+
+    def stage(self, kept: RowsKept, log_bytes: int,
+              prepared: RowBuffer | None = None) -> StagedRows:
         """What a write's rows do once its changelog batch (`log_bytes` of it) is committed:
-        join the buffer, and flush it when it would outgrow its limit or leave more changelog
-        than REPLAY_FACTOR buffers to replay after a crash."""
+        join the buffer (the `prepared` one, when given), and flush it when it would outgrow
+        its limit or leave more changelog than REPLAY_FACTOR buffers to replay after a crash."""
         flush = kept.parts is None or (
             kept.nbytes > 0 and (self._buffer.size_bytes + kept.nbytes > self._limit
                                  or self._log_bytes + log_bytes > REPLAY_FACTOR * self._limit))
-        return StagedRows(flush, kept.parts, log_bytes)
+        return StagedRows(flush, kept.parts, log_bytes, None if flush else prepared)
 
     def committed(self, staged: StagedRows, start: int, end: int,
                   logged: Callable[[], Iterable[tuple[KeyArray, StateBatch, KeyArray]]]) -> None:
@@ -175,6 +191,9 @@ class BucketRows:
                 raise
             return
         self._log_bytes += staged.log_bytes
+        if staged.buffer is not None:
+            self._buffer = staged.buffer
+            return
         for keys, rows, removed in staged.parts:
             self._buffer.add(keys, rows, removed)
         if staged.flush:
