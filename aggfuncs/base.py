@@ -258,8 +258,8 @@ def contributions(states: pa.Array, written: np.ndarray,
 
 def stored_contributions(stored: pa.Array, written: np.ndarray) -> pa.Array:
     """Stored cells as the fold sees them (the null rule): an unwritten cell is null."""
-    if written.all():
-        return stored
+    if written.all() or not (valid_mask(stored) & ~written).any():
+        return stored  # every unwritten cell null already (an empty row's): nothing to hide
     return pc.if_else(pa.array(written), stored, pa.nulls(len(stored), type=stored.type))
 
 

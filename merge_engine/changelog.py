@@ -172,13 +172,15 @@ class Images:
                    for b, a in zip(before.columns, after.columns)]
         shown = self.value_positions
         written = np.ones((len(index), len(before.columns)), dtype=bool)
-        written[:, shown] = np.concatenate([before.written[:, shown],
-                                            after.written[:, shown]])[index]
+        # np.take along axis 0 gathers whole rows several times faster than fancy indexing
+        written[:, shown] = np.take(np.concatenate([before.written[:, shown],
+                                                    after.written[:, shown]]), index, axis=0)
         counts = None
         if self.counted:
             counts = np.zeros(written.shape, dtype=np.int64)
-            counts[:, self.counted] = np.concatenate([before.counts()[:, self.counted],
-                                                      after.counts()[:, self.counted]])[index]
+            counts[:, self.counted] = np.take(np.concatenate([before.counts()[:, self.counted],
+                                                              after.counts()[:, self.counted]]),
+                                              index, axis=0)
         touched = None
         if self.timed:
             touched = np.concatenate([before.times(), after.times()])[index]
