@@ -95,6 +95,8 @@ class BucketRows:
         """Each key's current row (`empty_rows(positions)` for keys without one) and whether it
         exists. Buffered rows are taken as Arrow; the rest come from one RocksDB multi-get."""
         buffer = self._buffer
+        if not len(keys):
+            return empty_rows(np.zeros(0, dtype=np.int64)), np.zeros(0, dtype=bool)
         ids = buffer.find(keys)
         unknown = np.nonzero(ids == ABSENT)[0]
         stored = self._store.get_rows(keys.take(unknown).to_list(ROW))
@@ -104,26 +106,25 @@ class BucketRows:
                             count=len(stored))
         present = ids >= 0
         present[unknown[found]] = True
-        # Concatenate the three sources, then one take puts the rows in key order.
-        parts, where, placed = [], np.empty(len(keys), dtype=np.int64), 0
-        buffered = np.nonzero(ids >= 0)[0]
-        if len(buffered):
-            rows, order = buffer.states_grouped(ids[buffered])
-            parts.append(rows)
-            where[buffered[order]] = np.arange(len(rows))
-            placed = len(rows)
+        # One gather from the three sources puts the rows in key order: the buffer's runs
+        # (where a row's id is its position), then the stored rows, then new keys' empty rows.
+        sources = buffer.runs()
+        where = np.where(ids >= 0, ids, 0)
+        placed = sum(len(run) for run in sources)
         from_store = unknown[found]
         if len(from_store):
-            parts.append(self._codec.decode([v for v in stored if v is not None]))
+            sources.append(self._codec.decode([v for v in stored if v is not None]))
             where[from_store] = placed + np.arange(len(from_store))
             placed += len(from_store)
         new = np.nonzero(~present)[0]
         if len(new):
-            parts.append(empty_rows(new))
+            sources.append(empty_rows(new))
             where[new] = placed + np.arange(len(new))
-        state = parts[0] if len(parts) == 1 else StateBatch.concat(*parts)
-        if len(where) > 1 and not (where[1:] > where[:-1]).all():
-            state = state.take(where)
+        if len(sources) == 1 and len(where) == len(sources[0]) and \
+                (where == np.arange(len(where))).all():
+            state = sources[0]  # one source, already in key order
+        else:
+            state = StateBatch.gather(sources, where)
         return state, present
 
     def lookup(self, key: KeyArray) -> StateBatch | None:
