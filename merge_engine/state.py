@@ -74,11 +74,11 @@ class StateBatch:
         positions = np.asarray(positions, dtype=np.int64)
         bounds = np.cumsum([0] + [len(b) for b in batches])
         source = np.searchsorted(bounds, positions, side="right") - 1
-        used = np.unique(source)
-        if len(used) < len(batches):  # only the batches rows come from, renumbered
-            kept = [batches[s] for s in used.tolist()]
+        used = np.bincount(source, minlength=len(batches)) > 0
+        if not used.all():  # only the batches rows come from, renumbered
+            kept = [b for b, wanted in zip(batches, used.tolist()) if wanted]
             kept_bounds = np.cumsum([0] + [len(b) for b in kept])
-            rank = np.searchsorted(used, source)
+            rank = (np.cumsum(used) - 1)[source]
             positions = positions - bounds[source] + kept_bounds[rank]
             batches, bounds, source = kept, kept_bounds, rank
             if len(batches) == 1:
