@@ -15,6 +15,8 @@ encoding of a 100,000-row put's entry took as long as that preparation.
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -27,7 +29,27 @@ from merge_engine.state import StateBatch
 from merge_engine.storage import END_OFFSET, TabletStore
 
 # Shared by every bucket of the process; each write waits for its own entries only, in order.
-_ENCODER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="changelog-entry")
+# Made on first use, and again in a forked child: a child inherits the pool but not its
+# threads, so work given to the inherited pool would never run.
+_encoder: ThreadPoolExecutor | None = None
+_encoder_lock = threading.Lock()
+
+
+def _forget_encoder() -> None:
+    global _encoder, _encoder_lock
+    _encoder, _encoder_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_encoder)
+
+
+def encoder() -> ThreadPoolExecutor:
+    """The process's pool that encodes large changelog entries."""
+    global _encoder
+    with _encoder_lock:
+        if _encoder is None:
+            _encoder = ThreadPoolExecutor(max_workers=2, thread_name_prefix="changelog-entry")
+        return _encoder
 
 
 class PendingWrite:
@@ -56,7 +78,7 @@ class PendingWrite:
         if records is None:
             return
         # A small entry is encoded here: a thread hop would cost more than the encoding.
-        data = _ENCODER.submit(log.serialize, records) \
+        data = encoder().submit(log.serialize, records) \
             if records.nbytes >= log.COMPRESS_FROM_BYTES else log.serialize(records)
         self._entries.append((self.end, data, records.nbytes))
         self._last_entry = self.end
