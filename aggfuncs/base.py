@@ -258,8 +258,8 @@ def contributions(states: pa.Array, written: np.ndarray,
 
 def stored_contributions(stored: pa.Array, written: np.ndarray) -> pa.Array:
     """Stored cells as the fold sees them (the null rule): an unwritten cell is null."""
-    if written.all():
-        return stored
+    if written.all() or not (valid_mask(stored) & ~written).any():
+        return stored  # every unwritten cell null already (an empty row's): nothing to hide
     return pc.if_else(pa.array(written), stored, pa.nulls(len(stored), type=stored.type))
 
 
@@ -307,10 +307,16 @@ def keep_untouched(result: pa.Array, states: pa.Array, keep: np.ndarray,
     return pc.if_else(pa.array(untouched), original, result)
 
 
+def take_clamped(values: pa.Array, index: np.ndarray) -> pa.Array:
+    """values[index] per group, values[0] where index is -1: for callers that choose another
+    value there anyway (take_or_null nulls them at the cost of another pass)."""
+    return values.take(pa.array(np.maximum(index, 0), type=pa.int64()))
+
+
 def take_or_null(values: pa.Array, index: np.ndarray) -> pa.Array:
     """values[index] per group, null where index is -1."""
     found = index >= 0
-    taken = values.take(pa.array(np.where(found, index, 0), type=pa.int64()))
+    taken = take_clamped(values, index)
     if found.all():
         return taken
     return pc.if_else(pa.array(found), taken, pa.nulls(len(index), type=values.type))

@@ -7,7 +7,8 @@ import pyarrow as pa
 
 import pyarrow.compute as pc
 
-from aggfuncs.base import Aggregator, stored_contributions, take_or_null, valid_mask
+from aggfuncs.base import (Aggregator, stored_contributions, take_clamped, take_or_null,
+                           valid_mask)
 from aggfuncs.functions import AggFunction
 from aggfuncs.segments import Segments
 
@@ -46,5 +47,6 @@ class LastValueIgnoreNullsAggregator(Aggregator):
     def fold_onto(self, stored, stored_written, states, segments) -> pa.Array | None:
         """The inputs' last non-null value, else the stored cell."""
         picked = segments.pick(valid_mask(states), last=True)
-        return pc.if_else(pa.array(picked >= 0), take_or_null(states, picked),
+        # where no input is picked the stored cell is chosen: index 0 there is never read
+        return pc.if_else(pa.array(picked >= 0), take_clamped(states, picked),
                           stored_contributions(stored, stored_written))

@@ -12,7 +12,7 @@ import pyarrow as pa
 
 import pyarrow.compute as pc
 
-from aggfuncs.base import stored_contributions, take_or_null, valid_mask
+from aggfuncs.base import stored_contributions, take_clamped, valid_mask
 from aggfuncs.segments import Segments
 
 
@@ -102,4 +102,4 @@ def extreme_onto(stored: pa.Array, stored_written: np.ndarray, states: pa.Array,
     held = _numeric_key(base)
     better = candidate > held if largest else candidate < held
     use_input = found & (~valid_mask(base) | better)
-    return pc.if_else(pa.array(use_input), take_or_null(states, picked), base)
+    return pc.if_else(pa.array(use_input), take_clamped(states, picked), base)

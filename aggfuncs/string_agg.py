@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from aggfuncs.base import Aggregator, contributions, parse_bool, stored_contributions
+from aggfuncs.base import Aggregator, parse_bool, stored_contributions, valid_mask
 from aggfuncs.cell_limits import (DEFAULT_MAX_CELL_BYTES, MAX_CELL_BYTES, list_cell_sizes,
                                   parse_cell_bytes, refuse_over)
 from aggfuncs.functions import AggFunction
@@ -150,10 +150,13 @@ class StringAggAggregator(Aggregator):
         if distinct:  # the joined string cuts back into exactly its tokens
             lists = pc.split_pattern(states, delimiter)
             return self.values_of_tokens(fold_lists(lists, written, segments, True, lists.type))
-        values, sub = contributions(states, written, segments)
-        ordered = values.take(pa.array(sub.order, type=pa.int64()))
-        offsets = pa.array(np.concatenate([[0], np.cumsum(sub.lengths)]), type=pa.int32())
-        lists = pa.ListArray.from_arrays(offsets, ordered, mask=pa.array(sub.lengths == 0))
+        # The contributing rows (the null rule) in grouped order, taken once: no filtered copy
+        keep = written & valid_mask(states)
+        order = segments.order
+        lengths = segments.count_where(keep)
+        ordered = states.take(pa.array(order[keep[order]], type=pa.int64()))
+        offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]), type=pa.int32())
+        lists = pa.ListArray.from_arrays(offsets, ordered, mask=pa.array(lengths == 0))
         return pc.binary_join(lists, delimiter).cast(self.type)
 
     def fold_onto(self, stored, stored_written, states, segments) -> pa.Array | None:

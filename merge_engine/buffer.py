@@ -12,7 +12,8 @@ buffer. KV state and changelog therefore never disagree; on disk the rows may ju
 Rows stay in Arrow form (StateBatch runs, one per put, the newest small ones merged as they
 grow: `settled`) so the next put takes them without decoding. The index is the sorted keys as
 a KeyArray (numpy values that compare like the encoded bytes) with each key's row id; ids are
-global and each run covers a consecutive id range. Lookups may run while a put adds to the
+global, each run covers the consecutive id range after the run before it, so a row's id is its
+position in the runs taken one after the other. Lookups may run while a put adds to the
 buffer: the index is replaced as a whole, never changed in place, and a run is appended before
 the index points at it.
 """
@@ -106,30 +107,12 @@ class RowBuffer:
 
     def states(self, ids: np.ndarray) -> StateBatch:
         """The rows with these ids (all >= 0), in the given order."""
-        rows, order = self.states_grouped(ids)
-        if len(order) > 1 and not (order[1:] > order[:-1]).all():
-            inverse = np.empty(len(order), dtype=np.int64)
-            inverse[order] = np.arange(len(order))
-            rows = rows.take(inverse)
-        return rows
+        return StateBatch.gather(self.runs(), ids)
 
-    def states_grouped(self, ids: np.ndarray) -> tuple[StateBatch, np.ndarray]:
-        """The rows with these ids (all >= 0) grouped by run, and which id each row is
-        (row j holds ids[order[j]]): callers that reorder anyway save a take."""
-        ids = np.asarray(ids, dtype=np.int64)
-        runs = self._runs[:]
-        bases = np.array(self._bases[:len(runs)], dtype=np.int64)
-        run_of = np.searchsorted(bases, ids, side="right") - 1
-        first, last = int(run_of.min()), int(run_of.max())
-        if first == last:
-            return runs[first].take(ids - bases[first]), np.arange(len(ids))
-        order = np.argsort(run_of, kind="stable")
-        grouped, sorted_runs = ids[order], run_of[order]
-        used = np.unique(sorted_runs)
-        bounds = np.searchsorted(sorted_runs, used).tolist() + [len(ids)]
-        parts = [runs[r].take(grouped[lo:hi] - bases[r])
-                 for r, lo, hi in zip(used.tolist(), bounds, bounds[1:])]
-        return StateBatch.concat(*parts), order
+    def runs(self) -> list[StateBatch]:
+        """The runs, oldest first: a row's id is its position in them taken one after the
+        other (gather)."""
+        return self._runs[:]  # a run is appended before the index points at it
 
     # --- writes -----------------------------------------------------------------------------
 

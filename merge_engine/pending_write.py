@@ -1,15 +1,24 @@
 """PendingWrite: one write's RocksDB batch, assembled a slice of merged keys at a time.
 
-Each slice's changelog records go into the batch as their own entry as soon as the slice is
-merged (at consecutive offsets, in key order, so the log reads as one write's records), and
-only the changed rows are kept for the row buffer (RowsKept, which may drop them for the log
-to give back); `seal` adds the offsets and the writer's sequence and stages the rows; the
-tablet then writes the batch atomically. Until then nothing is visible and nothing is stored.
+Each slice's changelog records become their own entry as soon as the slice is merged (at
+consecutive offsets, in key order, so the log reads as one write's records), and only the
+changed rows are kept for the row buffer (RowsKept, which may drop them for the log to give
+back); `seal` puts the entries, the offsets and the writer's sequence into the batch and stages
+the rows; the tablet then writes the batch atomically. Until then nothing is visible and
+nothing is stored.
+
+A large entry is encoded (Arrow IPC, zstd) on a worker thread: Arrow lets go of the GIL while
+it encodes, so the put meanwhile merges its next slice and prepares the row buffer it will
+install after the commit (BucketRows.prepare). On the ingest benchmark's repeated keys the
+encoding of a 100,000-row put's entry took as long as that preparation.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
@@ -18,6 +27,29 @@ from merge_engine.keys import KeyArray
 from merge_engine.rows import RowsKept
 from merge_engine.state import StateBatch
 from merge_engine.storage import END_OFFSET, TabletStore
+
+# Shared by every bucket of the process; each write waits for its own entries only, in order.
+# Made on first use, and again in a forked child: a child inherits the pool but not its
+# threads, so work given to the inherited pool would never run.
+_encoder: ThreadPoolExecutor | None = None
+_encoder_lock = threading.Lock()
+
+
+def _forget_encoder() -> None:
+    global _encoder, _encoder_lock
+    _encoder, _encoder_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_encoder)
+
+
+def encoder() -> ThreadPoolExecutor:
+    """The process's pool that encodes large changelog entries."""
+    global _encoder
+    with _encoder_lock:
+        if _encoder is None:
+            _encoder = ThreadPoolExecutor(max_workers=2, thread_name_prefix="changelog-entry")
+        return _encoder
 
 
 class PendingWrite:
@@ -35,6 +67,8 @@ class PendingWrite:
         self._last_entry = end  # first offset of the write's last changelog entry
         self._changed = False
         self._kept = RowsKept(keep_bytes)
+        # (first offset, encoded entry or its Future, Arrow bytes of its records)
+        self._entries: list[tuple[int, bytes | Future, int]] = []
 
     def add(self, keys: KeyArray, before: StateBatch, after: StateBatch,
             outcome: np.ndarray, expired: np.ndarray | None = None) -> None:
@@ -43,14 +77,12 @@ class PendingWrite:
         records = self._images.build_records(before, after, outcome, expired)
         if records is None:
             return
-        data = log.serialize(records)
-        TabletStore.put_log_entry(self.batch, self.end, data, self._written)
+        # A small entry is encoded here: a thread hop would cost more than the encoding.
+        data = encoder().submit(log.serialize, records) \
+            if records.nbytes >= log.COMPRESS_FROM_BYTES else log.serialize(records)
+        self._entries.append((self.end, data, records.nbytes))
         self._last_entry = self.end
         self.end += records.num_rows
-        # What a crash would replay, read and decoded: the row buffer's flush rule bounds it.
-        # A large entry is stored compressed (smaller than its rows); a small one carries its
-        # schema (larger than its rows): the larger of the two counts.
-        self._log_bytes += max(records.nbytes, len(data))
         self._changed = True
         changed = np.nonzero((outcome == log.INSERTED) | (outcome == log.UPDATED))[0]
         rows = None if not len(changed) else \
@@ -66,6 +98,16 @@ class PendingWrite:
         The writer also goes beside the write's last changelog entry: a follower that copies
         the entries then records the sequence with the write's end offset, and only once it
         holds the whole write; cutting the log's tail finds the writers' earlier states there."""
+        prepared = rows.prepare(self._kept) if self._changed else None
+        for offset, data, nbytes in self._entries:
+            if isinstance(data, Future):
+                data = data.result()
+            TabletStore.put_log_entry(self.batch, offset, data, self._written)
+            # What a crash would replay, read and decoded: the row buffer's flush rule bounds
+            # it. A large entry is stored compressed (smaller than its rows); a small one
+            # carries its schema (larger than its rows): the larger of the two counts.
+            self._log_bytes += max(nbytes, len(data))
+        self._entries = []
         if self._changed:
             TabletStore.put_int(self.batch, END_OFFSET, self.end)
         if writer is not None:
@@ -75,4 +117,4 @@ class PendingWrite:
         if not self._changed:
             return None
         kept, self._kept = self._kept, RowsKept(0)
-        return rows.stage(kept, self._log_bytes)
+        return rows.stage(kept, self._log_bytes, prepared)

@@ -139,6 +139,10 @@ class RowCodec:
         if self.timed:  # a write refreshes its keys' TTL even when no value changes
             out |= a.times() != b.times()
         for i, (x, y) in enumerate(zip(a.columns, b.columns)):
+            if out.all():  # every row differs already (a sum's count moves on every write)
+                break
+            if x is y:  # a column the merge left as it was (the key's, one it did not target)
+                continue
             if y.type != x.type:
                 y = y.cast(x.type)
             vx, vy = _valid(x), _valid(y)

@@ -45,6 +45,7 @@ class StagedRows:
     flush: bool                 # the buffer goes to RocksDB once the write's rows joined it
     parts: list[tuple[KeyArray, StateBatch | None, KeyArray]] | None
     log_bytes: int
+    buffer: RowBuffer | None = None  # the buffer with the parts joined (prepare), if made
 
 
 class RowsKept:
@@ -94,6 +95,8 @@ class BucketRows:
         """Each key's current row (`empty_rows(positions)` for keys without one) and whether it
         exists. Buffered rows are taken as Arrow; the rest come from one RocksDB multi-get."""
         buffer = self._buffer
+        if not len(keys):
+            return empty_rows(np.zeros(0, dtype=np.int64)), np.zeros(0, dtype=bool)
         ids = buffer.find(keys)
         unknown = np.nonzero(ids == ABSENT)[0]
         stored = self._store.get_rows(keys.take(unknown).to_list(ROW))
@@ -103,26 +106,25 @@ class BucketRows:
                             count=len(stored))
         present = ids >= 0
         present[unknown[found]] = True
-        # Concatenate the three sources, then one take puts the rows in key order.
-        parts, where, placed = [], np.empty(len(keys), dtype=np.int64), 0
-        buffered = np.nonzero(ids >= 0)[0]
-        if len(buffered):
-            rows, order = buffer.states_grouped(ids[buffered])
-            parts.append(rows)
-            where[buffered[order]] = np.arange(len(rows))
-            placed = len(rows)
+        # One gather from the three sources puts the rows in key order: the buffer's runs
+        # (where a row's id is its position), then the stored rows, then new keys' empty rows.
+        sources = buffer.runs()
+        where = np.where(ids >= 0, ids, 0)
+        placed = sum(len(run) for run in sources)
         from_store = unknown[found]
         if len(from_store):
-            parts.append(self._codec.decode([v for v in stored if v is not None]))
+            sources.append(self._codec.decode([v for v in stored if v is not None]))
             where[from_store] = placed + np.arange(len(from_store))
             placed += len(from_store)
         new = np.nonzero(~present)[0]
         if len(new):
-            parts.append(empty_rows(new))
+            sources.append(empty_rows(new))
             where[new] = placed + np.arange(len(new))
-        state = parts[0] if len(parts) == 1 else StateBatch.concat(*parts)
-        if len(where) > 1 and not (where[1:] > where[:-1]).all():
-            state = state.take(where)
+        if len(sources) == 1 and len(where) == len(sources[0]) and \
+                (where == np.arange(len(where))).all():
+            state = sources[0]  # one source, already in key order
+        else:
+            state = StateBatch.gather(sources, where)
         return state, present
 
     def lookup(self, key: KeyArray) -> StateBatch | None:
@@ -146,14 +148,29 @@ class BucketRows:
 
     # --- writes -----------------------------------------------------------------------------
 
-    def stage(self, kept: RowsKept, log_bytes: int) -> StagedRows:
+    def prepare(self, kept: RowsKept) -> RowBuffer | None:
+        """The buffer as it will be once a write's kept rows joined it (settled), made beside
+        the live one, which readers keep seeing until `committed` installs it; None when the
+        write will flush the buffer anyway or keeps no rows. A write prepares it while its
+        changelog entry is being encoded (PendingWrite); nothing may change the buffer until
+        the write is committed (the tablet's lock)."""
+        if kept.parts is None or kept.nbytes == 0 or \
+                self._buffer.size_bytes + kept.nbytes > self._limit:
+            return None
+        buffer = self._buffer.copy()
+        for keys, rows, removed in kept.parts:
+            buffer.add(keys, rows, removed)
+        return buffer.settled(self._limit)
+
+    def stage(self, kept: RowsKept, log_bytes: int,
+              prepared: RowBuffer | None = None) -> StagedRows:
         """What a write's rows do once its changelog batch (`log_bytes` of it) is committed:
-        join the buffer, and flush it when it would outgrow its limit or leave more changelog
-        than REPLAY_FACTOR buffers to replay after a crash."""
+        join the buffer (the `prepared` one, when given), and flush it when it would outgrow
+        its limit or leave more changelog than REPLAY_FACTOR buffers to replay after a crash."""
         flush = kept.parts is None or (
             kept.nbytes > 0 and (self._buffer.size_bytes + kept.nbytes > self._limit
                                  or self._log_bytes + log_bytes > REPLAY_FACTOR * self._limit))
-        return StagedRows(flush, kept.parts, log_bytes)
+        return StagedRows(flush, kept.parts, log_bytes, None if flush else prepared)
 
     def committed(self, staged: StagedRows, start: int, end: int,
                   logged: Callable[[], Iterable[tuple[KeyArray, StateBatch, KeyArray]]]) -> None:
@@ -175,6 +192,9 @@ class BucketRows:
                 raise
             return
         self._log_bytes += staged.log_bytes
+        if staged.buffer is not None:
+            self._buffer = staged.buffer
+            return
         for keys, rows, removed in staged.parts:
             self._buffer.add(keys, rows, removed)
         if staged.flush:

@@ -62,6 +62,56 @@ class StateBatch:
             touched = np.concatenate([b.times() for b in batches])
         return StateBatch(columns, np.concatenate([b.written for b in batches]), counts, touched)
 
+    @staticmethod
+    def gather(batches: list["StateBatch"], positions: np.ndarray) -> "StateBatch":
+        """The rows at `positions` of the batches taken one after the other, without joining
+        them first: one take per column over all of them (Arrow's take of a chunked array),
+        and the bookkeeping of each batch's rows copied once into place. Joining and taking
+        copied every row of every batch, and a put read its keys from several (the row
+        buffer's runs, RocksDB's rows, new keys' empty rows)."""
+        if len(batches) == 1 or not len(positions):
+            return batches[0].take(positions)
+        positions = np.asarray(positions, dtype=np.int64)
+        bounds = np.cumsum([0] + [len(b) for b in batches])
+        source = np.searchsorted(bounds, positions, side="right") - 1
+        used = np.bincount(source, minlength=len(batches)) > 0
+        if not used.all():  # only the batches rows come from, renumbered
+            kept = [b for b, wanted in zip(batches, used.tolist()) if wanted]
+            kept_bounds = np.cumsum([0] + [len(b) for b in kept])
+            rank = (np.cumsum(used) - 1)[source]
+            positions = positions - bounds[source] + kept_bounds[rank]
+            batches, bounds, source = kept, kept_bounds, rank
+            if len(batches) == 1:
+                return batches[0].take(positions)
+        index = pa.array(positions, type=pa.int64())
+        columns = []
+        for i, column in enumerate(batches[0].columns):
+            chunks = [b.columns[i] if b.columns[i].type == column.type
+                      else b.columns[i].cast(column.type) for b in batches]
+            columns.append(pa.chunked_array(chunks, type=column.type).take(index)
+                           .combine_chunks())
+        # each source's rows as one slice: numpy sorts uint16 stably with a radix sort (a
+        # buffer holds at most a few hundred runs)
+        order = np.argsort(source.astype(np.uint16), kind="stable")
+        cuts = np.searchsorted(source[order], np.arange(len(batches) + 1))
+        n, width = len(positions), batches[0].written.shape[1]
+        written = np.empty((n, width), dtype=bool)
+        counted = any(b.contributions is not None for b in batches)
+        timed = any(b.touched is not None for b in batches)
+        counts = np.empty((n, width), dtype=np.int64) if counted else None
+        touched = np.empty(n, dtype=np.int64) if timed else None
+        for s, b in enumerate(batches):
+            rows = order[cuts[s]:cuts[s + 1]]
+            if not len(rows):
+                continue
+            at = positions[rows] - bounds[s]
+            written[rows] = np.take(b.written, at, axis=0)
+            if counted:
+                counts[rows] = np.take(b.counts(), at, axis=0)
+            if timed:
+                touched[rows] = b.times()[at]
+        return StateBatch(columns, written, counts, touched)
+
     def times(self) -> np.ndarray:
         """`touched`, with 0 (the epoch: long expired) for a batch that has none."""
         if self.touched is None:

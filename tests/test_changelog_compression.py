@@ -92,3 +92,32 @@ def test_serialize_round_trips_every_column_kind(nulls):
     assert len(data) < table.nbytes
     restored = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
     assert restored.equals(table)
+
+
+
+def _encode_in_child(records: pa.Table) -> None:
+    from merge_engine.pending_write import encoder
+
+    data = encoder().submit(log.serialize, records).result()
+    os._exit(0 if pa.ipc.open_stream(pa.py_buffer(data)).read_all().equals(records) else 1)
+
+
+def test_a_forked_child_encodes_large_entries_too(tmp_path):
+    """Large entries are encoded on a worker thread; a child forked after the parent used the
+    pool inherits no threads, and its encodings must still complete. (The child does not
+    touch RocksDB, whose threads do not survive a fork either.)"""
+    import multiprocessing
+
+    from merge_engine.pending_write import encoder
+
+    with _write(tmp_path / "parent") as parent:  # starts the parent's encoding threads
+        records = parent.changelog(0, parent.log_end_offset).drop_columns(["_offset"])
+    assert encoder().submit(len, records).result() == records.num_rows
+    child = multiprocessing.get_context("fork").Process(target=_encode_in_child,
+                                                        args=(records,))
+    child.start()
+    child.join(timeout=600)  # generous: a hang is the failure, not a slow machine
+    if child.is_alive():
+        child.kill()
+        pytest.fail("the forked child's encoding never finished")
+    assert child.exitcode == 0

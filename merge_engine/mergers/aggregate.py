@@ -103,6 +103,18 @@ class AggregateRowMerger(RowMerger):
         Counts are judged in row order, as the rows would be one write each: a retraction that
         comes before the contribution it takes back is an error even when a later row of the
         same write brings one."""
+        if write.contributions is None and write.signs is None:
+            # Each row adds its one contribution or none: no count can go below zero.
+            counts[:, i] += groups.count_where(valid_mask(states))
+        else:
+            self._count_signed(agg, i, counts, states, takes, write, groups)
+        empty = counts[:, i] == 0
+        if empty.any():
+            folded = pc.if_else(pa.array(empty), pa.nulls(len(folded), folded.type), folded)
+        return folded
+
+    def _count_signed(self, agg, i, counts, states, takes, write, groups) -> None:
+        """_count's counts for a write with retractions or given contribution counts."""
         if write.contributions is not None:
             slot = self.counted.index(i)
             each = np.array([1 if c is None else int(c[slot]) for c in write.contributions],
@@ -116,7 +128,3 @@ class AggregateRowMerger(RowMerger):
                 f"{agg.name} column '{agg.column}': a retraction takes back more contributions "
                 "than the key holds (nothing earlier matches it). Nothing was applied.")
         counts[:, i] += delta
-        empty = counts[:, i] == 0
-        if empty.any():
-            folded = pc.if_else(pa.array(empty), pa.nulls(len(folded), folded.type), folded)
-        return folded
