@@ -60,10 +60,11 @@ def batch_file(jquery, df) -> str | None:
     if _class_name(relation) != FS_RELATION or _class_name(relation.fileFormat()) != PARQUET \
             or relation.partitionSchema().nonEmpty() or relation.bucketSpec().isDefined():
         return None
-    files = list(relation.location().inputFiles())
-    if len(files) != 1 or not files[0].startswith(LOCAL_SCHEME):
+    files = relation.location().inputFiles()  # a py4j array: one round trip per element read
+    if len(files) != 1:
         return None
-    return _local_path(files[0])
+    path = files[0]
+    return _local_path(path) if path.startswith(LOCAL_SCHEME) else None
 
 
 def _local_path(uri: str) -> str:
