@@ -66,6 +66,29 @@ def choose_delivery(df, options: SinkOptions, plan=None, query=None):
     return SparkJob(df)
 
 
+class ChosenDelivery:
+    """A micro-batch's delivery, chosen (`choose_delivery`) in the epoch's `prepare` step: the
+    choice asks Spark for its size estimate (py4j round trips), which then runs while the
+    coordinator begins the epoch, as the driver delivery's read of the batch does."""
+
+    def __init__(self, df, options: SinkOptions, query=None):
+        self.df = df
+        self.options = options
+        self.query = query
+        self.chosen = None
+
+    def prepare(self, plan, label: str) -> None:
+        self.chosen = choose_delivery(self.df, self.options, plan, self.query)
+        prepare = getattr(self.chosen, "prepare", None)
+        if prepare is not None:
+            prepare(plan, label)
+
+    def __call__(self, conn, plan, epoch, label: str):
+        if self.chosen is None:
+            self.prepare(plan, label)
+        return self.chosen(conn, plan, epoch, label)
+
+
 class TallySink:
     """A foreachBatch callable plus `start` (streaming) and `write` (batch); see module doc.
 
@@ -122,8 +145,7 @@ class TallySink:
         run_id = context.getLocalProperty(RUN_ID_PROPERTY) or ""
         run = self._run_for(df, query_id, run_id)
         run.write_epoch(int(batch_id), f"micro-batch {batch_id} of query {query_id}",
-                        choose_delivery(df, self.options, run.plan,
-                                        self._queries.get((query_id, run_id))))
+                        ChosenDelivery(df, self.options, self._queries.get((query_id, run_id))))
 
     def _run_for(self, df, query_id: str, run_id: str) -> WriterRun:
         with self._lock:
