@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from merge_engine import MergeMode
+from sink.file_batch import read_file_batch
 from sink.job import BucketAssigner, rows_by_bucket, table_named
 from sink.plan import BUCKET_COLUMN, WritePlan
 from sink.fold import fold_rows
@@ -84,22 +85,32 @@ class DriverDelivery:
     """The driver delivery of an epoch over `df` (see the module docstring). `prepare` reads
     and folds the batch (the epoch's start runs meanwhile); the call writes it."""
 
-    def __init__(self, df, selected=None):
+    def __init__(self, df, selected=None, query=None):
         self.df = df
         self.selected = selected  # table_named(df, plan), when the choice built it already
+        self.query = query        # the JVM streaming query whose micro-batch `df` is, if any
         self.prepared = None      # (folded per bucket, mode, input rows per bucket)
+        self.read_by = None       # "file" (read on the driver) or "job" (Spark's toArrow)
 
     def prepare(self, plan: WritePlan, label: str) -> None:
-        spark = self.df.sparkSession
-        spark.sparkContext.setJobDescription(f"tally sink: {label} into {plan.table} (driver)")
-        try:
-            selected = self.selected if self.selected is not None else \
-                table_named(self.df, plan)
-            data = selected.toArrow()
-        finally:
-            spark.sparkContext.setJobDescription(None)
+        selected = self.selected if self.selected is not None else table_named(self.df, plan)
+        data = None
+        if self.query is not None and selected is self.df:
+            data = read_file_batch(self.query, self.df)
+        self.read_by = "job" if data is None else "file"
+        if data is None:
+            data = self._collect(selected, plan, label)
         folded, mode, counts = fold_by_bucket(data, plan, label)
         self.prepared = (folded, mode or MergeMode.MERGE_STATE, counts)
+
+    def _collect(self, selected, plan: WritePlan, label: str) -> pa.Table:
+        """The batch's rows through Spark's one job."""
+        context = self.df.sparkSession.sparkContext
+        context.setJobDescription(f"tally sink: {label} into {plan.table} (driver)")
+        try:
+            return selected.toArrow()
+        finally:
+            context.setJobDescription(None)
 
     def __call__(self, conn, plan: WritePlan, epoch: EpochContext,
                  label: str) -> list[BucketReport]:

@@ -20,9 +20,10 @@ tenure) and undoes everything the owner wrote in that tenure since its last comm
    insert-if-absent before any write of the epoch, so a replayed epoch keeps the offsets it had
    before its first run;
 3. deliver the rows: every bucket goes through the per-bucket step (register an attempt, undo
-   to the baseline, write, report its end offsets). A delivery that reads the batch first
-   (the driver delivery's `prepare`) reads it while step 2's call runs; what it raises fails
-   the begun epoch like a failed delivery;
+   to the baseline, write, report its end offsets). A delivery with a `prepare` step, which
+   changes nothing in Tally (TallySink choosing its delivery, the driver delivery reading the
+   batch), runs it while step 2's call runs; what it raises fails the begun epoch like a
+   failed delivery;
 4. check that every bucket was visited by exactly one step, then commit the epoch with the
    end offsets of every bucket.
 

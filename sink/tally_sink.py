@@ -48,20 +48,45 @@ def refuse_speculation(value) -> None:
             "spark.speculation=false for this job.")
 
 
-def choose_delivery(df, options: SinkOptions, plan=None):
+def choose_delivery(df, options: SinkOptions, plan=None, query=None):
     """The epoch's delivery: `tasks` or `driver` as the option says; `auto` takes the driver
     when Spark estimates the batch at most `delivery.driver-max-bytes`, else the tasks (also
     when it cannot estimate: a source without statistics). Given the run's plan, the estimate
-    is of the columns the driver would collect, whose optimized plan the collect then reuses."""
+    is of the columns the driver would collect, whose optimized plan the collect then reuses.
+    `query`: the JVM streaming query whose micro-batch `df` is (the driver delivery may then
+    read a one-file batch itself, sink.file_batch)."""
     if options.delivery == "tasks":
         return SparkJob(df)
     selected = None if plan is None else table_named(df, plan)
     if options.delivery == "driver":
-        return DriverDelivery(df, selected)
+        return DriverDelivery(df, selected, query)
     size = size_estimate(df if selected is None else selected)
     if size is not None and size <= options.driver_max_bytes:
-        return DriverDelivery(df, selected)
+        return DriverDelivery(df, selected, query)
     return SparkJob(df)
+
+
+class ChosenDelivery:
+    """A micro-batch's delivery, chosen (`choose_delivery`) in the epoch's `prepare` step: the
+    choice asks Spark for its size estimate (py4j round trips), which then runs while the
+    coordinator begins the epoch, as the driver delivery's read of the batch does."""
+
+    def __init__(self, df, options: SinkOptions, query=None):
+        self.df = df
+        self.options = options
+        self.query = query
+        self.chosen = None
+
+    def prepare(self, plan, label: str) -> None:
+        self.chosen = choose_delivery(self.df, self.options, plan, self.query)
+        prepare = getattr(self.chosen, "prepare", None)
+        if prepare is not None:
+            prepare(plan, label)
+
+    def __call__(self, conn, plan, epoch, label: str):
+        if self.chosen is None:
+            self.prepare(plan, label)
+        return self.chosen(conn, plan, epoch, label)
 
 
 class TallySink:
@@ -77,6 +102,9 @@ class TallySink:
         if fail_hook is not None:
             self.options = dataclasses.replace(self.options, fail_hook=fail_hook)
         self._runs: dict[tuple[str, str], WriterRun] = {}
+        # Each run's JVM StreamingQuery (None if its session does not know it): the driver
+        # delivery asks it what the micro-batch is (sink.file_batch).
+        self._queries: dict[tuple[str, str], object] = {}
         self._lock = threading.Lock()
         self._session = None  # the session that started the query (start() sets it)
 
@@ -114,9 +142,10 @@ class TallySink:
             raise InvalidInputError(
                 "TallySink was called outside a streaming query; for a batch DataFrame use "
                 "sink.write(df)")
-        run = self._run_for(df, query_id, context.getLocalProperty(RUN_ID_PROPERTY) or "")
+        run_id = context.getLocalProperty(RUN_ID_PROPERTY) or ""
+        run = self._run_for(df, query_id, run_id)
         run.write_epoch(int(batch_id), f"micro-batch {batch_id} of query {query_id}",
-                        choose_delivery(df, self.options, run.plan))
+                        ChosenDelivery(df, self.options, self._queries.get((query_id, run_id))))
 
     def _run_for(self, df, query_id: str, run_id: str) -> WriterRun:
         with self._lock:
@@ -130,8 +159,10 @@ class TallySink:
             self.options, None, lambda plan: streaming_owner_id(
                 self.options.owner_id, query_id, plan.table, plan.lock_columns),
             schema=df.schema)
+        query = self._jvm_query(query_id)
         with self._lock:
             self._runs[(query_id, run_id)] = run
+            self._queries[(query_id, run_id)] = query
         return run
 
     def _owning_session(self):
@@ -142,6 +173,13 @@ class TallySink:
         from pyspark.sql import SparkSession
 
         return SparkSession.builder.getOrCreate()
+
+    def _jvm_query(self, query_id: str):
+        """The JVM StreamingQuery of `query_id` in the owning session, or None."""
+        try:
+            return self._owning_session()._jsparkSession.streams().get(query_id)
+        except Exception:  # noqa: BLE001 - py4j's errors: the driver delivery runs the job
+            return None
 
     def query_ended(self, query_id: str, run_id: str) -> None:
         """End the query run's WriterRun; it stays in `owner_ids()` until its lock is
@@ -154,6 +192,7 @@ class TallySink:
             finally:
                 with self._lock:
                     self._runs.pop((query_id, run_id), None)
+                    self._queries.pop((query_id, run_id), None)
 
     def owner_ids(self) -> list[str]:
         with self._lock:
