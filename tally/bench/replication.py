@@ -191,7 +191,7 @@ def _verify(conn, workload: Workload, samples: int) -> dict:
 
 def run(rows: int = 500_000, keys: int = 50_000, batch: int = 50_000, seed: int = 42,
         kills: int = 20, samples: int = 200, session_timeout: float | None = None,
-        restore_rows: int = 1_000_000, workdir: str | None = None, rounds: int = 3,
+        restore_rows: int = 1_000_000, workdir: str | None = None, rounds: int = 5,
         stream=sys.stdout) -> dict:
     import tally
     from tally.server import LocalCluster
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", type=int, default=50_000)
     parser.add_argument("--batch", type=int, default=50_000)
     parser.add_argument("--kills", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=3,
+    parser.add_argument("--rounds", type=int, default=5,
                         help="ingest rounds per replication factor; the median counts")
     parser.add_argument("--session-timeout", type=float, default=None)
     parser.add_argument("--restore-rows", type=int, default=1_000_000,
