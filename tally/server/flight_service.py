@@ -142,23 +142,24 @@ class TallyFlightServer(flight.FlightServerBase):
         return iter([flight.Result(dumps(result))])
 
     def _binary_action(self, action):
-        try:
+        def answer():
             header, payload = unframe(action.body, f"a {action.type} request",
                                       MAX_LOOKUP_KEYS if action.type == "lookup_many" else 1)
             if not isinstance(header, dict):
                 raise InvalidInputError(f"{action.type} must start with a JSON object")
-            result = self.binary_actions[action.type](header, payload)
-        except (KeyError, TypeError, ValueError) as e:
-            raise to_flight_error(InvalidInputError(
-                f"malformed request for action {action.type!r}: {type(e).__name__}: {e}"))
-        except BaseException as e:  # noqa: BLE001
-            raise self._failure(e, action.type)
-        return iter([flight.Result(result)])
+            return self.binary_actions[action.type](header, payload)
+
+        return self._answered(action, answer)
 
     def _raw_action(self, action):
         """An action that reads its own request (the point lookup: one pass over its bytes)."""
+        return self._answered(action, lambda: self.raw_actions[action.type](action.body))
+
+    def _answered(self, action, answer):
+        """The binary result of `answer()` as the action's one result; its errors typed, a
+        malformed request's as such."""
         try:
-            result = self.raw_actions[action.type](action.body)
+            result = answer()
         except (KeyError, TypeError, ValueError) as e:
             raise to_flight_error(InvalidInputError(
                 f"malformed request for action {action.type!r}: {type(e).__name__}: {e}"))
