@@ -55,7 +55,26 @@ def _escaped(values: pa.Array) -> list[bytes]:
         items = values.to_pylist()
     else:
         raise InvalidInputError(f"Primary key columns of type {values.type} are not supported")
-    return [v.replace(b"\x00", b"\x00\xff") + b"\x00\x01" for v in items]
+    return list(map(escaped_value, items))
+
+
+def escaped_value(value: bytes) -> bytes:
+    """A string or binary key value's stored bytes: NULs escaped and a terminator that sorts
+    below any escaped byte, so concatenated columns keep the values' order."""
+    return value.replace(b"\x00", b"\x00\xff") + b"\x00\x01"
+
+
+def integer_value(number: int, width: int, signed: bool) -> bytes:
+    """An integer or temporal key value's stored bytes: `width` big-endian bytes whose
+    unsigned order is the numbers' order (a signed number offset by half its range)."""
+    return (number + (1 << (8 * width - 1)) if signed else number).to_bytes(width, "big")
+
+
+def decimal_value(little_endian: bytes) -> bytes:
+    """A decimal key value's stored bytes from its little-endian two's complement: big-endian
+    with the sign bit flipped, so the unsigned order is the values' order."""
+    raw = little_endian[::-1]
+    return bytes([raw[0] ^ 0x80]) + raw[1:]
 
 
 def key_matrix(key_columns: list[pa.Array]) -> np.ndarray | None:
@@ -262,14 +281,11 @@ def _one_fixed(values: pa.Array) -> bytes | None:
     t = values.type
     if pa.types.is_decimal(t):
         width = t.bit_width // 8
-        raw = bytes(memoryview(values.buffers()[1])[values.offset * width:
-                                                    (values.offset + 1) * width])[::-1]
-        return bytes([raw[0] ^ 0x80]) + raw[1:]
+        return decimal_value(bytes(memoryview(values.buffers()[1])[
+            values.offset * width:(values.offset + 1) * width]))
     if not (pa.types.is_integer(t) or pa.types.is_temporal(t)):
         return None
     width = t.bit_width // 8
+    signed = not pa.types.is_unsigned_integer(t)
     raw = memoryview(values.buffers()[1])[values.offset * width:(values.offset + 1) * width]
-    value = int.from_bytes(raw, "little")
-    if not pa.types.is_unsigned_integer(t):
-        value ^= 1 << (8 * width - 1)
-    return value.to_bytes(width, "big")
+    return integer_value(int.from_bytes(raw, "little", signed=signed), width, signed)

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from merge_engine.keys import KeyArray, key_of_parts
+from merge_engine.keys import (KeyArray, decimal_value, escaped_value, integer_value,
+                               key_of_parts)
 from tally.errors import InvalidInputError
 from tally.wire.bucket_hash import fnv_fmix, one_value_bytes
 from tally.wire.routing import TableRouting, partition_names
@@ -158,17 +159,17 @@ class KeyDecoder:
 
 
 def _stored(value: bytes, t: pa.DataType, name: str, where: object) -> tuple[bytes, bool]:
-    """(the storage encoding of one canonical value of type `t`, whether fixed-width), as
-    merge_engine.keys encodes it; InvalidInputError when the value does not fit `t`."""
+    """(the storage encoding of one canonical value of type `t`, whether fixed-width);
+    InvalidInputError when the value does not fit `t`."""
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         try:
             value.decode()
         except UnicodeDecodeError:
             raise InvalidInputError(f"key column {name!r} of {where} is {t}: its value is "
                                     f"not valid UTF-8") from None
-        return value.replace(b"\x00", b"\x00\xff") + b"\x00\x01", False
+        return escaped_value(value), False
     if pa.types.is_binary(t) or pa.types.is_large_binary(t):
-        return value.replace(b"\x00", b"\x00\xff") + b"\x00\x01", False
+        return escaped_value(value), False
     if pa.types.is_decimal(t):
         if len(value) != t.byte_width:
             raise _width(name, where, t, len(value))
@@ -176,8 +177,7 @@ def _stored(value: bytes, t: pa.DataType, name: str, where: object) -> tuple[byt
         if abs(unscaled) >= 10 ** t.precision:
             raise InvalidInputError(f"key column {name!r} of {where} is {t}: the unscaled "
                                     f"value {unscaled} has more than {t.precision} digits")
-        raw = value[::-1]
-        return bytes([raw[0] ^ 0x80]) + raw[1:], True
+        return decimal_value(value), True
     # integers and temporals: 8 bytes of int64 (of the value's bits, for uint64)
     if len(value) != 8:
         raise _width(name, where, t, len(value))
@@ -188,7 +188,7 @@ def _stored(value: bytes, t: pa.DataType, name: str, where: object) -> tuple[byt
     if not low <= number < low + (1 << (8 * width)):
         raise InvalidInputError(f"key column {name!r} of {where} is {t}: {number} does not "
                                 f"fit")
-    return (number - low).to_bytes(width, "big"), True
+    return integer_value(number, width, signed), True
 
 
 def _array(value: bytes, t: pa.DataType) -> pa.Array:
