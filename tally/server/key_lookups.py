@@ -20,14 +20,13 @@ import pyarrow.compute as pc
 
 from merge_engine.keys import key_array
 from tally.errors import InvalidInputError
-from tally.wire.ipc_guard import read_stream
 from tally.wire.key_bytes import KeyDecoder
-from tally.wire.messages import (FOUND_COLUMN, MAX_FRAMED_BYTES, MAX_REQUEST_JSON_BYTES,
-                                 SCAN_OFFSET_KEY, field, loads, table_to_ipc)
+from tally.wire.messages import (FOUND_COLUMN, MAX_FRAMED_BYTES, SCAN_OFFSET_KEY, field,
+                                 table_to_ipc, unframe)
 from tally.wire.point_keys import (CANONICAL_HEAD, CANONICAL_MARK, IPC_END, checked_key,
                                    ipc_of_batch)
 
-_SCHEMA_MESSAGES = 64  # answer schemas kept (one per open bucket schema, in practice a few)
+_SCHEMA_MESSAGES = 64  # answer schemas' IPC messages kept
 _DECODERS = 64  # key decoders kept, one per table routing
 
 
@@ -37,10 +36,10 @@ class KeyLookups:
 
     def __init__(self, server) -> None:
         self.server = server
-        # answer schema -> (schema, its IPC message): keyed by identity, checked by identity
-        self._schema_messages: dict[int, tuple[pa.Schema, bytes]] = {}
-        # table routing -> (routing, its key decoder): keyed by identity, checked by identity
-        self._decoders: dict[int, tuple[object, KeyDecoder]] = {}
+        # one per open bucket schema and table routing, in practice a few
+        self._schema_messages = _MadeOnce(lambda schema: schema.serialize().to_pybytes(),
+                                          _SCHEMA_MESSAGES)
+        self._decoders = _MadeOnce(KeyDecoder, _DECODERS)
         server.binary_actions["lookup_many"] = self.lookup_many
         server.raw_actions["lookup"] = self.lookup
 
@@ -58,19 +57,14 @@ class KeyLookups:
                 raise InvalidInputError("a lookup request ends inside its head")
             _, table_id, partition_id, bucket = CANONICAL_HEAD.unpack_from(data)
             hosted = server.tablet(table_id, partition_id, bucket)
-            key = self._decoder(hosted.routing).storage_key(
+            key = self._decoders.get(hosted.routing).storage_key(
                 data[CANONICAL_HEAD.size:], bucket, hosted.partition, _Label(hosted))
         else:
-            head, sep, rest = data.partition(b"\n")
-            header = loads(head, MAX_REQUEST_JSON_BYTES, "a lookup request")
+            # read (and bounded) before any bucket is touched
+            header, payload = unframe(data, "a lookup request", max_rows=1)
             if not isinstance(header, dict):
                 raise InvalidInputError("lookup must start with a JSON object")
-            if not sep:
-                raise InvalidInputError("a lookup carries exactly one key")
-            # read (and bounded) before any bucket is touched
-            payload = read_stream(rest, max_rows=1, max_bytes=MAX_FRAMED_BYTES,
-                                  what="the key of a lookup request")
-            if payload.num_rows != 1:
+            if payload is None or payload.num_rows != 1:
                 raise InvalidInputError("a lookup carries exactly one key")
             hosted = server.addressed(header)
             key = key_array(checked_key(hosted.routing, payload, hosted.key.bucket,
@@ -82,28 +76,8 @@ class KeyLookups:
             seen = tablet.log_end_offset
             schema = tablet.arrow_schema
         lead.wait_replicated(seen, writing=False)
-        message = self._schema_message(schema)
+        message = self._schema_messages.get(schema)
         return message + IPC_END if row is None else ipc_of_batch(message, row)
-
-    def _decoder(self, routing) -> KeyDecoder:
-        cached = self._decoders.get(id(routing))
-        if cached is not None and cached[0] is routing:
-            return cached[1]
-        if len(self._decoders) >= _DECODERS:
-            self._decoders.clear()
-        decoder = KeyDecoder(routing)
-        self._decoders[id(routing)] = (routing, decoder)
-        return decoder
-
-    def _schema_message(self, schema: pa.Schema) -> bytes:
-        cached = self._schema_messages.get(id(schema))
-        if cached is not None and cached[0] is schema:
-            return cached[1]
-        if len(self._schema_messages) >= _SCHEMA_MESSAGES:
-            self._schema_messages.clear()
-        message = schema.serialize().to_pybytes()
-        self._schema_messages[id(schema)] = (schema, message)
-        return message
 
     def lookup_many(self, header: dict, payload: pa.Table | None) -> bytes:
         """The rows of up to MAX_LOOKUP_KEYS keys of one bucket, one per key in input order,
@@ -137,3 +111,24 @@ class _Label:
 
     def __str__(self) -> str:
         return self.hosted.label
+
+
+class _MadeOnce:
+    """What `make` makes of an object (a schema, a table routing), kept while that very
+    object is in use: keyed by its id and checked by identity, because an id may be reused
+    once its object is gone. At most `limit` are kept; past it they are made again."""
+
+    def __init__(self, make, limit: int) -> None:
+        self._make = make
+        self._limit = limit
+        self._made: dict[int, tuple[object, object]] = {}
+
+    def get(self, source):
+        made = self._made.get(id(source))
+        if made is not None and made[0] is source:
+            return made[1]
+        if len(self._made) >= self._limit:
+            self._made.clear()
+        value = self._make(source)
+        self._made[id(source)] = (source, value)
+        return value
