@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from typing import NamedTuple
 
 from sink import remote
 from sink.driver_delivery import DriverDelivery, size_estimate
@@ -89,6 +90,14 @@ class ChosenDelivery:
         return self.chosen(conn, plan, epoch, label)
 
 
+class _QueryRun(NamedTuple):
+    """A streaming query run's WriterRun, and its JVM StreamingQuery (None if its session does
+    not know it): the driver delivery asks the query what the micro-batch is."""
+
+    run: WriterRun
+    query: object
+
+
 class TallySink:
     """A foreachBatch callable plus `start` (streaming) and `write` (batch); see module doc.
 
@@ -101,10 +110,7 @@ class TallySink:
         self.options = SinkOptions.parse(options, url=url, table=table, columns=target_columns)
         if fail_hook is not None:
             self.options = dataclasses.replace(self.options, fail_hook=fail_hook)
-        self._runs: dict[tuple[str, str], WriterRun] = {}
-        # Each run's JVM StreamingQuery (None if its session does not know it): the driver
-        # delivery asks it what the micro-batch is (sink.file_batch).
-        self._queries: dict[tuple[str, str], object] = {}
+        self._runs: dict[tuple[str, str], _QueryRun] = {}
         self._lock = threading.Lock()
         self._session = None  # the session that started the query (start() sets it)
 
@@ -143,15 +149,15 @@ class TallySink:
                 "TallySink was called outside a streaming query; for a batch DataFrame use "
                 "sink.write(df)")
         run_id = context.getLocalProperty(RUN_ID_PROPERTY) or ""
-        run = self._run_for(df, query_id, run_id)
+        run, query = self._run_for(df, query_id, run_id)
         run.write_epoch(int(batch_id), f"micro-batch {batch_id} of query {query_id}",
-                        ChosenDelivery(df, self.options, self._queries.get((query_id, run_id))))
+                        ChosenDelivery(df, self.options, query))
 
-    def _run_for(self, df, query_id: str, run_id: str) -> WriterRun:
+    def _run_for(self, df, query_id: str, run_id: str) -> "_QueryRun":
         with self._lock:
-            run = self._runs.get((query_id, run_id))
-        if run is not None:
-            return run
+            known = self._runs.get((query_id, run_id))
+        if known is not None:
+            return known
         check_speculation(df.sparkSession)
         use_driver_python(df.sparkSession)
         _QueryEnds.watch(self._owning_session(), self)
@@ -159,11 +165,10 @@ class TallySink:
             self.options, None, lambda plan: streaming_owner_id(
                 self.options.owner_id, query_id, plan.table, plan.lock_columns),
             schema=df.schema)
-        query = self._jvm_query(query_id)
+        known = _QueryRun(run, self._jvm_query(query_id))
         with self._lock:
-            self._runs[(query_id, run_id)] = run
-            self._queries[(query_id, run_id)] = query
-        return run
+            self._runs[(query_id, run_id)] = known
+        return known
 
     def _owning_session(self):
         """The session whose StreamingQueryManager runs the query: foreachBatch hands the
@@ -185,18 +190,17 @@ class TallySink:
         """End the query run's WriterRun; it stays in `owner_ids()` until its lock is
         released (or left to expire)."""
         with self._lock:
-            run = self._runs.get((query_id, run_id))
-        if run is not None:
+            known = self._runs.get((query_id, run_id))
+        if known is not None:
             try:
-                run.end()
+                known.run.end()
             finally:
                 with self._lock:
                     self._runs.pop((query_id, run_id), None)
-                    self._queries.pop((query_id, run_id), None)
 
     def owner_ids(self) -> list[str]:
         with self._lock:
-            return [run.owner_id for run in self._runs.values()]
+            return [known.run.owner_id for known in self._runs.values()]
 
     # --- batch --------------------------------------------------------------------------
 
