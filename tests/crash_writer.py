@@ -39,19 +39,10 @@ BIG_ROWS = 4000  # large enough that a kill often lands inside put()
 def descriptor(buffer_size: str | None = None):
     """The crash table; `buffer_size` sets `table.kv.buffer-size` (runtime only: a tablet may be
     reopened with any size)."""
-    from aggfuncs import AggFunction
-    from merge_engine import Schema, TableDescriptor
+    from merge_engine import TableDescriptor
+    from tally.bench.workload import table_schema
 
-    schema = (
-        Schema.builder()
-        .column("id", pa.int64(), nullable=False)
-        .agg_column("qty", pa.int64(), AggFunction.SUM)
-        .agg_column("price", pa.float64(), AggFunction.MAX)
-        .agg_column("tag", pa.string(), AggFunction.STRING_AGG, delimiter=",")
-        .agg_column("status", pa.string(), AggFunction.LAST_VALUE_IGNORE_NULLS)
-        .primary_key("id")
-        .build()
-    )
+    schema = table_schema()  # the ingest bench's table: crashes are tried on what is measured
     properties = {"table.merge-engine": "aggregation", "table.delete.behavior": "allow"}
     if buffer_size is not None:
         properties["table.kv.buffer-size"] = buffer_size

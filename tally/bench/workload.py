@@ -107,15 +107,16 @@ class Workload:
         return [int(i) for i in key_ids(np.sort(numbers))]
 
 
-def table_descriptor():
-    """The engine's table: id key; qty sum, price max, tag string_agg(','), status last non-null.
+def table_schema():
+    """The engine's schema: id key; qty sum, price max, tag string_agg(','), status last
+    non-null.
 
     Imported lazily so the naive runner's process never loads the engine.
     """
     from aggfuncs import AggFunction
-    from merge_engine import Schema, TableDescriptor
+    from merge_engine import Schema
 
-    schema = (
+    return (
         Schema.builder()
         .column("id", pa.int64(), nullable=False)
         .agg_column("qty", pa.int64(), AggFunction.SUM)
@@ -125,4 +126,10 @@ def table_descriptor():
         .primary_key("id")
         .build()
     )
-    return TableDescriptor(schema, properties={"table.merge-engine": "aggregation"})
+
+
+def table_descriptor():
+    """The engine's table (`table_schema`) with the aggregation merge engine."""
+    from merge_engine import TableDescriptor
+
+    return TableDescriptor(table_schema(), properties={"table.merge-engine": "aggregation"})
