@@ -19,14 +19,19 @@ ctypedef fused offset_t:
     int64_t
 
 
-cdef void _sizes(const offset_t[::1] offsets, const uint8_t[::1] keep,
-                 const int64_t[::1] groups, int64_t[::1] size,
-                 int64_t[::1] members) noexcept nogil:
+cdef int _sizes(const offset_t[::1] offsets, const uint8_t[::1] keep,
+                const int64_t[::1] groups, Py_ssize_t count, int64_t[::1] size,
+                int64_t[::1] members) noexcept nogil:
+    """Each group's bytes and strings; -1 for a group outside 0..count-1 (nothing is
+    written there)."""
     cdef Py_ssize_t i
     for i in range(groups.shape[0]):
+        if groups[i] < 0 or groups[i] >= count:
+            return -1
         if keep[i]:
             size[groups[i]] += offsets[i + 1] - offsets[i]
             members[groups[i]] += 1
+    return 0
 
 
 cdef void _copy(const offset_t[::1] offsets, const uint8_t* data, const uint8_t[::1] keep,
@@ -63,11 +68,18 @@ def join_groups(list sources, Py_ssize_t count, bytes delimiter):
     """
     cdef int64_t[::1] size = np.zeros(count, dtype=np.int64)
     cdef int64_t[::1] members = np.zeros(count, dtype=np.int64)
+    cdef int outside
     for offsets, data, keep, groups in sources:
+        if not len(offsets) == len(keep) + 1 == len(groups) + 1:
+            raise ValueError("join_groups: a source's offsets, flags and groups disagree")
+        if len(offsets) and (offsets[0] < 0 or offsets[len(offsets) - 1] > len(data)):
+            raise ValueError("join_groups: a source's offsets point past its bytes")
         if offsets.dtype == np.int32:
-            _sizes[int32_t](offsets, keep, groups, size, members)
+            outside = _sizes[int32_t](offsets, keep, groups, count, size, members)
         else:
-            _sizes[int64_t](offsets, keep, groups, size, members)
+            outside = _sizes[int64_t](offsets, keep, groups, count, size, members)
+        if outside:
+            raise IndexError("join_groups: a group outside 0..count-1")
     found = np.asarray(members)
     total = np.asarray(size) + np.maximum(found - 1, 0) * len(delimiter)
     joined = np.zeros(count + 1, dtype=np.int64)

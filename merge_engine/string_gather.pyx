@@ -69,6 +69,9 @@ cdef _gather(list offsets, list data, list valid, const int64_t[::1] bits,
     data_held = np.zeros(count, dtype=np.uintp)
     valid_held = np.zeros(count, dtype=np.uintp)
     for s in range(count):
+        if len(offsets[s]) != lengths[s] + 1 or \
+                (lengths[s] and offsets[s][lengths[s]] > len(data[s])):
+            raise ValueError("gather_strings: an array's offsets disagree with its rows or bytes")
         offset_held[s] = offsets[s].ctypes.data
         data_held[s] = data[s].ctypes.data
         if valid[s] is not None:

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aggfuncs import AggFunction, make_aggregator, string_agg
+from aggfuncs.group_joins import join_groups
 from aggfuncs.segments import Segments
 from merge_engine.testing.profiles import examples
 from tally.errors import InvalidInputError
@@ -68,3 +69,17 @@ def test_a_join_past_a_string_column_is_refused_naming_the_column(monkeypatch):
     monkeypatch.setattr(string_agg, "STRING_COLUMN_BYTES", 2)  # not 2 GiB of test data
     with pytest.raises(InvalidInputError, match="'tags'.*Nothing was applied"):
         agg.fold(pa.array(["abc"]), np.array([True]), Segments(np.array([0]), 1))
+
+
+@pytest.mark.parametrize("groups", [[0, 1], [0, -1]])
+def test_a_group_outside_the_groups_is_refused_before_any_byte_is_written(groups):
+    offsets, data = np.array([0, 1, 2], dtype=np.int32), np.frombuffer(b"ab", dtype=np.uint8)
+    with pytest.raises(IndexError):
+        join_groups([(offsets, data, np.ones(2, dtype=np.uint8), np.array(groups))], 1, b",")
+
+
+def test_offsets_past_the_bytes_are_refused():
+    offsets, data = np.array([0, 1, 9], dtype=np.int32), np.frombuffer(b"ab", dtype=np.uint8)
+    with pytest.raises(ValueError):
+        join_groups([(offsets, data, np.ones(2, dtype=np.uint8), np.zeros(2, dtype=np.int64))],
+                    1, b",")

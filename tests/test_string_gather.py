@@ -64,3 +64,11 @@ def test_state_batches_gather_strings_as_arrow_does(case):
 def test_a_row_outside_its_array_is_refused(source, row):
     with pytest.raises(IndexError):
         take_rows([pa.array(["a", "b", None])], np.array(source), np.array(row), pa.string())
+
+
+def test_offsets_past_the_bytes_are_refused():
+    from merge_engine.string_gather import gather_strings
+
+    offsets, data = np.array([0, 1, 9], dtype=np.int32), np.frombuffer(b"ab", dtype=np.uint8)
+    with pytest.raises(ValueError):
+        gather_strings([offsets], [data], [None], [0], [2], np.zeros(1), np.zeros(1))
