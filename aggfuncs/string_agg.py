@@ -18,13 +18,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from aggfuncs.base import Aggregator, parse_bool, stored_contributions, valid_mask
+from aggfuncs.base import Aggregator, parse_bool, valid_mask
 from aggfuncs.cell_limits import (DEFAULT_MAX_CELL_BYTES, MAX_CELL_BYTES, list_cell_sizes,
                                   parse_cell_bytes, refuse_over)
 from aggfuncs.functions import AggFunction
+from aggfuncs.group_joins import join_groups
 from aggfuncs.segments import Segments
 from aggfuncs.tokens import apply_items, fold_lists
 from tally.errors import InvalidAggFunctionError, InvalidInputError
+
+
+# The most bytes an Arrow string array holds (int32 offsets); large_string holds more.
+STRING_COLUMN_BYTES = 2**31 - 1
 
 
 def parse_delimiter(name: str, value: Any) -> str:
@@ -150,21 +155,45 @@ class StringAggAggregator(Aggregator):
         if distinct:  # the joined string cuts back into exactly its tokens
             lists = pc.split_pattern(states, delimiter)
             return self.values_of_tokens(fold_lists(lists, written, segments, True, lists.type))
-        # The contributing rows (the null rule) in grouped order, taken once: no filtered copy
-        keep = written & valid_mask(states)
-        order = segments.order
-        lengths = segments.count_where(keep)
-        ordered = states.take(pa.array(order[keep[order]], type=pa.int64()))
-        offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]), type=pa.int32())
-        lists = pa.ListArray.from_arrays(offsets, ordered, mask=pa.array(lengths == 0))
-        return pc.binary_join(lists, delimiter).cast(self.type)
+        return self._joined(segments.count, [(states, written, segments.group_ids)])
 
     def fold_onto(self, stored, stored_written, states, segments) -> pa.Array | None:
         """Plain strings (neither distinct nor token lists): the stored string, the delimiter
         and the inputs' join, or whichever of the two exists."""
         if self.params["distinct"] or self.tokenized:
             return None
-        base = stored_contributions(stored, stored_written)
-        joined = self.fold(states, np.ones(len(states), dtype=bool), segments)
-        both = pc.binary_join_element_wise(base, joined, self.params["delimiter"])
-        return pc.coalesce(both, joined, base)
+        return self._joined(len(stored), [
+            (stored, stored_written, np.arange(len(stored), dtype=np.int64)),
+            (states, np.ones(len(states), dtype=bool), segments.group_ids)])
+
+    def _joined(self, count: int, sources: list[tuple[pa.Array, np.ndarray, np.ndarray]]):
+        """Per group 0..count-1, the strings of `sources` it holds joined with the delimiter
+        (null for a group with none), in one pass over the bytes (aggfuncs.group_joins).
+        `sources`: (strings, whether each was written, its group) in fold order; the null
+        rule leaves out unwritten and null strings."""
+        parts = [(*_string_buffers(strings), (written & valid_mask(strings)).view(np.uint8),
+                  np.ascontiguousarray(groups, dtype=np.int64))
+                 for strings, written, groups in sources]
+        offsets, data, found = join_groups(parts, count, self.params["delimiter"].encode())
+        large = pa.types.is_large_string(self.type)
+        if not large and offsets[-1] > STRING_COLUMN_BYTES:
+            raise InvalidInputError(
+                f"Column '{self.column}' (string_agg): the strings one write joins come to "
+                f"{int(offsets[-1]):,} bytes, more than a string column holds (2 GiB); write "
+                "fewer rows at a time or make the column large_string. Nothing was applied.")
+        validity = None if found.all() else pa.array(found).buffers()[1]
+        return pa.Array.from_buffers(
+            pa.large_string() if large else pa.string(), count,
+            [validity, pa.py_buffer(offsets if large else offsets.astype(np.int32)),
+             pa.py_buffer(data)]).cast(self.type)
+
+
+def _string_buffers(strings: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """A string array's offsets (of its slice) and data bytes as numpy, without copying."""
+    width = np.int64 if pa.types.is_large_string(strings.type) else np.int32
+    _, offsets, data = strings.buffers()
+    if offsets is None:  # an array of nulls only
+        return np.zeros(len(strings) + 1, dtype=width), np.zeros(0, dtype=np.uint8)
+    offsets = np.frombuffer(offsets, dtype=width)[strings.offset:strings.offset + len(strings) + 1]
+    return offsets, np.zeros(0, dtype=np.uint8) if data is None else \
+        np.frombuffer(data, dtype=np.uint8)

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from merge_engine.hidden_columns import (CHANGE_CODE, CHANGE_TYPE, CONTRIBUTIONS, EXPIRED, OFFSET,
                                           SEQUENCES, TOKENS, UNWRITTEN, WRITTEN_MS)
 from merge_engine.keys import KeyArray, key_array
-from merge_engine.state import StateBatch
+from merge_engine.state import StateBatch, is_string, take_rows
 
 INSERT, UPDATE_BEFORE, UPDATE_AFTER, DELETE = "+I", "-U", "+U", "-D"
 
@@ -171,7 +171,11 @@ class Images:
         shows."""
         at_key = pa.array(key, type=pa.int64())
         at_index = pa.array(index, type=pa.int64())
+        m = len(before)
+        side = (index >= m).astype(np.int64)  # 0: before's rows, 1: after's
         columns = [b.take(at_key) if a is b else
+                   take_rows([b, a.cast(b.type)], side, index - m * side, b.type)
+                   if is_string(b.type) else
                    pa.concat_arrays([b, a.cast(b.type)]).take(at_index)
                    for b, a in zip(before.columns, after.columns)]
         shown = self.value_positions
@@ -266,6 +270,9 @@ def unwritten_lists(written: np.ndarray, value_positions: list[int], names: list
     if not value_positions:
         return pa.array([[] for _ in range(len(written))], type=pa.list_(pa.string()))
     missing = ~written[:, value_positions]
+    if not missing.any():  # every cell written (the usual put): n empty lists, no name pass
+        return pa.ListArray.from_arrays(pa.array(np.zeros(len(written) + 1, dtype=np.int32)),
+                                        pa.array([], type=pa.string()))
     counts = missing.sum(axis=1)
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
     value_names = np.array([names[p] for p in value_positions], dtype=object)

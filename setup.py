@@ -1,0 +1,13 @@
+"""The native modules (Cython: aggfuncs.group_joins, merge_engine.string_gather); everything
+else is in pyproject.toml.
+
+`pip install -e .` (scripts/setup.sh) compiles them with the machine's C compiler and Python
+headers; Cython comes from the build requirements."""
+
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+setup(ext_modules=cythonize(
+    [Extension(name, [name.replace(".", "/") + ".pyx"], extra_compile_args=["-O3"])
+     for name in ("aggfuncs.group_joins", "merge_engine.string_gather")],
+    language_level=3))
