@@ -94,6 +94,10 @@ class _Server(ThreadingHTTPServer):
         self.context = context
         super().__init__(address, _Handler)
 
+    def handle_error(self, request, client_address) -> None:
+        # a client that spoke plaintext to TLS, or left: its own failure, not the server's
+        log.debug("part read connection from %s failed", client_address, exc_info=True)
+
     def get_request(self):
         sock, address = super().get_request()
         if self.context is not None:

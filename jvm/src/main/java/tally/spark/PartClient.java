@@ -53,8 +53,8 @@ final class PartClient {
     });
   }
 
-  InputStream fetch(PartTicket part, String token) throws IOException {
-    String where = "bucket " + part.bucket + " from " + part.url;
+  InputStream fetch(PartTicket part, String token, String table) throws IOException {
+    String where = table + " bucket " + part.bucket + " from " + part.url;
     if (tls && !part.url.startsWith("https://")) {
       throw new IOException("Refused to read " + where + ": a TLS read needs an https endpoint");
     }

@@ -71,7 +71,7 @@ final class PartReader implements PartitionReader<ColumnarBatch> {
 
   private void open(PartTicket ticket) throws IOException {
     part = ticket;
-    InputStream body = client.fetch(ticket, token);
+    InputStream body = client.fetch(ticket, token, table);
     reader = new ArrowStreamReader(body, allocator);
     VectorSchemaRoot root = reader.getVectorSchemaRoot();
     ColumnVector[] columns = new ColumnVector[schema.size()];
