@@ -11,7 +11,8 @@ One table of `--rows` rows (k bigint key, v bigint, c bigint, s string), held th
   the same rows in a table with `table.kv.buffer-size` 0, whose every put is written to RocksDB
   (`tally-stored`: what a scan of rows flushed long ago costs); both tables read again by the
   JVM reader (`sink.read_table`: `tally-jvm`, `tally-jvm-stored`), the same parts fetched by
-  Spark's JVM as Arrow IPC streams from the tablet servers, no Python worker;
+  Spark's JVM as Arrow IPC streams from the tablet servers, no Python worker (left out when
+  the reader's jar is not built);
 - PostgreSQL 15 (Debian's package, a private server as in tally.bench.spark), read over JDBC
   with Debian's PostgreSQL JDBC driver (`libpostgresql-jdbc-java`, installed when missing),
   split on the key into `--partitions` partitions too;
@@ -114,7 +115,7 @@ def run(rows: int = 1_000_000, buckets: int = 4, rounds: int = 3, seed: int = 11
     import sink
     from tally import client
     from tally.bench.arrow_source import ParquetArrowSource
-    from sink.jvm_reader import read_table, spark_jars
+    from sink.jvm_reader import jvm_jar, read_table, spark_jars
     from tally.bench.private_postgres import PrivatePostgres
     from tally.server import LocalCluster
 
@@ -148,11 +149,6 @@ def run(rows: int = 1_000_000, buckets: int = 4, rounds: int = 3, seed: int = 11
                 "tally-stored": lambda: spark.read.format("tally").option("url", cluster.url)
                 .option("table", "bench.read_stored").option("spark-partitions", partitions)
                 .load(),
-                "tally-jvm": lambda: read_table(spark, {
-                    "url": cluster.url, "table": "bench.read", "spark-partitions": partitions}),
-                "tally-jvm-stored": lambda: read_table(spark, {
-                    "url": cluster.url, "table": "bench.read_stored",
-                    "spark-partitions": partitions}),
                 "postgresql": lambda: spark.read.jdbc(
                     jdbc["url"], "bench_read", column="k", lowerBound=0, upperBound=rows,
                     numPartitions=partitions, properties=jdbc["props"]),
@@ -160,6 +156,12 @@ def run(rows: int = 1_000_000, buckets: int = 4, rounds: int = 3, seed: int = 11
                 "python-arrow-floor": lambda: spark.read.format("bench-arrow")
                 .option("files", ",".join(files)).option("partitions", partitions).load(),
             }
+            if jvm_jar() is not None:  # built by scripts/setup.sh where javac is installed
+                readers["tally-jvm"] = lambda: read_table(spark, {
+                    "url": cluster.url, "table": "bench.read", "spark-partitions": partitions})
+                readers["tally-jvm-stored"] = lambda: read_table(spark, {
+                    "url": cluster.url, "table": "bench.read_stored",
+                    "spark-partitions": partitions})
             verified = {name: check(make()) == expected for name, make in readers.items()}
             counts = {name: make().rdd.getNumPartitions() for name, make in readers.items()}
             for make in readers.values():  # warm-up, untimed
@@ -177,15 +179,18 @@ def run(rows: int = 1_000_000, buckets: int = 4, rounds: int = 3, seed: int = 11
              "rows_per_s": rows / statistics.median(t), "partitions": counts[name],
              "verified": verified[name]} for name, t in times.items()]
     rate = {leg["system"]: leg["rows_per_s"] for leg in legs}
+    jvm = {}
+    if "tally-jvm" in rate:
+        jvm = {"jvm_over": {leg["system"]: rate["tally-jvm"] / leg["rows_per_s"] for leg in legs
+                            if leg["system"] != "tally-jvm"},
+               "jvm_stored_over_postgresql": rate["tally-jvm-stored"] / rate["postgresql"]}
     return {"benchmark": "spark_read", "rows": rows, "buckets": buckets, "rounds": rounds,
             "spark_partitions": partitions,
             "tally_load_seconds": tally_load, "legs": legs,
             "tally_over": {leg["system"]: rate["tally"] / leg["rows_per_s"] for leg in legs
                            if not leg["system"].startswith("tally")},
             "stored_over_postgresql": rate["tally-stored"] / rate["postgresql"],
-            "jvm_over": {leg["system"]: rate["tally-jvm"] / leg["rows_per_s"] for leg in legs
-                         if leg["system"] != "tally-jvm"},
-            "jvm_stored_over_postgresql": rate["tally-jvm-stored"] / rate["postgresql"],
+            **jvm,
             "ok": all(verified.values())}
 
 
