@@ -176,6 +176,7 @@ class PartReads:
         started = time.perf_counter()
         try:
             if handler.path != PATH:
+                handler.close_connection = True  # its body, unread, is no next request
                 raise InvalidInputError(f"part reads are POST {PATH}, not {handler.path!r}")
             length = int(handler.headers.get("content-length") or -1)
             if not 0 < length <= MAX_TICKET_BYTES:

@@ -47,8 +47,10 @@ def spark_builder(master: str = "local[2,4]"):
 
     from sink.jvm_reader import spark_jars
 
-    return (SparkSession.builder.master(master)
-            .config("spark.jars", spark_jars())
+    builder = SparkSession.builder
+    if spark_jars():
+        builder = builder.config("spark.jars", spark_jars())
+    return (builder.master(master)
             .appName("tally-sink-tests")
             .config("spark.ui.enabled", "false")
             .config("spark.sql.shuffle.partitions", "2")

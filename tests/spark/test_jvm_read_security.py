@@ -182,3 +182,16 @@ def test_a_principal_without_read_is_refused(tmp_path):
         assert "read_tickets" in tablets.actions
     finally:
         endpoint.close()
+
+
+def test_only_a_post_of_a_ticket_is_served(secure):
+    part = planned(secure)[0]
+    token, ctx = secure.options["token"], context(secure)
+    status, answer = post(part["url"].replace("/part", "/other"), part["ticket"], token, ctx)
+    assert (status, answer["error"]) == (400, "InvalidInputError")
+    request = urllib.request.Request(part["url"], method="GET",
+                                     headers={"authorization": f"Bearer {token}"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, context=ctx, timeout=60)
+    assert refused.value.code == 400
+    assert "POST /part" in json.loads(refused.value.read())["message"]
