@@ -29,7 +29,10 @@ TYPES = {"i8": pa.int8(), "i16": pa.int16(), "i32": pa.int32(), "i64": pa.int64(
          "u8": pa.uint8(), "u16": pa.uint16(), "u32": pa.uint32(), "u64": pa.uint64(),
          "f32": pa.float32(), "f64": pa.float64(), "flag": pa.bool_(), "s": pa.string(),
          "bin": pa.binary(), "dec": pa.decimal128(12, 2), "ts": pa.timestamp("us", tz="UTC"),
-         "d": pa.date32(), "arr": pa.list_(pa.int64()), "m": pa.map_(pa.string(), pa.int64())}
+         "d": pa.date32(), "arr": pa.list_(pa.int64()), "m": pa.map_(pa.string(), pa.int64()),
+         # types Spark holds otherwise, cast by the tablet server as the ticket says
+         "ntz": pa.timestamp("us"), "tns": pa.timestamp("ns", tz="UTC"),
+         "ls": pa.large_string()}
 
 def every_type_schema():
     builder = tally.Schema.builder().column("day", pa.string()).column("k", pa.int64())
@@ -53,6 +56,10 @@ def values(name: str):
             "ts": st.datetimes(datetime.datetime(1970, 1, 2), datetime.datetime(2100, 1, 1),
                                timezones=st.just(UTC)),
             "d": st.dates(datetime.date(1970, 1, 1), datetime.date(2100, 1, 1)),
+            "ntz": st.datetimes(datetime.datetime(1970, 1, 2), datetime.datetime(2100, 1, 1)),
+            "tns": st.datetimes(datetime.datetime(1970, 1, 2), datetime.datetime(2200, 1, 1),
+                                timezones=st.just(UTC)),
+            "ls": st.text(max_size=8),
             "arr": st.lists(st.integers(-5, 5), max_size=3),
             "m": st.dictionaries(st.sampled_from("abc"), st.integers(-5, 5), max_size=2)}[name]
 
@@ -108,7 +115,8 @@ def test_rows_written_are_the_rows_read(spark, cluster, conn, batches):
     assert set(read) == set(model)
     for key, r in model.items():
         got = read[key]
-        for name in ("i8", "i64", "u8", "u64", "flag", "s", "bin", "dec", "d", "arr"):
+        for name in ("i8", "i64", "u8", "u64", "flag", "s", "bin", "dec", "d", "arr", "ntz",
+                     "ls"):
             want = r[name]
             if name == "u64" and want is not None:
                 want = decimal.Decimal(want)  # uint64 reads as decimal(20, 0)
