@@ -4,7 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # Spark's Python workers must run the venv's Python (it has pyarrow, pandas and Tally).
 export PYSPARK_PYTHON := $(abspath $(PY))
-# The Spark sink's tests and the demo run a JVM.
+# The Spark sink's tests and the demo run a JVM (setup.sh adds its JDK, whose javac builds the
+# JVM reader's jar).
 JAVA_PKG := openjdk-17-jre-headless
 TEST_WORKERS ?= 2
 

@@ -8,8 +8,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRAS=${EXTRAS:-test}
 
-need_apt=()
+# The JVM reader's jar is compiled (scripts/build_jvm_reader.sh): a Java runtime asked for
+# comes with its compiler.
+pkgs=()
 for pkg in "$@"; do
+  pkgs+=("$pkg")
+  case "$pkg" in openjdk-*-jre-headless) pkgs+=("${pkg%-jre-headless}-jdk-headless") ;; esac
+done
+need_apt=()
+for pkg in "${pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -30,3 +37,8 @@ if .venv/bin/pip show -q tally >/dev/null 2>&1; then
 fi
 echo "setup: installing the project into .venv with [$EXTRAS]"
 .venv/bin/pip install -q --disable-pip-version-check -e ".[$EXTRAS]"
+# The JVM reader's jar (format("tally-jvm"), sink.read_table), where pyspark and javac are
+# installed; rebuilt whenever its sources change.
+if .venv/bin/python -c 'import pyspark' 2>/dev/null && command -v javac >/dev/null; then
+  bash scripts/build_jvm_reader.sh .venv/bin/python
+fi

@@ -9,7 +9,10 @@ One table of `--rows` rows (k bigint key, v bigint, c bigint, s string), held th
   option; default 2, the cores of the `local[2]` session: each task reads whole buckets);
   twice: freshly written rows, which the buckets still hold in their row buffers (`tally`), and
   the same rows in a table with `table.kv.buffer-size` 0, whose every put is written to RocksDB
-  (`tally-stored`: what a scan of rows flushed long ago costs);
+  (`tally-stored`: what a scan of rows flushed long ago costs); both tables read again by the
+  JVM reader (`sink.read_table`: `tally-jvm`, `tally-jvm-stored`), the same parts fetched by
+  Spark's JVM as Arrow IPC streams from the tablet servers, no Python worker (left out when
+  the reader's jar is not built);
 - PostgreSQL 15 (Debian's package, a private server as in tally.bench.spark), read over JDBC
   with Debian's PostgreSQL JDBC driver (`libpostgresql-jdbc-java`, installed when missing),
   split on the key into `--partitions` partitions too;
@@ -18,7 +21,8 @@ One table of `--rows` rows (k bigint key, v bigint, c bigint, s string), held th
   (tally.bench.arrow_source, the files in `--partitions` partitions): the least any Python
   data source read costs, Tally's included.
 
-Each read is timed through Spark's `noop` writer, which materializes every row and column and
+Each read is timed from building its DataFrame (a Tally read plans there) through Spark's
+`noop` writer, which materializes every row and column and
 keeps nothing; each leg is verified untimed (row count, sum of v, sum of c). One untimed warm-up
 round, then `--rounds` rounds in rotated order; each leg counts its median round.
 """
@@ -70,9 +74,9 @@ def check(df) -> tuple[int, int, int]:
     return int(r[0]), int(r[1]), int(r[2])
 
 
-def timed(df) -> float:
+def timed(make) -> float:
     started = time.monotonic()
-    df.write.format("noop").mode("overwrite").save()
+    make().write.format("noop").mode("overwrite").save()
     return time.monotonic() - started
 
 
@@ -111,13 +115,14 @@ def run(rows: int = 1_000_000, buckets: int = 4, rounds: int = 3, seed: int = 11
     import sink
     from tally import client
     from tally.bench.arrow_source import ParquetArrowSource
+    from sink.jvm_reader import jvm_jar, read_table, spark_jars
     from tally.bench.private_postgres import PrivatePostgres
     from tally.server import LocalCluster
 
     work = tempfile.mkdtemp(prefix="tally-bench-read-")
     spark = (SparkSession.builder.master(master).appName("tally-bench-read")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.jars", jar)
+             .config("spark.jars", spark_jars(jar))
              .config("spark.sql.shuffle.partitions", "2").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     sink.register(spark)
@@ -151,16 +156,22 @@ def run(rows: int = 1_000_000, buckets: int = 4, rounds: int = 3, seed: int = 11
                 "python-arrow-floor": lambda: spark.read.format("bench-arrow")
                 .option("files", ",".join(files)).option("partitions", partitions).load(),
             }
+            if jvm_jar() is not None:  # built by scripts/setup.sh where javac is installed
+                readers["tally-jvm"] = lambda: read_table(spark, {
+                    "url": cluster.url, "table": "bench.read", "spark-partitions": partitions})
+                readers["tally-jvm-stored"] = lambda: read_table(spark, {
+                    "url": cluster.url, "table": "bench.read_stored",
+                    "spark-partitions": partitions})
             verified = {name: check(make()) == expected for name, make in readers.items()}
             counts = {name: make().rdd.getNumPartitions() for name, make in readers.items()}
             for make in readers.values():  # warm-up, untimed
-                timed(make())
+                timed(make)
             times: dict[str, list[float]] = {name: [] for name in readers}
             names = list(readers)
             for r in range(rounds):
                 shift = r % len(names)
                 for name in names[shift:] + names[:shift]:
-                    times[name].append(timed(readers[name]()))
+                    times[name].append(timed(readers[name]))
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -168,12 +179,18 @@ def run(rows: int = 1_000_000, buckets: int = 4, rounds: int = 3, seed: int = 11
              "rows_per_s": rows / statistics.median(t), "partitions": counts[name],
              "verified": verified[name]} for name, t in times.items()]
     rate = {leg["system"]: leg["rows_per_s"] for leg in legs}
+    jvm = {}
+    if "tally-jvm" in rate:
+        jvm = {"jvm_over": {leg["system"]: rate["tally-jvm"] / leg["rows_per_s"] for leg in legs
+                            if leg["system"] != "tally-jvm"},
+               "jvm_stored_over_postgresql": rate["tally-jvm-stored"] / rate["postgresql"]}
     return {"benchmark": "spark_read", "rows": rows, "buckets": buckets, "rounds": rounds,
             "spark_partitions": partitions,
             "tally_load_seconds": tally_load, "legs": legs,
             "tally_over": {leg["system"]: rate["tally"] / leg["rows_per_s"] for leg in legs
                            if not leg["system"].startswith("tally")},
             "stored_over_postgresql": rate["tally-stored"] / rate["postgresql"],
+            **jvm,
             "ok": all(verified.values())}
 
 
@@ -190,6 +207,11 @@ def format_text(outcome: dict) -> str:
     for system, ratio in outcome["tally_over"].items():
         lines.append(f"  tally / {system}: {ratio:.2f}x")
     lines.append(f"  tally-stored / postgresql: {outcome['stored_over_postgresql']:.2f}x")
+    for system, ratio in outcome.get("jvm_over", {}).items():
+        lines.append(f"  tally-jvm / {system}: {ratio:.2f}x")
+    if "jvm_stored_over_postgresql" in outcome:
+        lines.append(f"  tally-jvm-stored / postgresql: "
+                     f"{outcome['jvm_stored_over_postgresql']:.2f}x")
     return "\n".join(lines)
 
 

@@ -24,7 +24,12 @@ def main() -> int:
     from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
 
-    spark = (SparkSession.builder.master("local[2,4]").appName("tally-demo")
+    from sink import spark_jars
+
+    builder = SparkSession.builder
+    if spark_jars():  # the JVM reader (sink.read_table), where scripts/setup.sh built it
+        builder = builder.config("spark.jars", spark_jars())
+    spark = (builder.master("local[2,4]").appName("tally-demo")
              .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
              .config("spark.driver.memory", "1g").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")

@@ -85,6 +85,7 @@ REQUIRED_ROLE: dict[str, str] = {
     "lookup": READ,
     "lookup_many": READ,
     "do_get:scan": READ,
+    "read_tickets": READ,  # signs part tickets for HTTP reads, each a do_get:scan again
     "do_get:changelog": READ,
     "do_put:put": WRITE,
     "do_put:delete": WRITE,

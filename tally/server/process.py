@@ -135,7 +135,7 @@ class ServerProcess:
         self.flight = TallyFlightServer(f"{scheme}://{args.host}:{args.port}",
                                         credentials=credentials, tls=tls, metrics=self.metrics)
         self.address = f"{scheme}://{args.host}:{self.flight.port}"
-        self.coordinator = self.tablet_server = self.registration = None
+        self.coordinator = self.tablet_server = self.registration = self.part_reads = None
         self._stores = []
         if args.role in ("all", "coordinator"):
             from tally.server.coordinator import Coordinator
@@ -171,6 +171,11 @@ class ServerProcess:
                                               remote=remote,
                                               snapshot_interval=args.snapshot_interval,
                                               segment_interval=args.segment_interval)
+            from tally.server.part_reads import PartReads
+
+            # before attach: it adds the read_tickets action the Flight server then serves
+            self.part_reads = PartReads(self.tablet_server, args.host, args.part_read_port,
+                                        credentials, tls, self.metrics)
             self.flight.attach(tablet_server=self.tablet_server)
             if zk is not None:
                 from tally.server.membership import EphemeralRegistration, live_path
@@ -199,6 +204,8 @@ class ServerProcess:
         if self.tablet_server is not None:
             self.tablet_server._heartbeat.close()
         self.metrics.close()
+        if self.part_reads is not None:
+            self.part_reads.close()
         self.flight.shutdown()
         if self.tablet_server is not None:
             self.tablet_server.close()

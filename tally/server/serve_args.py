@@ -59,6 +59,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("--data-dir", required=True, help="where this server keeps its data")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=0, help="port to bind (default: a free one)")
+    parser.add_argument("--part-read-port", type=int, default=0, metavar="PORT",
+                        help="port of the HTTP(S) part reads of JVM readers, on --host "
+                             "(default: a free one; readers learn it when they plan)")
     parser.add_argument("--zookeeper", metavar="HOST:PORT[/CHROOT]",
                         help="keep metadata in ZooKeeper (default: embedded in the data dir)")
     parser.add_argument("--role", choices=ROLES, default="all",

@@ -33,10 +33,24 @@ os.environ["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
 JAVA_OPTIONS = "-Xss4m -XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
+def build_jvm_reader() -> None:
+    """Build the JVM reader's jar if its sources changed (a no-op otherwise); without javac
+    the tests of that reader skip."""
+    import subprocess
+
+    subprocess.run(["bash", os.path.join(ROOT, "scripts", "build_jvm_reader.sh"),
+                    sys.executable], check=False)
+
+
 def spark_builder(master: str = "local[2,4]"):
     from pyspark.sql import SparkSession
 
-    return (SparkSession.builder.master(master)
+    from sink.jvm_reader import spark_jars
+
+    builder = SparkSession.builder
+    if spark_jars():
+        builder = builder.config("spark.jars", spark_jars())
+    return (builder.master(master)
             .appName("tally-sink-tests")
             .config("spark.ui.enabled", "false")
             .config("spark.sql.shuffle.partitions", "2")
@@ -48,6 +62,7 @@ def spark_builder(master: str = "local[2,4]"):
 
 @pytest.fixture(scope="session")
 def spark():
+    build_jvm_reader()
     session = spark_builder().getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     yield session
