@@ -75,6 +75,12 @@ class RowBuffer:
 
     # --- reads ------------------------------------------------------------------------------
 
+    @property
+    def key_width(self) -> int | None:
+        """The width of fixed-width keys (None: variable-width ones, or never a key)."""
+        keys = self._index.keys
+        return None if keys is None else keys.width
+
     def find(self, keys: KeyArray) -> np.ndarray:
         """Per key its row id, REMOVED, or ABSENT."""
         index = self._index
@@ -230,6 +236,23 @@ class RowBuffer:
         """(live keys in key order, their rows, removed keys): what a flush writes (None
         for a buffer that never held a key)."""
         return next(self.chunks(max(len(self), 1)), (None, None, None))
+
+    def live_runs(self) -> Iterator[StateBatch]:
+        """Each run's live rows (those the index points at), run by run, in no key order: what
+        a scan reads. A run whose every row is live comes as it is (no copy; the common case
+        after a load of new keys or a compaction), any other as one take of its live rows,
+        where drain() gathers every live row in key order across all runs at once."""
+        index, runs, bases = self._index, self._runs[:], self._bases[:]
+        if not runs:
+            return
+        live = np.zeros(bases[-1] + len(runs[-1]), dtype=bool)
+        live[index.ids[index.ids >= 0]] = True  # ids past the copied runs: none (appended first)
+        for base, run in zip(bases, runs):
+            rows = live[base:base + len(run)]
+            if rows.all():
+                yield run
+            elif rows.any():
+                yield run.take(np.flatnonzero(rows))
 
     def chunks(self, size: int) -> Iterator[tuple[KeyArray, StateBatch | None, KeyArray]]:
         """drain() a slice of `size` keys at a time, in key order (nothing for a buffer that

@@ -79,18 +79,16 @@ class RowSnapshot:
     def batches(self, columns: list[str] | None = None, batch_size: int = 65536,
                 unwritten: bool = False) -> Iterator[pa.RecordBatch]:
         """The rows as record batches of at most `batch_size` rows, in the scan schema
-        (`scan_schema`). Buffered rows come first, then stored rows in key order. A snapshot
-        is read once."""
+        (`scan_schema`). Buffered rows come first, run by run (in no key order: each
+        run's live rows as they are, not gathered across runs), then stored rows in key
+        order. A snapshot is read once."""
         schema = scan_schema(self._schema, columns, unwritten)
         if self._buffer is None:
             raise StorageError(f"a snapshot of {self._name} is read once; take another")
-        keys, rows, _ = self._buffer.drain()
         buffer, self._buffer = self._buffer, None
-        if rows is not None:
-            for start in range(0, len(rows), batch_size):
-                yield self._visible(rows.slice(start, min(start + batch_size, len(rows))),
-                                    schema, unwritten)
-        width = None if keys is None else keys.width
+        for rows in _batched(buffer.live_runs(), batch_size):
+            yield self._visible(rows, schema, unwritten)
+        width = buffer.key_width
         shadowing = buffer if len(buffer) else None
         while True:
             raw_keys, values = self._read(batch_size)
@@ -140,6 +138,25 @@ class RowSnapshot:
             i = names.index(field.name)
             arrays.append(self._aggregators[i].values(states.columns[i]).cast(field.type))
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _batched(runs: Iterator[StateBatch], size: int) -> Iterator[StateBatch]:
+    """`runs` as batches of at most `size` rows: a big run sliced (no copy), small ones
+    joined (a buffer of many small puts would otherwise send many tiny batches)."""
+    small: list[StateBatch] = []
+    held = 0
+    for run in runs:
+        if len(run) >= size // 4:
+            for start in range(0, len(run), size):
+                yield run.slice(start, min(start + size, len(run)))
+            continue
+        if held + len(run) > size:
+            yield StateBatch.concat(*small)
+            small, held = [], 0
+        small.append(run)
+        held += len(run)
+    if small:
+        yield StateBatch.concat(*small)
 
 
 def _key_array(raw_keys: list[bytes], width: int | None) -> KeyArray:

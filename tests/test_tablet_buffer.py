@@ -27,6 +27,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from merge_engine import KvTablet
@@ -139,6 +140,7 @@ def check_tablet(tablet: KvTablet, model: ReferenceTable) -> None:
     start = tablet.log_start_offset
     assert tablet.log_end_offset == model.log_end_offset
     check_lookups(tablet, model, "before to_arrow")
+    check_scan(tablet, model)
     records = records_from_arrow(tablet.changelog(), model.names)
     problem = diff_records(model.changelog_records(start), records)
     assert problem is None, problem
@@ -151,6 +153,18 @@ def check_tablet(tablet: KvTablet, model: ReferenceTable) -> None:
         assert len(replayed) == len(rows) and all(map(same_row, replayed, rows)), \
             "to_arrow differs from the replay of the tablet's changelog"
     check_lookups(tablet, model, "after to_arrow")
+
+
+def check_scan(tablet: KvTablet, model: ReferenceTable) -> None:
+    """A scan before to_arrow's flush (buffered rows run by run, in no key order) holds the
+    model's rows, each once."""
+    key = list(model.key_names)
+    batches = list(tablet.snapshot().batches())
+    rows = pa.Table.from_batches(batches).to_pylist() if batches else []
+    rows.sort(key=lambda r: tuple(r[k] for k in key))
+    expected = model.rows()
+    assert len(rows) == len(expected) and all(map(same_row, rows, expected)), (
+        f"a scan differs from the model:\n  expected {expected}\n  actual   {rows}")
 
 
 def check_lookups(tablet: KvTablet, model: ReferenceTable, when: str) -> None:
