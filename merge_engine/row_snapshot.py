@@ -3,11 +3,12 @@
 A scan must not hold the bucket's lock while it streams (writers would wait for the slowest
 reader), yet every row it returns must belong to one offset. So the tablet takes its lock only
 to note the log end offset, copy the row buffer (cheap: the copy shares its runs, and the buffer
-replaces its index instead of changing it) and open a RocksDB iterator, which reads the database
-as of its creation (an implicit snapshot that survives later writes and flushes). The buffered
-rows are the newest; a stored row whose key the buffer holds (changed or removed since the last
-flush) is skipped. rocksdict's `Snapshot.iter()` does not read at its snapshot (it sees later
-writes, checked with rocksdict 0.3.29), hence the plain iterator.
+replaces its index instead of changing it) and open a RocksDB iterator (rocksdict's `items()`
+from the first row key), which reads the database as of its creation (an implicit snapshot that
+survives later writes and flushes). The buffered rows are the newest; a stored row whose key
+the buffer holds (changed or removed since the last flush) is skipped. rocksdict's
+`Snapshot.iter()` does not read at its snapshot (it sees later writes, checked with rocksdict
+0.3.29), hence the plain iterator.
 
 An open iterator keeps its RocksDB open: the tablet releases its snapshots when it closes,
 after which reading one raises StorageError instead of touching a closed database.
@@ -16,6 +17,7 @@ after which reading one raises StorageError instead of touching a closed databas
 from __future__ import annotations
 
 import threading
+from itertools import islice
 from typing import Iterator
 
 import numpy as np
@@ -31,6 +33,8 @@ from tally.errors import InvalidInputError, StorageError
 
 # Stored rows read per hold of the snapshot's lock (a closing tablet waits at most this long).
 READ_STEP = 4096
+ROW_BYTE = ROW[0]  # the row prefix is one byte: a key's first byte tells a row's key
+_ENDED = object()  # in place of the items once the stored rows are all read
 
 
 def scan_schema(arrow_schema: pa.Schema, columns: list[str] | None, unwritten: bool) -> pa.Schema:
@@ -54,7 +58,7 @@ def scan_schema(arrow_schema: pa.Schema, columns: list[str] | None, unwritten: b
 class RowSnapshot:
     """The rows of one bucket as of changelog offset `offset` (every record below it)."""
 
-    def __init__(self, offset: int, buffer: RowBuffer, iterator, codec, aggregators,
+    def __init__(self, offset: int, buffer: RowBuffer, items, codec, aggregators,
                  arrow_schema: pa.Schema, value_positions: list[int], name: str,
                  expired_up_to: int | None = None) -> None:
         """`expired_up_to`: rows last written at or before this time (ms) are past the row TTL
@@ -62,19 +66,18 @@ class RowSnapshot:
         self.offset = offset
         self._expired_up_to = expired_up_to
         self._buffer = buffer
-        self._iterator = iterator
+        self._items = items  # (key, value) pairs from the first stored row on
         self._codec = codec
         self._aggregators = aggregators
         self._schema = arrow_schema
         self._value_positions = value_positions
         self._name = name
         self._lock = threading.Lock()
-        self._started = False
 
     def release(self) -> None:
         """Let go of the RocksDB iterator (the tablet closes); later reads raise."""
         with self._lock:
-            self._iterator = None
+            self._items = None
 
     def batches(self, columns: list[str] | None = None, batch_size: int = 65536,
                 unwritten: bool = False) -> Iterator[pa.RecordBatch]:
@@ -106,22 +109,20 @@ class RowSnapshot:
         """The next `count` stored rows' keys (without the prefix) and values."""
         keys: list[bytes] = []
         values: list[bytes] = []
-        end = False
-        while not end and len(values) < count:
+        while self._items is not _ENDED and len(values) < count:
             with self._lock:
-                it = self._iterator
-                if it is None:
+                items = self._items
+                if items is None:
                     raise StorageError(f"{self._name} was closed while it was being read")
-                if not self._started:
-                    it.seek(ROW)
-                    self._started = True
-                for _ in range(min(READ_STEP, count - len(values))):
-                    if not it.valid() or not it.key().startswith(ROW):
-                        end = True
+                step, had = min(READ_STEP, count - len(values)), len(values)
+                add_key, add_value = keys.append, values.append  # per row: no lookups
+                for key, value in islice(items, step):
+                    if key[0] != ROW_BYTE:  # past the rows: other kinds of keys follow them
                         break
-                    keys.append(it.key()[len(ROW):])
-                    values.append(it.value())
-                    it.next()
+                    add_key(key[1:])
+                    add_value(value)
+                if len(values) - had < step:
+                    self._items = _ENDED
         return keys, values
 
     def _visible(self, states: StateBatch, schema: pa.Schema, unwritten: bool) -> pa.RecordBatch:

@@ -167,10 +167,13 @@ class TabletStore:
         if values:
             yield values
 
-    def row_iterator(self):
-        """A RocksDB iterator (positioned nowhere yet) that reads the database as it is now,
-        whatever is written later: what a RowSnapshot reads its stored rows from."""
-        return self.db.iter()
+    def row_items(self):
+        """(key, value) of every stored row in key order, then of the keys after them (the
+        reader stops at the first key without the row prefix), read from the database as it is
+        now whatever is written later (the iterator is made here): what a RowSnapshot reads
+        its stored rows from. rocksdict steps it in Rust, twice as fast as stepping an
+        iterator from Python (key, value, next and valid calls per row)."""
+        return self.db.items(from_key=ROW)
 
     # --- changelog --------------------------------------------------------------------------
 

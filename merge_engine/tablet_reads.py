@@ -78,7 +78,7 @@ class TabletReads:
             self._check_open()
             cutoff = None if self._ttl is None else self._ttl.cutoff(self._ttl.now_ms())
             snapshot = RowSnapshot(self._end, self._rows.buffer_copy(),
-                                   self._store.row_iterator(), self.codec, self.aggregators,
+                                   self._store.row_items(), self.codec, self.aggregators,
                                    self.arrow_schema, self.value_positions, self.name, cutoff)
             self._snapshots.add(snapshot)
         return snapshot
