@@ -255,7 +255,7 @@ def add_commands(commands, common: argparse.ArgumentParser) -> None:
     lookup.set_defaults(func=cmd_lookup)
 
     scan = commands.add_parser("scan", parents=[common],
-                               help="a table's rows, bucket by bucket (each in key order)")
+                               help="a table's rows, bucket by bucket (in no key order)")
     scan.add_argument("table", help="'<database>.<table>'")
     scan.add_argument("--columns", metavar="A,B,...", help="only these columns, in this order")
     scan.add_argument("--filter", action="append", metavar="COLUMN=VALUE",
