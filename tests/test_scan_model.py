@@ -4,13 +4,15 @@ Buffered rows come run by run (a run's live rows as they are), not in key order,
 compared with the plain-Python model (merge_engine.testing.ReferenceTable) as a multiset of rows,
 hidden `_unwritten` column included, across puts (whole rows and some columns only), deletes,
 flushes, tiny buffers that flush on every write, reopens (the buffer replayed from the
-changelog), and a snapshot taken before further writes. Real RocksDB.
+changelog), a snapshot taken before further writes, and snapshots read while another thread
+writes. Real RocksDB.
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
 from collections import Counter
 
 import pyarrow as pa
@@ -20,7 +22,7 @@ from hypothesis import strategies as st
 from aggfuncs import AggFunction
 from merge_engine import KvTablet, Schema, TableDescriptor
 from merge_engine.hidden_columns import UNWRITTEN
-from merge_engine.testing import ReferenceTable
+from merge_engine.testing import ReferenceTable, records_from_arrow
 
 
 def schema(key_type: pa.DataType) -> Schema:
@@ -84,8 +86,12 @@ class Run:
             self.tablet = KvTablet.open(self.path, self.descriptor(step[1]))
 
     def expected(self) -> Counter:
-        return Counter(_canonical({**s.values, UNWRITTEN: sorted(s.unwritten)})
-                       for s in self.model.states())
+        return expected_of(self.model)
+
+
+def expected_of(model: ReferenceTable) -> Counter:
+    return Counter(_canonical({**s.values, UNWRITTEN: sorted(s.unwritten)})
+                   for s in model.states())
 
 
 def _canonical(row: dict) -> tuple:
@@ -124,6 +130,36 @@ def test_a_scan_holds_the_models_rows_as_of_its_snapshot(key_type, buffer_size, 
                 run.apply(step)
             again = list(run.tablet.snapshot().batches(batch_size=batch_size, unwritten=True))
             assert scanned(again) == run.expected()
+        run.tablet.close()
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(key_type=st.sampled_from(sorted(KEY_TYPES)), buffer_size=st.sampled_from(["1", "64mb"]),
+       writes=st.lists(write, min_size=1, max_size=30), scans=st.integers(1, 6))
+def test_scans_beside_writes_hold_the_rows_of_their_offset(key_type, buffer_size, writes,
+                                                             scans):
+    """Property: snapshots taken and read while another thread puts, deletes and flushes each
+    hold the rows of the changelog below their offset (the model replaying it), once each."""
+    path = tempfile.mkdtemp()
+    try:
+        run = Run(path, key_type, buffer_size)
+        writer = threading.Thread(target=lambda: [run.apply(step) for step in writes])
+        seen = []
+        writer.start()
+        try:
+            while len(seen) < scans or writer.is_alive() and len(seen) < 200:
+                snapshot = run.tablet.snapshot()
+                batches = list(snapshot.batches(batch_size=3, unwritten=True))
+                seen.append((snapshot.offset, scanned(batches)))
+        finally:
+            writer.join()
+        records = records_from_arrow(run.tablet.changelog(), run.model.names)
+        for offset, rows in seen:
+            replayed = ReferenceTable(run.model.spec)
+            replayed.replay([r for r in records if r.offset < offset])
+            assert rows == expected_of(replayed), f"the scan at offset {offset}"
         run.tablet.close()
     finally:
         shutil.rmtree(path, ignore_errors=True)
