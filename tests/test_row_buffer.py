@@ -82,6 +82,9 @@ def test_buffer_matches_a_dict(case):
         if live:
             got = buffer.states(found[live]).columns[0].to_pylist()
             assert got == [model[keys.to_list()[i]] for i in live]
+    # a scan's read: every live row once, each run's as they are (values are unique serials)
+    scanned = [v for run in buffer.live_runs() for v in run.columns[0].to_pylist()]
+    assert sorted(scanned) == sorted(v for v in model.values() if v is not None)
     drained_keys, drained_rows, drained_removed = buffer.drain()
     if not model:
         assert drained_keys is None and drained_rows is None
