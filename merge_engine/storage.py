@@ -17,7 +17,8 @@ import re
 import struct
 from typing import Iterator
 
-from rocksdict import BlockBasedOptions, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import (BlockBasedOptions, Checkpoint, Options, Rdict, ReadOptions, WriteBatch,
+                       WriteOptions)
 
 from merge_engine.memtables import MemtableCap
 from tally.errors import DiskFullError, StorageError, StorageWriteError
@@ -150,6 +151,22 @@ class TabletStore:
         for start in range(0, len(row_keys), MULTI_GET_KEYS):
             found.extend(self.db.get(row_keys[start:start + MULTI_GET_KEYS]))
         return found
+
+    def row_keys(self) -> Iterator[bytes]:
+        """Every stored row key (ROW and the encoded key), in key order; the binding stops at
+        the end of the row prefix, so no key is looked at in Python."""
+        bound = ReadOptions()
+        bound.set_iterate_upper_bound(ROW[:-1] + bytes([ROW[-1] + 1]))
+        bound.fill_cache(False)  # a one-off scan: keep the block cache for lookups
+        return self.db.keys(from_key=ROW, read_opt=bound)
+
+    def has_rows(self) -> bool:
+        return next(iter(self.row_keys()), None) is not None
+
+    @property
+    def estimated_keys(self) -> int:
+        """RocksDB's estimate of the keys it holds, all prefixes together (no I/O)."""
+        return self.db.property_int_value("rocksdb.estimate-num-keys") or 0
 
     def scan_rows(self, chunk: int = 65536) -> Iterator[list[bytes]]:
         """Stored rows in key order, `chunk` at a time."""
