@@ -17,8 +17,9 @@ reads one word per key. A layer of 2**j words holds up to CAPACITY_BITS bits per
 its false positives stay near 0.5% (measured: 0.4-0.5% for random keys, five bits a key, 16
 bits of words per key). A full layer is never rebuilt (its keys are not at hand): the next one
 holds at least twice the keys of all before it, so a bucket of n keys has about log2(n/65536)
-layers and a query's false positives stay below 0.5% per layer. Memory: 2 bytes per key at a
-full layer; layers sized by doubling hold 4 (at most 8) bytes per key counted.
+layers and a query's false positives stay below 0.5% per layer. Memory: 2 bytes per key in a
+full layer; a new layer (twice the keys before it, rounded up to a power of two of words) makes
+that up to about 10 bytes per key held until it fills.
 """
 
 from __future__ import annotations
