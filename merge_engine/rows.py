@@ -125,8 +125,11 @@ class BucketRows:
         present[unknown[found]] = True
         # One gather from the three sources puts the rows in key order: the buffer's runs
         # (where a row's id is its position), then the stored rows, then new keys' empty rows.
-        sources = buffer.runs()
-        where = np.where(ids >= 0, ids, 0)
+        # (the buffer's runs only when a key is in them: a put of new keys then takes its
+        # empty rows as they are, without a gather)
+        buffered = ids >= 0
+        sources = buffer.runs() if buffered.any() else []
+        where = np.where(buffered, ids, 0)
         placed = sum(len(run) for run in sources)
         from_store = unknown[found]
         if len(from_store):

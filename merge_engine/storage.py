@@ -54,7 +54,6 @@ def offset_of(key: bytes) -> int:
 
 
 MULTI_GET_KEYS = 16384
-MEMTABLE_BLOOM_RATIO = 0.05  # of the write buffer's size: 3.2 MB per 64 MB memtable
 _PATH = re.compile(r"(?<![\w.])/[^\s:;,'\"]+")
 
 
@@ -106,11 +105,9 @@ class TabletStore:
         table = BlockBasedOptions()
         table.set_bloom_filter(10, False)  # new keys miss without reading data blocks
         options.set_block_based_table_factory(table)
-        # A whole-key bloom filter in the memtable too: a put of new keys proves each absent
-        # by a multi-get, which otherwise searches the memtable's skip list for every key
-        # (1M new keys of the ingest benchmark: 0.55 -> 0.33 s of CPU for that proof).
-        options.set_memtable_prefix_bloom_ratio(MEMTABLE_BLOOM_RATIO)
-        options.set_memtable_whole_key_filtering(True)
+        # No bloom filter in the memtable: the bucket's own filter of stored keys (StoredKeys)
+        # spares the multi-get nearly every new key, and the memtable's cost 0.15-0.25 s of
+        # CPU per 1M rows written (ingest benchmark, case b) to save little after that.
         try:
             self.db = Rdict(os.path.join(path, "rocksdb"), options)
         except Exception as exc:  # rocksdict raises plain Exceptions for lock/corruption
