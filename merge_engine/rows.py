@@ -152,8 +152,9 @@ class BucketRows:
         (`asking` more now) have reached BUILD_AFTER times the keys it holds."""
         if self._stored is None:
             self._asked += asking
-            if self._asked >= self.build_after * self._store.estimated_keys:
-                self._stored = StoredKeys.of_stored(self._store.row_keys(), ROW)
+            estimate = self._store.estimated_keys
+            if self._asked >= self.build_after * estimate:
+                self._stored = StoredKeys.of_stored(self._store.row_keys(), ROW, estimate)
                 self._asked = 0
         return self._stored
 

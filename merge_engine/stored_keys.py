@@ -151,10 +151,15 @@ class StoredKeys:
         last.add(hashes, masks)
 
     @classmethod
-    def of_stored(cls, row_keys: Iterable[bytes], prefix: bytes) -> "StoredKeys":
+    def of_stored(cls, row_keys: Iterable[bytes], prefix: bytes,
+                  expected: int = 0) -> "StoredKeys":
         """A filter of the stored row keys `row_keys` (each `prefix` and an encoded key),
-        hashed a chunk at a time, never a Python step per key."""
+        hashed a chunk at a time, never a Python step per key. `expected` (about how many
+        there are) sizes its first layer: one layer instead of a doubling series (2 bytes per
+        key instead of ~6 for 1M keys, a third of the false positives)."""
         stored = cls()
+        if expected:
+            stored._layers.append(_Layer(max(expected, cls.min_capacity)))
         keys = iter(row_keys)
         while chunk := list(itertools.islice(keys, SCAN_CHUNK)):
             # One 'S' array of the row keys, the prefix's columns cut off: the encoded keys
