@@ -1,4 +1,5 @@
-"""The native modules (Cython: aggfuncs.group_joins, merge_engine.string_gather); everything
+"""The native modules (Cython: aggfuncs.group_joins, merge_engine.string_gather,
+merge_engine.row_bytes); everything
 else is in pyproject.toml.
 
 `pip install -e .` (scripts/setup.sh) compiles them with the machine's C compiler and Python
@@ -9,5 +10,5 @@ from setuptools import Extension, setup
 
 setup(ext_modules=cythonize(
     [Extension(name, [name.replace(".", "/") + ".pyx"], extra_compile_args=["-O3"])
-     for name in ("aggfuncs.group_joins", "merge_engine.string_gather")],
+     for name in ("aggfuncs.group_joins", "merge_engine.string_gather", "merge_engine.row_bytes")],
     language_level=3))

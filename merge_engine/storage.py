@@ -17,7 +17,8 @@ import re
 import struct
 from typing import Iterator
 
-from rocksdict import BlockBasedOptions, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import (BlockBasedOptions, Checkpoint, Options, Rdict, ReadOptions, WriteBatch,
+                       WriteOptions)
 
 from merge_engine.memtables import MemtableCap
 from tally.errors import DiskFullError, StorageError, StorageWriteError
@@ -53,7 +54,6 @@ def offset_of(key: bytes) -> int:
 
 
 MULTI_GET_KEYS = 16384
-MEMTABLE_BLOOM_RATIO = 0.05  # of the write buffer's size: 3.2 MB per 64 MB memtable
 _PATH = re.compile(r"(?<![\w.])/[^\s:;,'\"]+")
 
 
@@ -105,11 +105,9 @@ class TabletStore:
         table = BlockBasedOptions()
         table.set_bloom_filter(10, False)  # new keys miss without reading data blocks
         options.set_block_based_table_factory(table)
-        # A whole-key bloom filter in the memtable too: a put of new keys proves each absent
-        # by a multi-get, which otherwise searches the memtable's skip list for every key
-        # (1M new keys of the ingest benchmark: 0.55 -> 0.33 s of CPU for that proof).
-        options.set_memtable_prefix_bloom_ratio(MEMTABLE_BLOOM_RATIO)
-        options.set_memtable_whole_key_filtering(True)
+        # No bloom filter in the memtable: the bucket's own filter of stored keys (StoredKeys)
+        # spares the multi-get nearly every new key, and the memtable's cost 0.15-0.25 s of
+        # CPU per 1M rows written (ingest benchmark, case b) to save little after that.
         try:
             self.db = Rdict(os.path.join(path, "rocksdb"), options)
         except Exception as exc:  # rocksdict raises plain Exceptions for lock/corruption
@@ -150,6 +148,22 @@ class TabletStore:
         for start in range(0, len(row_keys), MULTI_GET_KEYS):
             found.extend(self.db.get(row_keys[start:start + MULTI_GET_KEYS]))
         return found
+
+    def row_keys(self) -> Iterator[bytes]:
+        """Every stored row key (ROW and the encoded key), in key order; the binding stops at
+        the end of the row prefix, so no key is looked at in Python."""
+        bound = ReadOptions()
+        bound.set_iterate_upper_bound(ROW[:-1] + bytes([ROW[-1] + 1]))
+        bound.fill_cache(False)  # a one-off scan: keep the block cache for lookups
+        return self.db.keys(from_key=ROW, read_opt=bound)
+
+    def has_rows(self) -> bool:
+        return next(iter(self.row_keys()), None) is not None
+
+    @property
+    def estimated_keys(self) -> int:
+        """RocksDB's estimate of the keys it holds, all prefixes together (no I/O)."""
+        return self.db.property_int_value("rocksdb.estimate-num-keys") or 0
 
     def scan_rows(self, chunk: int = 65536) -> Iterator[list[bytes]]:
         """Stored rows in key order, `chunk` at a time."""

@@ -1,11 +1,13 @@
-"""The memtable's whole-key bloom filter never hides a stored row from a put's proof that its
-keys are new (the multi-get behind BucketRows.current).
+"""Rows in RocksDB's memtable are never hidden from a put's proof that its keys are new (the
+filter of stored keys, then the multi-get behind BucketRows.current).
 
-A bloom filter answers "absent" only for keys it never saw; a false "absent" for a stored key
-would make a put start that key from an empty row and lose its aggregate. A buffer size of
-"0" sends every put's rows to RocksDB's memtable at once, so each later put's keys are looked
-up there; puts of stored and new keys, deletes, re-puts, flushes and reopens (the memtable
-replayed from the write-ahead log) are compared with the reference model after every step.
+The proof went through a whole-key bloom filter in the memtable until the bucket's own filter
+of stored keys (StoredKeys) took its place; either answers "absent" only for keys it never saw,
+and a false "absent" for a stored key would make a put start that key from an empty row and
+lose its aggregate. A buffer size of "0" sends every put's rows to RocksDB's memtable at once,
+so each later put's keys are looked up there; puts of stored and new keys, deletes, re-puts,
+flushes and reopens (the memtable replayed from the write-ahead log) are compared with the
+reference model after every step. The stored-key model test drives every other path.
 """
 
 from __future__ import annotations
