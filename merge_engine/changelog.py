@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from merge_engine.hidden_columns import (CHANGE_CODE, CHANGE_TYPE, CONTRIBUTIONS, EXPIRED, OFFSET,
                                           SEQUENCES, TOKENS, UNWRITTEN, WRITTEN_MS)
 from merge_engine.keys import KeyArray, key_array
-from merge_engine.state import StateBatch, is_string, take_rows
+from merge_engine.state import StateBatch, is_string, row_items, take_rows
 
 INSERT, UPDATE_BEFORE, UPDATE_AFTER, DELETE = "+I", "-U", "+U", "-D"
 
@@ -165,26 +165,22 @@ class Images:
                      index: np.ndarray) -> StateBatch:
         """The images of records: row `index[r]` of before's rows then after's. A column the
         write left as it was (the key's, a column it did not target) is the same array on both
-        sides: its images are its rows at `key`, without joining the two first. Only the
-        bookkeeping the images show is gathered (written bits of value columns, counts of the
-        counted ones): key columns count as written and uncounted cells as 0, which no image
-        shows."""
+        sides: its images are its rows at `key`, without joining the two first. The
+        written bits are gathered a whole row at a time (row_items), key columns' too, which
+        are always written; of the counts only the counted columns', the others being 0."""
         at_key = pa.array(key, type=pa.int64())
         at_index = pa.array(index, type=pa.int64())
         m = len(before)
         side = (index >= m).astype(np.int64)  # 0: before's rows, 1: after's
+        rows = index - m * side
         columns = [b.take(at_key) if a is b else
-                   take_rows([b, a.cast(b.type)], side, index - m * side, b.type)
+                   take_rows([b, a.cast(b.type)], side, rows, b.type)
                    if is_string(b.type) else
                    pa.concat_arrays([b, a.cast(b.type)]).take(at_index)
                    for b, a in zip(before.columns, after.columns)]
-        shown = self.value_positions
-        written = np.ones((len(index), len(before.columns)), dtype=bool)
-        # np.take along axis 0 gathers whole rows several times faster than fancy indexing
-        written[:, shown] = np.take(np.concatenate([before.written[:, shown],
-                                                    after.written[:, shown]]), index, axis=0)
+        written = _row_take(before.written, after.written, index)
         counts = None
-        if self.counted:
+        if self.counted:  # only the counted columns: most of the matrix is zeros
             counts = np.zeros(written.shape, dtype=np.int64)
             counts[:, self.counted] = np.take(np.concatenate([before.counts()[:, self.counted],
                                                               after.counts()[:, self.counted]]),
@@ -246,6 +242,14 @@ def with_states(rows: pa.Table, images: pa.Table) -> pa.Table:
                 rows = rows.set_column(rows.column_names.index(field.name), field.name,
                                        states.field(field.name))
     return rows
+
+
+def _row_take(first: np.ndarray, second: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """Rows `index` of the two matrices taken one after the other, each row moved as one
+    item: for the written bits a third of the time of selecting columns first and assigning
+    them."""
+    both = np.concatenate([row_items(first), row_items(second)])
+    return np.take(both, index).view(first.dtype).reshape(len(index), first.shape[1])
 
 
 def _struct_with_nulls(records: pa.Table, hidden: str, struct_type: pa.StructType) -> pa.Array:
