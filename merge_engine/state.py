@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from merge_engine.row_gather import gather_rows
 from merge_engine.string_gather import gather_strings
 
 
@@ -96,30 +97,15 @@ class StateBatch:
                            if is_string(column.type) else
                            pa.chunked_array(chunks, type=column.type).take(index)
                            .combine_chunks())
-        # each source's rows as one slice: numpy sorts uint16 stably with a radix sort (a
-        # buffer holds at most a few hundred runs)
-        order = np.argsort(source.astype(np.uint16), kind="stable")
-        cuts = np.searchsorted(source[order], np.arange(len(batches) + 1))
-        n, width = len(positions), batches[0].written.shape[1]
-        written = np.empty((n, width), dtype=bool)
-        counted = any(b.contributions is not None for b in batches)
-        timed = any(b.touched is not None for b in batches)
-        counts = np.empty((n, width), dtype=np.int64) if counted else None
-        touched = np.empty(n, dtype=np.int64) if timed else None
-        # Whole rows of the matrices moved as one item each (row_items): numpy's row-wise
-        # fancy assignment goes element by element and cost half the gather.
-        written_rows = row_items(written)
-        counts_rows = row_items(counts) if counted else None
-        for s, b in enumerate(batches):
-            rows = order[cuts[s]:cuts[s + 1]]
-            if not len(rows):
-                continue
-            at = positions[rows] - bounds[s]
-            written_rows[rows] = row_items(b.written)[at]
-            if counted:
-                counts_rows[rows] = row_items(b.counts())[at]
-            if timed:
-                touched[rows] = b.times()[at]
+        # the bookkeeping a whole row at a time, each row read where it is (row_gather)
+        written = gather_rows([b.written for b in batches], source, rows)
+        counts = None
+        if any(b.contributions is not None for b in batches):
+            counts = gather_rows([b.counts() for b in batches], source, rows)
+        touched = None
+        if any(b.touched is not None for b in batches):
+            touched = gather_rows([b.times().reshape(-1, 1) for b in batches], source,
+                                  rows).reshape(-1)
         return StateBatch(columns, written, counts, touched)
 
     def times(self) -> np.ndarray:
@@ -134,14 +120,6 @@ class StateBatch:
         counts = 0 if self.contributions is None else self.contributions.nbytes
         touched = 0 if self.touched is None else self.touched.nbytes
         return sum(c.nbytes for c in self.columns) + self.written.nbytes + counts + touched
-
-
-def row_items(matrix: np.ndarray) -> np.ndarray:
-    """A 2-D array's rows as a 1-D array of opaque items (a view when the rows are contiguous,
-    so writing into the items writes the matrix)."""
-    matrix = np.ascontiguousarray(matrix)
-    return matrix.view(np.dtype((np.void, matrix.dtype.itemsize * matrix.shape[1]))).reshape(
-        len(matrix))
 
 
 def is_string(arrow_type: pa.DataType) -> bool:
