@@ -180,10 +180,12 @@ class Images:
                    if is_string(b.type) else
                    pa.concat_arrays([b, a.cast(b.type)]).take(at_index)
                    for b, a in zip(before.columns, after.columns)]
-        written = gather_rows([before.written, after.written], side, rows)
+        written = gather_rows([before.written.astype(bool, copy=False),
+                               after.written.astype(bool, copy=False)], side, rows)
         counts = None
         if self.counted:
-            counts = gather_rows([before.counts(), after.counts()], side, rows)
+            counts = gather_rows([before.counts().astype(np.int64, copy=False),
+                                  after.counts().astype(np.int64, copy=False)], side, rows)
         touched = None
         if self.timed:
             touched = np.concatenate([before.times(), after.times()])[index]

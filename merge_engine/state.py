@@ -97,15 +97,18 @@ class StateBatch:
                            if is_string(column.type) else
                            pa.chunked_array(chunks, type=column.type).take(index)
                            .combine_chunks())
-        # the bookkeeping a whole row at a time, each row read where it is (row_gather)
-        written = gather_rows([b.written for b in batches], source, rows)
+        # the bookkeeping a whole row at a time, each row read where it is (row_gather, which
+        # wants one dtype: astype copies nothing when a matrix already has it)
+        written = gather_rows([b.written.astype(bool, copy=False) for b in batches],
+                              source, rows)
         counts = None
         if any(b.contributions is not None for b in batches):
-            counts = gather_rows([b.counts() for b in batches], source, rows)
+            counts = gather_rows([b.counts().astype(np.int64, copy=False) for b in batches],
+                                 source, rows)
         touched = None
         if any(b.touched is not None for b in batches):
-            touched = gather_rows([b.times().reshape(-1, 1) for b in batches], source,
-                                  rows).reshape(-1)
+            touched = gather_rows([b.times().astype(np.int64, copy=False).reshape(-1, 1)
+                                   for b in batches], source, rows).reshape(-1)
         return StateBatch(columns, written, counts, touched)
 
     def times(self) -> np.ndarray:
