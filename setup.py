@@ -1,6 +1,5 @@
 """The native modules (Cython: aggfuncs.group_joins, merge_engine.string_gather,
-merge_engine.row_bytes); everything
-else is in pyproject.toml.
+merge_engine.row_bytes, merge_engine.row_gather); everything else is in pyproject.toml.
 
 `pip install -e .` (scripts/setup.sh) compiles them with the machine's C compiler and Python
 headers; Cython comes from the build requirements."""
@@ -10,5 +9,6 @@ from setuptools import Extension, setup
 
 setup(ext_modules=cythonize(
     [Extension(name, [name.replace(".", "/") + ".pyx"], extra_compile_args=["-O3"])
-     for name in ("aggfuncs.group_joins", "merge_engine.string_gather", "merge_engine.row_bytes")],
+     for name in ("aggfuncs.group_joins", "merge_engine.string_gather", "merge_engine.row_bytes",
+                  "merge_engine.row_gather")],
     language_level=3))

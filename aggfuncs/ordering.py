@@ -60,12 +60,15 @@ def _numeric_key(values: pa.Array) -> np.ndarray | None:
 
 
 def pick_extreme(
-    states: pa.Array, written: np.ndarray, segments: Segments, largest: bool
+    states: pa.Array, written: np.ndarray, segments: Segments, largest: bool,
+    keys: np.ndarray | None = None
 ) -> np.ndarray:
     """Per group, the input index of its largest (or smallest) written non-null value, or -1.
-    Ties go to the earliest input."""
+    Ties go to the earliest input. `keys`: the states' numeric keys, when the caller has them
+    (a float column's cost a pass over the values)."""
     keep = written & valid_mask(states)
-    keys = _numeric_key(states)
+    if keys is None:
+        keys = _numeric_key(states)
     if keys is not None:
         # numpy: the extreme key per group, then the first eligible row holding it.
         bound = np.iinfo(np.int64).min if largest else np.iinfo(np.int64).max
@@ -96,7 +99,7 @@ def extreme_onto(stored: pa.Array, stored_written: np.ndarray, states: pa.Array,
     if keys is None:
         return None
     base = stored_contributions(stored, stored_written)
-    picked = pick_extreme(states, np.ones(len(states), dtype=bool), segments, largest)
+    picked = pick_extreme(states, np.ones(len(states), dtype=bool), segments, largest, keys)
     found = picked >= 0
     candidate = keys[np.maximum(picked, 0)]
     held = _numeric_key(base)

@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 from merge_engine.hidden_columns import (CHANGE_CODE, CHANGE_TYPE, CONTRIBUTIONS, EXPIRED, OFFSET,
                                           SEQUENCES, TOKENS, UNWRITTEN, WRITTEN_MS)
 from merge_engine.keys import KeyArray, key_array
+from merge_engine.row_gather import gather_rows
 from merge_engine.state import StateBatch, is_string, take_rows
 
 INSERT, UPDATE_BEFORE, UPDATE_AFTER, DELETE = "+I", "-U", "+U", "-D"
@@ -165,30 +166,26 @@ class Images:
                      index: np.ndarray) -> StateBatch:
         """The images of records: row `index[r]` of before's rows then after's. A column the
         write left as it was (the key's, a column it did not target) is the same array on both
-        sides: its images are its rows at `key`, without joining the two first. Only the
-        bookkeeping the images show is gathered (written bits of value columns, counts of the
-        counted ones): key columns count as written and uncounted cells as 0, which no image
-        shows."""
+        sides: its images are its rows at `key`, without joining the two first. The
+        bookkeeping is gathered a whole row at a time (gather_rows): selecting the shown
+        columns of both sides, joining them and assigning them back cost more than the rows'
+        other cells, which no image shows (key columns always written, uncounted cells 0)."""
         at_key = pa.array(key, type=pa.int64())
         at_index = pa.array(index, type=pa.int64())
         m = len(before)
         side = (index >= m).astype(np.int64)  # 0: before's rows, 1: after's
+        rows = index - m * side
         columns = [b.take(at_key) if a is b else
-                   take_rows([b, a.cast(b.type)], side, index - m * side, b.type)
+                   take_rows([b, a.cast(b.type)], side, rows, b.type)
                    if is_string(b.type) else
                    pa.concat_arrays([b, a.cast(b.type)]).take(at_index)
                    for b, a in zip(before.columns, after.columns)]
-        shown = self.value_positions
-        written = np.ones((len(index), len(before.columns)), dtype=bool)
-        # np.take along axis 0 gathers whole rows several times faster than fancy indexing
-        written[:, shown] = np.take(np.concatenate([before.written[:, shown],
-                                                    after.written[:, shown]]), index, axis=0)
+        written = gather_rows([before.written.astype(bool, copy=False),
+                               after.written.astype(bool, copy=False)], side, rows)
         counts = None
         if self.counted:
-            counts = np.zeros(written.shape, dtype=np.int64)
-            counts[:, self.counted] = np.take(np.concatenate([before.counts()[:, self.counted],
-                                                              after.counts()[:, self.counted]]),
-                                              index, axis=0)
+            counts = gather_rows([before.counts().astype(np.int64, copy=False),
+                                  after.counts().astype(np.int64, copy=False)], side, rows)
         touched = None
         if self.timed:
             touched = np.concatenate([before.times(), after.times()])[index]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from merge_engine.row_gather import gather_rows
 from merge_engine.string_gather import gather_strings
 
 
@@ -96,26 +97,18 @@ class StateBatch:
                            if is_string(column.type) else
                            pa.chunked_array(chunks, type=column.type).take(index)
                            .combine_chunks())
-        # each source's rows as one slice: numpy sorts uint16 stably with a radix sort (a
-        # buffer holds at most a few hundred runs)
-        order = np.argsort(source.astype(np.uint16), kind="stable")
-        cuts = np.searchsorted(source[order], np.arange(len(batches) + 1))
-        n, width = len(positions), batches[0].written.shape[1]
-        written = np.empty((n, width), dtype=bool)
-        counted = any(b.contributions is not None for b in batches)
-        timed = any(b.touched is not None for b in batches)
-        counts = np.empty((n, width), dtype=np.int64) if counted else None
-        touched = np.empty(n, dtype=np.int64) if timed else None
-        for s, b in enumerate(batches):
-            rows = order[cuts[s]:cuts[s + 1]]
-            if not len(rows):
-                continue
-            at = positions[rows] - bounds[s]
-            written[rows] = np.take(b.written, at, axis=0)
-            if counted:
-                counts[rows] = np.take(b.counts(), at, axis=0)
-            if timed:
-                touched[rows] = b.times()[at]
+        # the bookkeeping a whole row at a time, each row read where it is (row_gather, which
+        # wants one dtype: astype copies nothing when a matrix already has it)
+        written = gather_rows([b.written.astype(bool, copy=False) for b in batches],
+                              source, rows)
+        counts = None
+        if any(b.contributions is not None for b in batches):
+            counts = gather_rows([b.counts().astype(np.int64, copy=False) for b in batches],
+                                 source, rows)
+        touched = None
+        if any(b.touched is not None for b in batches):
+            touched = gather_rows([b.times().astype(np.int64, copy=False).reshape(-1, 1)
+                                   for b in batches], source, rows).reshape(-1)
         return StateBatch(columns, written, counts, touched)
 
     def times(self) -> np.ndarray:
