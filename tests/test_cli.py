@@ -47,6 +47,16 @@ def test_bench_arguments():
         build_parser().parse_args(["bench", "--only", "nothing"])
 
 
+def test_bench_help_names_every_benchmark():
+    """`--only`'s help lists the suite's benchmarks, all of them and no others."""
+    from tally.bench.suite import NAMES
+    from tally.cli.main import BENCHMARK_NAMES
+
+    assert list(BENCHMARK_NAMES) == NAMES
+    for name in NAMES:
+        assert build_parser().parse_args(["bench", "--only", name]).only == [name]
+
+
 @pytest.mark.parametrize("arrow_type", [
     pa.bool_(), pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint64(),
     pa.float16(), pa.float32(), pa.float64(), pa.string(), pa.large_string(), pa.binary(),
