@@ -12,6 +12,7 @@ opened again, which replays the write-ahead log up to the last complete write.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import struct
@@ -149,13 +150,19 @@ class TabletStore:
             found.extend(self.db.get(row_keys[start:start + MULTI_GET_KEYS]))
         return found
 
-    def row_keys(self) -> Iterator[bytes]:
-        """Every stored row key (ROW and the encoded key), in key order; the binding stops at
-        the end of the row prefix, so no key is looked at in Python."""
+    @staticmethod
+    def _whole_rows() -> ReadOptions:
+        """Read options of a one-off pass over every stored row: RocksDB stops at the end of
+        the row prefix, so no key is looked at in Python, and the block cache is kept for
+        lookups."""
         bound = ReadOptions()
         bound.set_iterate_upper_bound(ROW[:-1] + bytes([ROW[-1] + 1]))
-        bound.fill_cache(False)  # a one-off scan: keep the block cache for lookups
-        return self.db.keys(from_key=ROW, read_opt=bound)
+        bound.fill_cache(False)
+        return bound
+
+    def row_keys(self) -> Iterator[bytes]:
+        """Every stored row key (ROW and the encoded key), in key order."""
+        return self.db.keys(from_key=ROW, read_opt=self._whole_rows())
 
     def has_rows(self) -> bool:
         return next(iter(self.row_keys()), None) is not None
@@ -166,20 +173,11 @@ class TabletStore:
         return self.db.property_int_value("rocksdb.estimate-num-keys") or 0
 
     def scan_rows(self, chunk: int = 65536) -> Iterator[list[bytes]]:
-        """Stored rows in key order, `chunk` at a time."""
-        it = self.db.iter()
-        it.seek(ROW)
-        values: list[bytes] = []
-        while it.valid():
-            if not it.key().startswith(ROW):
-                break
-            values.append(it.value())
-            if len(values) >= chunk:
-                yield values
-                values = []
-            it.next()
-        if values:
-            yield values
+        """Stored rows in key order, `chunk` at a time (the binding steps the iterator, not a
+        Python loop per row)."""
+        values = self.db.values(from_key=ROW, read_opt=self._whole_rows())
+        while rows := list(itertools.islice(values, chunk)):
+            yield rows
 
     def row_items(self):
         """(key, value) of every stored row in key order, then of the keys after them (the
