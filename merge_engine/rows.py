@@ -33,8 +33,13 @@ BATCH_ROWS = 262144
 
 
 # Rows are flushed once the changelog since the last flush reaches this many buffer sizes, so a
-# hot key set that never fills the buffer still leaves a bounded changelog to replay.
+# hot key set that never fills the buffer still leaves a bounded changelog to replay; and
+# RocksDB's memtables (which hold flushed rows without its write-ahead log) are flushed to
+# table files once the changelog since that last happened does, which bounds a crash's replay.
 REPLAY_FACTOR = 4
+# ... the latter counted in buffers of at least this size: a tiny buffer (or none) flushes its
+# rows every few writes, and a memtable flush as often would write a table file as often.
+PERSIST_FROM_BYTES = 4 << 20
 
 # A bucket opened with stored rows makes its filter of stored keys (StoredKeys, a scan of
 # every row key: 0.3 us per key, 1M keys in 0.3 s) only once its puts have asked RocksDB
@@ -54,6 +59,7 @@ class StagedRows:
     parts: list[tuple[KeyArray, StateBatch | None, KeyArray]] | None
     log_bytes: int
     buffer: RowBuffer | None = None  # the buffer with the parts joined (prepare), if made
+    persist: bool = False  # the memtables go to table files after the flush
 
 
 class RowsKept:
@@ -88,6 +94,7 @@ class BucketRows:
     """Rows by encoded key. Writes are serialised by the tablet; reads may run alongside."""
 
     batch_rows = BATCH_ROWS  # rows per write batch of a flush (tests make it small)
+    persist_from = PERSIST_FROM_BYTES  # (tests make it 0: memtables flushed with the rows)
     build_after = BUILD_AFTER  # (tests make it 0: a filter at the first put)
 
     def __init__(self, store: TabletStore, codec: RowCodec, buffer_limit: int):
@@ -95,7 +102,9 @@ class BucketRows:
         self._codec = codec
         self._limit = buffer_limit
         self._buffer = RowBuffer()
-        self._log_bytes = 0  # changelog written since the last flush: what a crash replays
+        self._log_bytes = 0  # changelog written since the last flush
+        # ... and since RocksDB's memtables were last flushed: what a crash replays
+        self._unpersisted_log = 0
         # A superset of the stored row keys, or None until made (BUILD_AFTER); a bucket
         # without rows starts with an empty one, which is exact.
         self._stored: StoredKeys | None = None if store.has_rows() else StoredKeys()
@@ -202,11 +211,14 @@ class BucketRows:
               prepared: RowBuffer | None = None) -> StagedRows:
         """What a write's rows do once its changelog batch (`log_bytes` of it) is committed:
         join the buffer (the `prepared` one, when given), and flush it when it would outgrow
-        its limit or leave more changelog than REPLAY_FACTOR buffers to replay after a crash."""
-        flush = kept.parts is None or (
+        its limit; flush it and persist RocksDB's memtables when a crash would otherwise
+        replay more changelog than REPLAY_FACTOR buffers."""
+        persist = self._unpersisted_log + log_bytes > \
+            REPLAY_FACTOR * max(self._limit, self.persist_from)
+        flush = kept.parts is None or persist or (
             kept.nbytes > 0 and (self._buffer.size_bytes + kept.nbytes > self._limit
                                  or self._log_bytes + log_bytes > REPLAY_FACTOR * self._limit))
-        return StagedRows(flush, kept.parts, log_bytes, None if flush else prepared)
+        return StagedRows(flush, kept.parts, log_bytes, None if flush else prepared, persist)
 
     def committed(self, staged: StagedRows, start: int, end: int,
                   logged: Callable[[], Iterable[tuple[KeyArray, StateBatch, KeyArray]]]) -> None:
@@ -218,6 +230,8 @@ class BucketRows:
         Either way rows reach RocksDB after the commit, in batches of their own, never in the
         changelog's batch: a crash before the last of them leaves the applied offset where it
         was, and the reopened bucket replays the write from its changelog."""
+        self._log_bytes += staged.log_bytes
+        self._unpersisted_log += staged.log_bytes
         if staged.parts is None:
             try:
                 self.flush(start)
@@ -226,17 +240,17 @@ class BucketRows:
                 # The write is committed: until a reopen replays it, reads find its rows here.
                 self._add_all(logged())
                 raise
-            return
-        self._log_bytes += staged.log_bytes
-        if staged.buffer is not None:
+        elif staged.buffer is not None:
             self._buffer = staged.buffer
-            return
-        for keys, rows, removed in staged.parts:
-            self._buffer.add(keys, rows, removed)
-        if staged.flush:
-            self.flush(end)
         else:
-            self._buffer = self._buffer.settled(self._limit)
+            for keys, rows, removed in staged.parts:
+                self._buffer.add(keys, rows, removed)
+            if staged.flush:
+                self.flush(end)
+            else:
+                self._buffer = self._buffer.settled(self._limit)
+        if staged.persist:
+            self.persist()
 
     def flush(self, applied: int) -> None:
         """Write the buffered rows to RocksDB, applied up to offset `applied` (the log end).
@@ -244,20 +258,28 @@ class BucketRows:
         A slice of `batch_rows` keys per write batch (its rows as Python bytes and in the
         batch at once took several times the buffer's size), the applied offset in the last:
         until then a crash replays every buffered row from the changelog, and readers keep
-        seeing the buffer, whose rows are the ones being written."""
+        seeing the buffer, whose rows are the ones being written. The batches skip RocksDB's
+        write-ahead log (TabletStore.commit_rows): a crash before RocksDB flushes its
+        memtables replays them from the changelog too."""
         if len(self._buffer) == 0 and self.applied_offset() == applied:
             return
         batch = None
         for keys, rows, removed in self._buffer.chunks(self.batch_rows):
             if batch is not None:
-                self._store.commit(batch)
+                self._store.commit_rows(batch)
             batch = self._store.new_batch()
             self.put_rows(batch, keys, rows, removed)
         if batch is None:
             batch = self._store.new_batch()
         TabletStore.put_int(batch, KV_APPLIED, applied)
-        self._store.commit(batch)
+        self._store.commit_rows(batch)
         self._buffer, self._log_bytes = RowBuffer(), 0
+
+    def persist(self) -> None:
+        """Put the rows RocksDB holds only in its memtables into table files: a crash then
+        replays nothing before the applied offset, and changelog entries may be deleted."""
+        self._store.persist()
+        self._unpersisted_log = 0
 
     def applied_offset(self) -> int:
         """The changelog offset RocksDB's rows are applied up to (set when the bucket is made)."""
@@ -269,9 +291,11 @@ class BucketRows:
     def replay(self, changes: Iterable[tuple[KeyArray, StateBatch, KeyArray]],
                log_end: int) -> None:
         """Rebuild the buffer from changelog changes past the last flush, oldest first: per
-        write, (upserted keys, their after-images, removed keys). Then flush."""
+        write, (upserted keys, their after-images, removed keys). Then flush and persist, so
+        a second crash does not replay them again on top of what it adds."""
         self._add_all(changes)
         self.flush(log_end)
+        self.persist()
 
     def _add_all(self, changes: Iterable[tuple[KeyArray, StateBatch, KeyArray]]) -> None:
         for keys, rows, removed in changes:
@@ -287,7 +311,7 @@ class BucketRows:
         for keys, rows, removed in changes:
             for start in range(0, max(len(keys), 1), self.batch_rows):
                 if batch is not None:
-                    self._store.commit(batch)
+                    self._store.commit_rows(batch)
                 batch = self._store.new_batch()
                 stop = min(start + self.batch_rows, len(keys))
                 self.put_rows(batch, keys.take(slice(start, stop)),
@@ -296,7 +320,7 @@ class BucketRows:
         if batch is None:
             batch = self._store.new_batch()
         TabletStore.put_int(batch, KV_APPLIED, applied)
-        self._store.commit(batch)
+        self._store.commit_rows(batch)
 
     def put_rows(self, batch: WriteBatch, keys: KeyArray, rows: StateBatch | None,
                  removed: KeyArray) -> None:

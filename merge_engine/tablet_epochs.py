@@ -99,6 +99,7 @@ class TabletEpochs:
                     f"Cannot truncate {self.name} from offset {offset}: its changelog entry "
                     f"starts at offset {cut}, below the log start {self._start}")
             self._rows.flush(self._end)  # the rows to restore are then all in RocksDB
+            self._rows.persist()  # the entries to go must not be the only copy of rows
             batch = self._store.new_batch()
             if dropped:
                 self._restore_rows(batch, [records for _, records in dropped])

@@ -76,6 +76,7 @@ class TabletLog:
             if before <= self._start:
                 return self._start
             self._rows.flush(self._end)  # the records to go may be the only copy of buffered rows
+            self._rows.persist()  # or of rows RocksDB holds only in its memtables
             batch = self._store.new_batch()
             for first, following, _ in self.log_entry_spans():
                 if following <= before:

@@ -10,9 +10,14 @@ its row buffer survives solely as changelog records. Steps:
   truncate            truncate_log(log_end_offset)
   retain              enforce_retention(tablet)  (merge_engine/log_retention.py)
   batch-rows:N        flushes write N rows per RocksDB write batch (many batches per flush)
+  persist-from:N      RocksDB's memtables are flushed to table files once the changelog
+                      reaches four buffers of at least N bytes (0: with every buffer-size
+                      flush's worth of changelog, so flushed rows survive the crash)
   die:N               end with os._exit(0) right after the N-th RocksDB commit from here on:
                       a crash at a chosen point of a write (after its changelog, between
-                      the batches of a flush)
+                      the batches of a flush); rows only in RocksDB's memtables are lost
+  die-persisted:N     the same, RocksDB's memtables flushed to table files just before (as
+                      RocksDB does when one fills up): a flush cut short leaves its rows
   follow:SOURCE:BYTES as a follower, apply the changelog entries of the bucket at SOURCE
                       (closed, of the same table) from this one's log end until caught up,
                       BYTES of entries per apply_replicated
@@ -167,18 +172,25 @@ def apply(table, op, table_spec: TableSpec | None = None) -> int:
     return op.apply(table, engine_mode(op.mode))
 
 
-def die_after_commits(tablet, count: int) -> None:
-    """Make the tablet's store end the process right after its `count`-th commit from now."""
-    store, commit, left = tablet._store, tablet._store.commit, [count]
+def die_after_commits(tablet, count: int, persisted: bool = False) -> None:
+    """Make the tablet's store end the process right after its `count`-th commit from now
+    (of the changelog's, logged, or of rows, without RocksDB's write-ahead log); `persisted`:
+    with RocksDB's memtables flushed to table files first, as RocksDB does on its own when
+    one fills up, so rows of a flush cut short survive the crash."""
+    store, left = tablet._store, [count]
 
-    def commit_then_die(batch) -> None:
-        commit(batch)
-        left[0] -= 1
-        if left[0] == 0:
-            print("died", flush=True)
-            os._exit(0)
+    def then_die(commit):
+        def commit_then_die(batch) -> None:
+            commit(batch)
+            left[0] -= 1
+            if left[0] == 0:
+                if persisted:
+                    store.db.flush(True)
+                print("died", flush=True)
+                os._exit(0)
+        return commit_then_die
 
-    store.commit = commit_then_die
+    store.commit, store.commit_rows = then_die(store.commit), then_die(store.commit_rows)
 
 
 def follow(tablet, source, max_bytes: int) -> None:
@@ -220,8 +232,11 @@ def main(argv: list[str]) -> None:
             print(f"cut {tablet.truncate_tail(int(step.split(':')[1]))}", flush=True)
         elif step.startswith("batch-rows:"):
             tablet._rows.batch_rows = int(step.split(":")[1])
-        elif step.startswith("die:"):
-            die_after_commits(tablet, int(step.split(":")[1]))
+        elif step.startswith("persist-from:"):
+            tablet._rows.persist_from = int(step.split(":")[1])
+        elif step.startswith("die:") or step.startswith("die-persisted:"):
+            kind, count = step.split(":")
+            die_after_commits(tablet, int(count), persisted=kind == "die-persisted")
         else:
             raise SystemExit(f"unknown step {step!r}")
     print(f"exit {tablet.log_end_offset}", flush=True)

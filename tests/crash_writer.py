@@ -6,7 +6,8 @@ recompute the table in plain Python. Each write carries `writer=(WRITER_ID, seq)
 first unacknowledged seq, so a write that was applied but not acknowledged before the kill is
 re-sent and must then be a no-op (idempotent writer). BUFFER_SIZE sets `table.kv.buffer-size`
 ('default' or absent: the 64 MiB default, so rows reach RocksDB only when the tablet is reopened;
-a small size such as '8kb' flushes the row buffer every few writes, so kills land in flushes too).
+a small size such as '8kb' flushes the row buffer every few writes, so kills land in flushes too;
+'8kb+persisted' also flushes RocksDB's memtables to table files that often).
 
 Protocol on stdout, one flushed line per event:
   ready <log_end_offset>          the tablet is open
@@ -34,6 +35,10 @@ ARROW_TYPES = {"id": pa.int64(), "qty": pa.int64(), "price": pa.float64(), "tag"
 PARTIAL_TARGETS = (("id", "qty", "tag"), ("id", "status"), ("id", "price", "status"), ("id", "qty"))
 DELETE_TARGETS = (("id", "tag"), ("id", "qty", "price"), ("id", "status"))
 BIG_ROWS = 4000  # large enough that a kill often lands inside put()
+# A buffer size ending in this: RocksDB's memtables are flushed to table files with every four
+# buffers' worth of changelog, so rows the writer flushed outlive its kill (without it, flushed
+# rows wait in the memtables, without RocksDB's write-ahead log, and die with the process).
+PERSISTED = "+persisted"
 
 
 def descriptor(buffer_size: str | None = None):
@@ -114,7 +119,12 @@ def main(argv: list[str]) -> None:
     path, seed, seq = argv[0], int(argv[1]), int(argv[2])
     pause = float(argv[3]) if len(argv) > 3 else 0.0
     buffer_size = argv[4] if len(argv) > 4 and argv[4] != "default" else None
+    persisted = buffer_size is not None and buffer_size.endswith(PERSISTED)
+    if persisted:
+        buffer_size = buffer_size[:-len(PERSISTED)]
     tablet = KvTablet.open(path, descriptor(buffer_size))
+    if persisted:
+        tablet._rows.persist_from = 0
     print(f"ready {tablet.log_end_offset}", flush=True)
     while True:  # until the parent kills us
         write = make_write(seed, seq)
