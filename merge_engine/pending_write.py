@@ -10,7 +10,9 @@ nothing is stored.
 A large entry is encoded (Arrow IPC, zstd) on a worker thread: Arrow lets go of the GIL while
 it encodes, so the put meanwhile merges its next slice and prepares the row buffer it will
 install after the commit (BucketRows.prepare). On the ingest benchmark's repeated keys the
-encoding of a 100,000-row put's entry took as long as that preparation.
+encoding of a 100,000-row put's entry took twice as long as that preparation, and the put
+waited for the rest: so a slice's records of SPLIT_FROM_BYTES or more become two entries
+(split between keys), encoded on two workers at once.
 """
 
 from __future__ import annotations
@@ -23,15 +25,20 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from merge_engine import changelog as log
+from merge_engine.hidden_columns import CHANGE_CODE
 from merge_engine.keys import KeyArray
 from merge_engine.rows import RowsKept
 from merge_engine.state import StateBatch
 from merge_engine.storage import END_OFFSET, TabletStore
 
+# A slice's records this large are stored as two changelog entries, encoded side by side.
+SPLIT_FROM_BYTES = 4 << 20
+
 # Shared by every bucket of the process; each write waits for its own entries only, in order.
 # Made on first use, and again in a forked child: a child inherits the pool but not its
 # threads, so work given to the inherited pool would never run.
 _encoder: ThreadPoolExecutor | None = None
+_UPDATE_BEFORE_CODE = log.CHANGE_TYPES.to_pylist().index(log.UPDATE_BEFORE)
 _encoder_lock = threading.Lock()
 
 
@@ -77,12 +84,13 @@ class PendingWrite:
         records = self._images.build_records(before, after, outcome, expired)
         if records is None:
             return
-        # A small entry is encoded here: a thread hop would cost more than the encoding.
-        data = encoder().submit(log.serialize, records) \
-            if records.nbytes >= log.COMPRESS_FROM_BYTES else log.serialize(records)
-        self._entries.append((self.end, data, records.nbytes))
-        self._last_entry = self.end
-        self.end += records.num_rows
+        for part in _entries_of(records):
+            # A small entry is encoded here: a thread hop would cost more than the encoding.
+            data = encoder().submit(log.serialize, part) \
+                if part.nbytes >= log.COMPRESS_FROM_BYTES else log.serialize(part)
+            self._entries.append((self.end, data, part.nbytes))
+            self._last_entry = self.end
+            self.end += part.num_rows
         self._changed = True
         changed = np.nonzero((outcome == log.INSERTED) | (outcome == log.UPDATED))[0]
         rows = None if not len(changed) else \
@@ -118,3 +126,15 @@ class PendingWrite:
             return None
         kept, self._kept = self._kept, RowsKept(0)
         return rows.stage(kept, self._log_bytes, prepared)
+
+
+def _entries_of(records):
+    """`records` as the changelog entries to store: one, or two halves split between keys (a
+    key's -U and +U stay in one entry) when it is SPLIT_FROM_BYTES or more."""
+    n = records.num_rows
+    if records.nbytes < SPLIT_FROM_BYTES or n < 4:
+        return [records]
+    half = n // 2
+    if records.column(CHANGE_CODE)[half - 1].as_py() == _UPDATE_BEFORE_CODE:
+        half += 1  # a -U is always followed by its +U
+    return [records.slice(0, half), records.slice(half)]

@@ -8,7 +8,8 @@ and re-puts of deleted keys, flushes (a tiny row buffer and two rows per write b
 reach RocksDB in many batches, and writes too large to keep are read back from the changelog),
 close and reopen, a crash (RocksDB closed without the flush), undo, cutting the log's tail, a
 follower applying the leader's entries and then taking over, and a bucket replaced by its
-checkpoint. Filters are made at once or only once puts have asked RocksDB enough (both
+checkpoint. Half the runs store every write's records as two changelog entries (as a large
+write's are) and flush RocksDB's memtables with the rows every few flushes. Filters are made at once or only once puts have asked RocksDB enough (both
 policies are drawn), with tiny layers so that several layers and false positives occur. After
 every step the harness compares rows, lookups, offsets and the changelog with the model, and
 every stored key must be held by a filter that exists (the superset invariant itself).
@@ -31,7 +32,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from aggfuncs import AggFunction as F
 from merge_engine import KvTablet
 from merge_engine.keys import KeyArray, key_array
-from merge_engine.rows import BucketRows
+from merge_engine import pending_write
+from merge_engine.pending_write import SPLIT_FROM_BYTES
+from merge_engine.rows import PERSIST_FROM_BYTES, BucketRows
 from merge_engine.stored_keys import StoredKeys, key_hashes
 from merge_engine.testing import ColumnSpec, Delete, Put, TableSpec
 from merge_engine.testing.harness import TabletHarness
@@ -80,8 +83,13 @@ class StoredKeysMachine(RuleBasedStateMachine):
         return f"{self.directory}/bucket-{self.paths}"
 
     @initialize(text_keys=st.booleans(), buffer_size=st.sampled_from([None, "1kb", "0"]),
-                build_after=st.sampled_from([0.0, 1.0]), capacity=st.sampled_from([4, 64]))
-    def open_bucket(self, text_keys, buffer_size, build_after, capacity):
+                build_after=st.sampled_from([0.0, 1.0]), capacity=st.sampled_from([4, 64]),
+                split=st.booleans(), persist_from=st.sampled_from([0, PERSIST_FROM_BYTES]))
+    def open_bucket(self, text_keys, buffer_size, build_after, capacity, split, persist_from):
+        # split: every write's records stored as two changelog entries (as a large one's are);
+        # persist_from 0: RocksDB's memtables flushed with every few flushes of rows
+        pending_write.SPLIT_FROM_BYTES = 0 if split else SPLIT_FROM_BYTES
+        BucketRows.persist_from = persist_from
         BucketRows.batch_rows = 2
         BucketRows.build_after = build_after
         StoredKeys.min_capacity = capacity
@@ -230,6 +238,7 @@ class StoredKeysMachine(RuleBasedStateMachine):
 
     def teardown(self):
         BucketRows.batch_rows, BucketRows.build_after, StoredKeys.min_capacity = self.saved
+        pending_write.SPLIT_FROM_BYTES, BucketRows.persist_from = SPLIT_FROM_BYTES, PERSIST_FROM_BYTES
         if self.harness is not None:
             self.harness.close()
         if self.follower is not None:
