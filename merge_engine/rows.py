@@ -165,14 +165,19 @@ class BucketRows:
 
     def lookup(self, key: KeyArray) -> StateBatch | None:
         """One key's row (`key` holds one key), or None."""
+        found = self.lookup_stored(key)
+        return self._codec.decode([found]) if isinstance(found, bytes) else found
+
+    def lookup_stored(self, key: KeyArray) -> StateBatch | bytes | None:
+        """One key's row as it is held: a one-row slice of the buffer, the stored bytes from
+        RocksDB (not decoded), or None."""
         buffer = self._buffer  # one buffer for the whole read: a flush replaces it
         found = buffer.find_one(key)
         if found == REMOVED:
             return None
         if found >= 0:
             return buffer.state(found)
-        stored = self._store.get_rows(key.to_list(ROW))[0]
-        return None if stored is None else self._codec.decode([stored])
+        return self._store.get_rows(key.to_list(ROW))[0]
 
     def buffer_copy(self) -> RowBuffer:
         """The buffered rows as they are now, unchanged by later writes (for a snapshot)."""
