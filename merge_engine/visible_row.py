@@ -60,15 +60,13 @@ class _Layout:
 
 
 class VisibleRows(_Layout):
-    """A bucket's encoder of visible rows. `codec`: its current stored row format, and
-    `aggregators` its columns' (a stored row is cut, not decoded, when every state is its
-    value)."""
+    """A bucket's encoder of visible rows. `codec`: its current stored row format;
+    `states_are_values`: whether every column's stored state is the value readers see (then a
+    stored row is cut, not decoded)."""
 
-    def __init__(self, schema: pa.Schema, aggregators, codec: RowCodec) -> None:
+    def __init__(self, schema: pa.Schema, codec: RowCodec, states_are_values: bool) -> None:
         super().__init__(schema)
-        # Only sequenced and token-keeping aggregators show states other than themselves, and
-        # both keep them in a type other than the column's.
-        self.states_are_values = all(a.state_type == t for a, t in zip(aggregators, self.types))
+        self.states_are_values = states_are_values
         self.codec = codec
         self._width = None if codec.version == VERSION else \
             codec.ncols.to_bytes(2, "little")
