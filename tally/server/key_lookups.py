@@ -9,8 +9,11 @@ followers), so no row a failover could take back is ever shown.
 function's canonical bytes (tally.wire.key_bytes) is checked and turned into the storage key
 without Arrow, any other key (an Arrow IPC stream) is checked column by column
 (tally.wire.point_keys), neither through the write-input validation; the tablet reads it
-straight from its row buffer or RocksDB as Arrow; and the answer is assembled from the schema's
-IPC message, made once per schema, and the row's one record batch.
+straight from its row buffer or RocksDB as a visible row (merge_engine.visible_row: a stored
+row's bytes less their bookkeeping, or a buffered row encoded a column at a time), answered
+behind a head made once per schema (tally.wire.lookup_answer). A table with a nested column
+is answered with its schema's IPC message, made once per schema, and the row's one record
+batch. Requests and answers carry the lookup wire version: another is a WireVersionError.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from tally.wire.messages import (FOUND_COLUMN, MAX_FRAMED_BYTES, SCAN_OFFSET_KEY
 from tally.wire.point_keys import (CANONICAL_HEAD, CANONICAL_MARK, IPC_END, VERSION_FIELD,
                                    checked_key, ipc_of_batch)
 
-_SCHEMA_MESSAGES = 64  # answer schemas' IPC messages kept
+_SCHEMA_MESSAGES = 64  # answers' heads (and IPC messages) kept, one per schema
 _DECODERS = 64  # key decoders kept, one per table routing
 
 
@@ -39,8 +42,8 @@ class KeyLookups:
 
     def __init__(self, server) -> None:
         self.server = server
-        # one per open bucket schema and table routing, in practice a few
-        # answers' heads: per visible row layout, and per schema of a table answered in Arrow
+        # one per open bucket schema and table routing, in practice a few: answers' heads per
+        # visible row layout, and per schema of a table answered in Arrow (with its message)
         self._heads = _MadeOnce(lambda visible: {
             kind: answer_head(kind, visible.fingerprint) for kind in (NO_ROW, VISIBLE_ROW)},
             _SCHEMA_MESSAGES)
@@ -52,9 +55,9 @@ class KeyLookups:
         server.raw_actions["lookup"] = self.lookup
 
     def lookup(self, request: pa.Buffer | bytes) -> bytes:
-        """The row of one key, as Arrow IPC with 0 or 1 row. `request`: CANONICAL_HEAD and
-        the key's canonical bytes, or the JSON header, '\\n', and a one-row Arrow IPC stream
-        of the primary-key columns."""
+        """The row of one key, as a lookup answer (tally.wire.lookup_answer). `request`:
+        CANONICAL_HEAD and the key's canonical bytes, or the JSON header (with VERSION_FIELD),
+        '\\n', and a one-row Arrow IPC stream of the primary-key columns."""
         if len(request) > MAX_FRAMED_BYTES:
             raise InvalidInputError(f"a lookup request of {len(request):,} bytes exceeds the "
                                     f"limit of {MAX_FRAMED_BYTES:,} bytes")
