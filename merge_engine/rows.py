@@ -165,18 +165,20 @@ class BucketRows:
 
     def lookup(self, key: KeyArray) -> StateBatch | None:
         """One key's row (`key` holds one key), or None."""
-        found = self.lookup_stored(key)
-        return self._codec.decode([found]) if isinstance(found, bytes) else found
+        found = self.lookup_held(key)
+        if isinstance(found, bytes):
+            return self._codec.decode([found])
+        return None if found is None else found[0].slice(found[1], found[1] + 1)
 
-    def lookup_stored(self, key: KeyArray) -> StateBatch | bytes | None:
-        """One key's row as it is held: a one-row slice of the buffer, the stored bytes from
-        RocksDB (not decoded), or None."""
+    def lookup_held(self, key: KeyArray) -> tuple[StateBatch, int] | bytes | None:
+        """One key's row as it is held: (a run of the buffer, the row's position in it), the
+        stored bytes from RocksDB (not decoded), or None."""
         buffer = self._buffer  # one buffer for the whole read: a flush replaces it
         found = buffer.find_one(key)
         if found == REMOVED:
             return None
         if found >= 0:
-            return buffer.state(found)
+            return buffer.place(found)
         return self._store.get_rows(key.to_list(ROW))[0]
 
     def buffer_copy(self) -> RowBuffer:

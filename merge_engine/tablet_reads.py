@@ -54,23 +54,27 @@ class TabletReads:
         cut out of its bytes when it can be, any other encoded from its visible arrays. Only
         for tablets whose schema has one (`visible_rows` is not None)."""
         self._check_open()
-        found = self._rows.lookup_stored(key)
+        found = self._rows.lookup_held(key)
         if found is None:
             return None
         rows = self.visible_rows
+        cutoff = None if self._ttl is None else self._ttl.cutoff(self._ttl.now_ms())
         if isinstance(found, bytes):
             cut = rows.of_stored(found)
             if cut is not None:
-                if self._ttl is not None and self._ttl.cutoff(self._ttl.now_ms()) >= \
-                        int.from_bytes(found[self._time_at:self._time_at + 8], "little",
-                                       signed=True):
+                if cutoff is not None and cutoff >= int.from_bytes(
+                        found[self._time_at:self._time_at + 8], "little", signed=True):
                     return None
                 return cut
-            found = self.codec.decode([found])
-        if self._ttl is not None and self._expired(found)[0]:
+            state, at = self.codec.decode([found]), 0
+        else:
+            state, at = found  # the row's run in the buffer, not sliced: a slice per column
+            # cost as much as encoding the row
+        if cutoff is not None and state.times()[at] <= cutoff:
             return None
-        return rows.of_arrays(found.columns if rows.states_are_values
-                              else self._images.visible_arrays(found))
+        if rows.states_are_values:
+            return rows.of_arrays(state.columns, at)
+        return rows.of_arrays(self._images.visible_arrays(state.slice(at, at + 1)))
 
     def lookup_many(self, keys, unwritten: bool = False) -> tuple[pa.Table, np.ndarray]:
         """The rows of many keys (a table or list of dicts of the primary-key columns), one row

@@ -84,9 +84,9 @@ class VisibleRows(_Layout):
         nulls, fixed_end, lengths = self._cuts
         return row[nulls:fixed_end] + row[lengths:]
 
-    def of_arrays(self, arrays: list) -> bytes:
-        """The visible row of one row as one-value arrays (or chunked arrays), in column
-        order."""
+    def of_arrays(self, arrays: list, row: int = 0) -> bytes:
+        """The visible row of row `row` of arrays (or chunked arrays) in column order, read
+        where it is (a slice per column cost as much as the rest)."""
         valid = 0
         fixed: list = []
         lengths: list[int] = []
@@ -95,33 +95,31 @@ class VisibleRows(_Layout):
             if isinstance(array, pa.ChunkedArray):
                 array = array.combine_chunks()
             kind, width = self.kinds[i]
-            present = array.null_count == 0
+            buffers = array.buffers()
+            at = array.offset + row
+            present = array.null_count == 0 or _bit(buffers[0], at)
             if present:
                 valid |= 1 << i
             if kind == "var":
                 if present:
-                    value = _var_value(array, width)
-                    lengths.append(len(value))
-                    values.append(value)
+                    start, end = struct.unpack_from("<qq" if width == 8 else "<ii",
+                                                    buffers[1], at * width)
+                    lengths.append(end - start)
+                    values.append(memoryview(buffers[2])[start:end] if end > start else b"")
                 else:
                     lengths.append(0)
             elif not present:
                 fixed.append(self._zeros[width])
             elif kind == "bool":
-                fixed.append(b"\x01" if array[0].as_py() else b"\x00")
+                fixed.append(b"\x01" if _bit(buffers[1], at) else b"\x00")
             else:
-                at = array.offset * width
-                fixed.append(memoryview(array.buffers()[1])[at:at + width])
+                fixed.append(memoryview(buffers[1])[at * width:(at + 1) * width])
         head = valid.to_bytes(self.bitmap_bytes, "little")
         return b"".join([head, *fixed, struct.pack(f"<{len(lengths)}I", *lengths), *values])
 
 
-def _var_value(array: pa.Array, offset_width: int):
-    """The bytes of a one-value string or binary array's value (not copied)."""
-    _, offsets, data = array.buffers()
-    start, end = struct.unpack_from("<qq" if offset_width == 8 else "<ii", offsets,
-                                    array.offset * offset_width)
-    return memoryview(data)[start:end] if data is not None else b""
+def _bit(bitmap: pa.Buffer, at: int) -> bool:
+    return bool(memoryview(bitmap)[at >> 3] >> (at & 7) & 1)
 
 
 class VisibleRowDecoder(_Layout):

@@ -106,6 +106,10 @@ def test_visible_rows_decode_to_what_arrow_gives(case):
     from_arrays = rows.of_arrays(arrays)
     stored = codec.encode(StateBatch(arrays, np.ones((1, len(arrays)), dtype=bool)))[0]
     assert rows.of_stored(stored) == from_arrays
+    # a row inside longer arrays (the row buffer's runs), read where it is
+    inside = [pa.concat_arrays([a, pa.nulls(1, a.type), a]).slice(1) for a in arrays]
+    assert rows.of_arrays(inside, 1) == from_arrays
+    assert rows.of_arrays(inside, 0) == rows.of_arrays([pa.nulls(1, a.type) for a in arrays])
     decoded = VisibleRowDecoder(schema).decode(from_arrays)
     assert list(decoded) == schema.names
     for name in schema.names:
