@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from merge_engine.rowcodec import VERSION, RowCodec, _kind
 
+
 def flat(schema: pa.Schema) -> bool:
     """Whether every column of `schema` has a visible row layout (none is nested)."""
     return all(_kind(f.type)[0] != "object" for f in schema)
