@@ -106,10 +106,14 @@ class RowBuffer:
     def state(self, row_id: int) -> StateBatch:
         """The row with this id (>= 0) as a one-row slice of its run, not a copy: a point
         lookup's read (a `take` per column costs more than the rest of the lookup)."""
+        run, at = self.place(row_id)
+        return run.slice(at, at + 1)
+
+    def place(self, row_id: int) -> tuple[StateBatch, int]:
+        """(the run holding the row with this id (>= 0), the row's position in it)."""
         runs = self._runs[:]  # a run is appended before the index points at it
         run = bisect.bisect_right(self._bases, row_id, 0, len(runs)) - 1
-        at = row_id - self._bases[run]
-        return runs[run].slice(at, at + 1)
+        return runs[run], row_id - self._bases[run]
 
     def states(self, ids: np.ndarray) -> StateBatch:
         """The rows with these ids (all >= 0), in the given order."""

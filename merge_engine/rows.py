@@ -174,14 +174,21 @@ class BucketRows:
 
     def lookup(self, key: KeyArray) -> StateBatch | None:
         """One key's row (`key` holds one key), or None."""
+        found = self.lookup_held(key)
+        if isinstance(found, bytes):
+            return self._codec.decode([found])
+        return None if found is None else found[0].slice(found[1], found[1] + 1)
+
+    def lookup_held(self, key: KeyArray) -> tuple[StateBatch, int] | bytes | None:
+        """One key's row as it is held: (a run of the buffer, the row's position in it), the
+        stored bytes from RocksDB (not decoded), or None."""
         buffer = self._buffer  # one buffer for the whole read: a flush replaces it
         found = buffer.find_one(key)
         if found == REMOVED:
             return None
         if found >= 0:
-            return buffer.state(found)
-        stored = self._store.get_rows(key.to_list(ROW))[0]
-        return None if stored is None else self._codec.decode([stored])
+            return buffer.place(found)
+        return self._store.get_rows(key.to_list(ROW))[0]
 
     def buffer_copy(self) -> RowBuffer:
         """The buffered rows as they are now, unchanged by later writes (for a snapshot)."""

@@ -45,6 +45,7 @@ from merge_engine.tablet_log import TabletLog
 from merge_engine.tablet_epochs import TabletEpochs
 from merge_engine.tablet_reads import TabletReads
 from merge_engine.tablet_replica import TabletReplica
+from merge_engine.visible_row import VisibleRows, flat
 from merge_engine.write_slices import SLICE_ROWS, key_slices
 from tally.errors import DeleteDisabledError, InvalidInputError, StorageError, StorageWriteError
 
@@ -77,6 +78,14 @@ class KvTablet(TabletReads, TabletLog, TabletExpiry, TabletReplica, TabletEpochs
         base_width = store.get_int(BASE_WIDTH, len(self.schema.columns))
         self.codec = RowLayouts(self._images.state_schema(), self.counted, timed,
                                 self.aggregators, base_width)
+        # A point lookup's answer (None: a nested column, answered as Arrow). Only sequenced
+        # and token-keeping aggregators show values other than their states, and both keep
+        # states of another type than the column's.
+        states_are_values = all(a.state_type == f.type
+                                for a, f in zip(self.aggregators, self.arrow_schema))
+        self.visible_rows = VisibleRows(self.arrow_schema, self.codec.current,
+                                        states_are_values) if flat(self.arrow_schema) else None
+        self._time_at = self.codec.current.time_offset  # a stored row's last-write time
         self.remove_on_empty = descriptor.bool_option("table.agg.remove-record-on-empty")
         merger_args = (self.aggregators, self.key_positions, self.counted)
         self._overwrite = OverwriteRowMerger(*merger_args)

@@ -49,6 +49,33 @@ class TabletReads:
             return pa.RecordBatch.from_arrays(arrays, names=self.arrow_schema.names).cast(
                 self.arrow_schema)
 
+    def lookup_visible(self, key: KeyArray) -> bytes | None:
+        """lookup_key() as a visible row (merge_engine.visible_row), or None: a stored row is
+        cut out of its bytes when it can be, any other encoded from its visible arrays. Only
+        for tablets whose schema has one (`visible_rows` is not None)."""
+        self._check_open()
+        found = self._rows.lookup_held(key)
+        if found is None:
+            return None
+        rows = self.visible_rows
+        cutoff = None if self._ttl is None else self._ttl.cutoff(self._ttl.now_ms())
+        if isinstance(found, bytes):
+            cut = rows.of_stored(found)
+            if cut is not None:
+                if cutoff is not None and cutoff >= int.from_bytes(
+                        found[self._time_at:self._time_at + 8], "little", signed=True):
+                    return None
+                return cut
+            state, at = self.codec.decode([found]), 0
+        else:
+            state, at = found  # the row's run in the buffer, not sliced: a slice per column
+            # cost as much as encoding the row
+        if cutoff is not None and state.times()[at] <= cutoff:
+            return None
+        if rows.states_are_values:
+            return rows.of_arrays(state.columns, at)
+        return rows.of_arrays(self._images.visible_arrays(state.slice(at, at + 1)))
+
     def lookup_many(self, keys, unwritten: bool = False) -> tuple[pa.Table, np.ndarray]:
         """The rows of many keys (a table or list of dicts of the primary-key columns), one row
         per key in input order, and whether each key has a row (where not, its row is

@@ -129,6 +129,11 @@ class TableRecreatedError(StaleMetadataError):
                    f"conn.table('{table}')", table, resolved_id, current_id)
 
 
+class WireVersionError(TallyError):
+    """A request or answer of another version of Tally's wire format than this side's: client
+    and server are of different Tally versions."""
+
+
 class VersionConflictError(TallyError):
     """A compare-and-set on the metadata store lost: the node changed since it was read."""
 

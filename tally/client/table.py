@@ -87,12 +87,14 @@ class Table:
                 return None
         conn = self.connection
 
-        def attempt() -> pa.Buffer:
+        def attempt() -> dict | None:
             current = conn.table_meta(self.name, table_id=self.table_id)  # fresh on a retry
             address, head = current.lookup_head(partition, bucket)
-            return conn.server(address).lookup(head + payload)
+            # read with the metadata asked with: a row of other columns (one added since)
+            # is a StaleMetadataError, and the retry reads it with refreshed metadata
+            return current.point_keys.answer_row(conn.server(address).lookup(head + payload))
 
-        return keys.answer_row(conn.retry(attempt, refresh=self.name))
+        return conn.retry(attempt, refresh=self.name)
 
     def lookup_many(self, keys):
         """The rows of many keys, aligned with them: for a list of dicts a list holding each

@@ -9,8 +9,11 @@ followers), so no row a failover could take back is ever shown.
 function's canonical bytes (tally.wire.key_bytes) is checked and turned into the storage key
 without Arrow, any other key (an Arrow IPC stream) is checked column by column
 (tally.wire.point_keys), neither through the write-input validation; the tablet reads it
-straight from its row buffer or RocksDB as Arrow; and the answer is assembled from the schema's
-IPC message, made once per schema, and the row's one record batch.
+straight from its row buffer or RocksDB as a visible row (merge_engine.visible_row: a stored
+row's bytes less their bookkeeping, or a buffered row encoded a column at a time), answered
+behind a head made once per schema (tally.wire.lookup_answer). A table with a nested column
+is answered with its schema's IPC message, made once per schema, and the row's one record
+batch. Requests and answers carry the lookup wire version: another is a WireVersionError.
 """
 
 from __future__ import annotations
@@ -19,14 +22,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from merge_engine.keys import key_array
-from tally.errors import InvalidInputError
+from merge_engine.visible_row import fingerprint
+from tally.errors import InvalidInputError, WireVersionError
 from tally.wire.key_bytes import KeyDecoder
+from tally.wire.lookup_answer import (ARROW_ROWS, LOOKUP_VERSION, NO_ROW, VISIBLE_ROW,
+                                      answer_head)
 from tally.wire.messages import (FOUND_COLUMN, MAX_FRAMED_BYTES, SCAN_OFFSET_KEY, field,
                                  table_to_ipc, unframe)
-from tally.wire.point_keys import (CANONICAL_HEAD, CANONICAL_MARK, IPC_END, checked_key,
-                                   ipc_of_batch)
+from tally.wire.point_keys import (CANONICAL_HEAD, CANONICAL_MARK, IPC_END, VERSION_FIELD,
+                                   checked_key, ipc_of_batch)
 
-_SCHEMA_MESSAGES = 64  # answer schemas' IPC messages kept
+_SCHEMA_MESSAGES = 64  # answers' heads (and IPC messages) kept, one per schema
 _DECODERS = 64  # key decoders kept, one per table routing
 
 
@@ -36,17 +42,22 @@ class KeyLookups:
 
     def __init__(self, server) -> None:
         self.server = server
-        # one per open bucket schema and table routing, in practice a few
-        self._schema_messages = _MadeOnce(lambda schema: schema.serialize().to_pybytes(),
-                                          _SCHEMA_MESSAGES)
+        # one per open bucket schema and table routing, in practice a few: answers' heads per
+        # visible row layout, and per schema of a table answered in Arrow (with its message)
+        self._heads = _MadeOnce(lambda visible: {
+            kind: answer_head(kind, visible.fingerprint) for kind in (NO_ROW, VISIBLE_ROW)},
+            _SCHEMA_MESSAGES)
+        self._arrow_heads = _MadeOnce(lambda schema: (
+            answer_head(ARROW_ROWS, fingerprint(schema)), schema.serialize().to_pybytes()),
+            _SCHEMA_MESSAGES)
         self._decoders = _MadeOnce(KeyDecoder, _DECODERS)
         server.binary_actions["lookup_many"] = self.lookup_many
         server.raw_actions["lookup"] = self.lookup
 
     def lookup(self, request: pa.Buffer | bytes) -> bytes:
-        """The row of one key, as Arrow IPC with 0 or 1 row. `request`: CANONICAL_HEAD and
-        the key's canonical bytes, or the JSON header, '\\n', and a one-row Arrow IPC stream
-        of the primary-key columns."""
+        """The row of one key, as a lookup answer (tally.wire.lookup_answer). `request`:
+        CANONICAL_HEAD and the key's canonical bytes, or the JSON header (with VERSION_FIELD),
+        '\\n', and a one-row Arrow IPC stream of the primary-key columns."""
         if len(request) > MAX_FRAMED_BYTES:
             raise InvalidInputError(f"a lookup request of {len(request):,} bytes exceeds the "
                                     f"limit of {MAX_FRAMED_BYTES:,} bytes")
@@ -55,15 +66,20 @@ class KeyLookups:
         if data.startswith(CANONICAL_MARK):
             if len(data) < CANONICAL_HEAD.size:
                 raise InvalidInputError("a lookup request ends inside its head")
-            _, table_id, partition_id, bucket = CANONICAL_HEAD.unpack_from(data)
+            _, version, table_id, partition_id, bucket = CANONICAL_HEAD.unpack_from(data)
+            _check_version(version)
             hosted = server.tablet(table_id, partition_id, bucket)
             key = self._decoders.get(hosted.routing).storage_key(
                 data[CANONICAL_HEAD.size:], bucket, hosted.partition, _Label(hosted))
         else:
+            if data[:1] == b"\x00":  # a canonical head, but not this version's
+                raise WireVersionError("a lookup request of another version of Tally's wire "
+                                       "format: client and server are of different versions")
             # read (and bounded) before any bucket is touched
             header, payload = unframe(data, "a lookup request", max_rows=1)
             if not isinstance(header, dict):
                 raise InvalidInputError("lookup must start with a JSON object")
+            _check_version(header.get(VERSION_FIELD))
             if payload is None or payload.num_rows != 1:
                 raise InvalidInputError("a lookup carries exactly one key")
             hosted = server.addressed(header)
@@ -72,12 +88,16 @@ class KeyLookups:
         lead = server.leadership(hosted)
         with hosted.lock:
             tablet = hosted.tablet
-            row = tablet.lookup_key(key)
+            visible = tablet.visible_rows
+            row = tablet.lookup_key(key) if visible is None else tablet.lookup_visible(key)
             seen = tablet.log_end_offset
             schema = tablet.arrow_schema
         lead.wait_replicated(seen, writing=False)
-        message = self._schema_messages.get(schema)
-        return message + IPC_END if row is None else ipc_of_batch(message, row)
+        if visible is not None:
+            heads = self._heads.get(visible)
+            return heads[NO_ROW] if row is None else heads[VISIBLE_ROW] + row
+        head, message = self._arrow_heads.get(schema)
+        return head + (message + IPC_END if row is None else ipc_of_batch(message, row))
 
     def lookup_many(self, header: dict, payload: pa.Table | None) -> bytes:
         """The rows of up to MAX_LOOKUP_KEYS keys of one bucket, one per key in input order,
@@ -101,6 +121,13 @@ class KeyLookups:
             + [found], schema=rows.schema.append(pa.field(FOUND_COLUMN, pa.bool_(), False)))
         return table_to_ipc(rows.replace_schema_metadata(
             {SCAN_OFFSET_KEY: str(offset).encode()}))
+
+
+def _check_version(version) -> None:
+    if version != LOOKUP_VERSION:
+        raise WireVersionError(f"a lookup request of wire version {version}; this server "
+                               f"speaks version {LOOKUP_VERSION}: client and server are of "
+                               f"different Tally versions")
 
 
 class _Label:

@@ -74,7 +74,7 @@ class FlightChannel:
 
     def lookup(self, request: bytes) -> pa.Buffer:
         """The `lookup` action: a request made by tally.wire.point_keys in (a head naming the
-        bucket, then the key), the answer's Arrow IPC bytes (0 or 1 row) out."""
+        bucket, then the key), the answer's bytes (tally.wire.lookup_answer) out."""
         try:
             results = list(self._client.do_action(flight.Action("lookup", request),
                                                   self._options))

@@ -20,17 +20,20 @@ import pyarrow as pa
 from tally.errors import InvalidInputError
 from tally.wire import key_bytes
 from tally.wire.bucket_hash import bucket_ids, fnv_fmix
-from tally.wire.messages import dumps, ipc_to_table
+from tally.wire.lookup_answer import LOOKUP_VERSION, LookupAnswers
+from tally.wire.messages import dumps
 from tally.wire.routing import TableRouting, partition_names
 
 # The end-of-stream marker of the Arrow IPC stream format (a continuation token, length 0).
 IPC_END = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 # A lookup whose key travels as canonical bytes (tally.wire.key_bytes) starts with this head,
-# not with JSON (whose text never starts with a NUL byte): a marker, then the table id, the
-# partition id and the bucket as little-endian int64s; the key's bytes follow. Any other lookup
-# is the JSON header, '\n', and the key as an Arrow IPC stream.
-CANONICAL_MARK = b"\x00TLK"
-CANONICAL_HEAD = struct.Struct("<4sqqq")
+# not with JSON (whose text never starts with a NUL byte): a marker, the lookup wire version
+# (one byte), then the table id, the partition id and the bucket as little-endian int64s; the
+# key's bytes follow. Any other lookup is the JSON header (holding VERSION_FIELD), '\n', and the
+# key as an Arrow IPC stream.
+CANONICAL_MARK = b"\x00TLV"
+CANONICAL_HEAD = struct.Struct("<4sBqqq")
+VERSION_FIELD = "lookup_version"
 
 
 def ipc_of_batch(schema_message: bytes, batch: pa.RecordBatch) -> bytes:
@@ -49,8 +52,7 @@ class PointKeys:
                                  for c in self.names])
         self._integer = [pa.types.is_integer(f.type) for f in self.schema]
         self._schema_message = self.schema.serialize().to_pybytes()
-        self._answer_schema = routing.arrow_schema
-        self._answer_message = routing.arrow_schema.serialize()
+        self.answers = LookupAnswers(routing.arrow_schema)
         self.canonical = key_bytes.canonical_keys(routing)
         self._plain = key_bytes.PlainValues(routing) \
             if self.canonical and not routing.partitioned else None
@@ -81,9 +83,9 @@ class PointKeys:
         """The bytes a lookup request to `route` (a tally.client.metadata.Route of this
         routing) starts with; its key follows."""
         if self.canonical:
-            return CANONICAL_HEAD.pack(CANONICAL_MARK, route.table_id, route.partition_id,
-                                       route.bucket)
-        return dumps(route.header()) + b"\n"
+            return CANONICAL_HEAD.pack(CANONICAL_MARK, LOOKUP_VERSION, route.table_id,
+                                       route.partition_id, route.bucket)
+        return dumps({**route.header(), VERSION_FIELD: LOOKUP_VERSION}) + b"\n"
 
     def key_batch(self, key: dict) -> pa.RecordBatch:
         """`key` (a dict holding at least the primary-key columns; others are ignored, so a
@@ -111,21 +113,8 @@ class PointKeys:
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
     def answer_row(self, answer: pa.Buffer) -> dict | None:
-        """The row of a lookup's answer (Arrow IPC, 0 or 1 row), or None. An answer in the
-        table's schema as this client knows it (the bytes of its schema message equal) has
-        only its record batch decoded; any other (a column added since) is read whole."""
-        head = self._answer_message
-        try:
-            if answer.size >= head.size and answer.slice(0, head.size).equals(head):
-                rest = answer.slice(head.size)
-                if rest.size == len(IPC_END):
-                    return None
-                batch = pa.ipc.read_record_batch(rest, self._answer_schema)
-            else:
-                batch = ipc_to_table(answer)
-        except (pa.ArrowException, OSError) as e:
-            raise InvalidInputError(f"malformed Arrow IPC payload: {e}") from None
-        return batch.to_pylist()[0] if batch.num_rows else None
+        """The row of a lookup's answer (tally.wire.lookup_answer), or None."""
+        return self.answers.row(answer)
 
 
 def checked_key(routing: TableRouting, key: pa.Table | pa.RecordBatch, bucket: int,

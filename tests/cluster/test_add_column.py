@@ -51,6 +51,25 @@ def test_a_column_added_to_a_live_table(conn):
                                                            (3, "tags")]
 
 
+def test_a_handle_from_before_a_column_was_added_looks_up_the_new_columns(conn, cluster):
+    """A lookup answer's row carries the fingerprint of its columns: a handle whose metadata
+    predates the column (its connection never heard of it) reads it after a refresh, never as
+    a row of the old layout. Rows stored before (an older row layout) and written after both
+    answer right."""
+    from tally import client
+
+    table = make_table(conn)
+    write(table, [{"k": k, "a": k, "b": -k} for k in range(3)])
+    assert table.lookup({"k": 1}) == {"k": 1, "a": 1, "b": -1}  # metadata cached
+    with client.connect(cluster.url, retry_timeout=60) as other:
+        other.admin.add_column(table.name, "d", pa.float64(), agg="max")
+        write(other.table(table.name), [{"k": 2, "a": 1, "b": 0, "d": 0.5}])
+    assert "d" not in table.meta.routing.arrow_schema.names  # still the old metadata
+    assert table.lookup({"k": 1}) == {"k": 1, "a": 1, "b": -1, "d": None}
+    assert table.lookup({"k": 2}) == {"k": 2, "a": 3, "b": 0, "d": 0.5}
+    assert table.lookup({"k": 7}) is None
+
+
 @pytest.mark.parametrize("args, kwargs, error", [
     (("a", pa.int64()), {"agg": "sum"}, SchemaError),                # an existing name
     (("s", pa.string()), {"agg": "sum"}, InvalidAggFunctionError),   # a type sum refuses

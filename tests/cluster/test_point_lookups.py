@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 import tally
 from tally.errors import InvalidInputError
 from tally.wire.messages import dumps, frame
-from tally.wire.point_keys import CANONICAL_HEAD, CANONICAL_MARK, PointKeys
+from tally.wire.lookup_answer import LOOKUP_VERSION
+from tally.wire.point_keys import CANONICAL_HEAD, CANONICAL_MARK, VERSION_FIELD, PointKeys
 from tests.cluster.conftest import private_cluster
 
 _names = itertools.count()
@@ -190,7 +191,8 @@ def _send(conn, table, header_extra: dict, key: pa.Table | None, raw: bytes | No
     """A lookup request as a client would not send it, to the server of bucket 0."""
     partition = "d1" if table.meta.routing.partitioned else None
     route = conn.route(table.name, partition, 0, table.table_id)
-    body = raw if raw is not None else frame({**route.header(), **header_extra}, key)
+    body = raw if raw is not None else frame({**route.header(), VERSION_FIELD: LOOKUP_VERSION,
+                                              **header_extra}, key)
     return conn.server(route.address).lookup(body)
 
 
@@ -224,9 +226,11 @@ def test_the_server_refuses_bad_keys_naming_the_column(conn):
             _send(conn, table, {}, key)
     with pytest.raises(InvalidInputError, match="exactly one key"):
         _send(conn, table, {}, None, raw=dumps({"table_id": table.table_id,
-                                                 "partition_id": 0, "bucket": 0}))
+                                                 "partition_id": 0, "bucket": 0,
+                                                 VERSION_FIELD: LOOKUP_VERSION}))
     with pytest.raises(InvalidInputError, match="malformed Arrow IPC"):
-        _send(conn, table, {}, None, raw=dumps({"table_id": table.table_id}) + b"\nnot arrow")
+        _send(conn, table, {}, None, raw=dumps({"table_id": table.table_id, VERSION_FIELD: LOOKUP_VERSION})
+              + b"\nnot arrow")
 
 
 def test_decimal_and_binary_keys_survive_exactly(conn):
@@ -264,8 +268,8 @@ def test_the_server_refuses_bad_canonical_keys_naming_the_column(conn):
     server = conn.server(route.address)
 
     def ask(key: bytes, head: bytes | None = None):
-        head = head or CANONICAL_HEAD.pack(CANONICAL_MARK, route.table_id, route.partition_id,
-                                           route.bucket)
+        head = head or CANONICAL_HEAD.pack(CANONICAL_MARK, LOOKUP_VERSION, route.table_id,
+                                           route.partition_id, route.bucket)
         return keys.answer_row(server.lookup(head + key))
 
     def text(value: bytes) -> bytes:
@@ -292,5 +296,5 @@ def test_the_server_refuses_bad_canonical_keys_naming_the_column(conn):
     other = conn.route(table.name, "d1", 1, table.table_id)
     with pytest.raises(InvalidInputError, match="belongs to bucket 0"):  # sent to bucket 1
         conn.server(other.address).lookup(CANONICAL_HEAD.pack(
-            CANONICAL_MARK, other.table_id, other.partition_id, 1)
+            CANONICAL_MARK, LOOKUP_VERSION, other.table_id, other.partition_id, 1)
             + text(b"d1") + number(in_bucket))
