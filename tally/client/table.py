@@ -76,8 +76,8 @@ class Table:
     def lookup(self, key: dict) -> dict | None:
         """The row with this primary key, or None. `key` holds the primary-key columns (other
         entries are ignored); a missing or null key column, or a value its column cannot
-        take, is an InvalidInputError naming the column. Only acknowledged rows are answered
-        (see docs/reading.md)."""
+        take, is an InvalidInputError naming the column. Only committed rows (below the
+        bucket's high watermark, which a failover keeps) are answered."""
         meta = self.meta
         keys = meta.point_keys
         partition, bucket, payload = keys.prepare(key)
