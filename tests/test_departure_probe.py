@@ -50,6 +50,14 @@ def closed_address() -> str:
     return f"grpc://127.0.0.1:{port}"
 
 
+def refusing() -> socket.socket:
+    """A port bound and held but never listened on: connections to it are refused, and, unlike
+    a port closed again, no other process can take it while the test runs."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
 def address_of(sock: socket.socket) -> str:
     return f"grpc://127.0.0.1:{sock.getsockname()[1]}"
 
@@ -151,7 +159,8 @@ def test_a_pass_ends_exactly_the_late_servers_that_refuse(servers, lateness):
                 sockets.append(listening())
                 address = address_of(sockets[-1])
             elif state == "closed":
-                address = closed_address()
+                sockets.append(refusing())
+                address = address_of(sockets[-1])
             else:
                 address = f"grpc://ts-{i}.invalid:5000"
             liveness.heartbeat(sid, address)
