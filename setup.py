@@ -1,4 +1,4 @@
-"""The native modules (Cython: aggfuncs.group_joins, merge_engine.string_gather,
+"""The native modules (Cython: aggfuncs.group_joins, aggfuncs.string_gather, aggfuncs.stored_folds,
 merge_engine.row_bytes, merge_engine.row_gather); everything else is in pyproject.toml.
 
 `pip install -e .` (scripts/setup.sh) compiles them with the machine's C compiler and Python
@@ -9,6 +9,7 @@ from setuptools import Extension, setup
 
 setup(ext_modules=cythonize(
     [Extension(name, [name.replace(".", "/") + ".pyx"], extra_compile_args=["-O3"])
-     for name in ("aggfuncs.group_joins", "merge_engine.string_gather", "merge_engine.row_bytes",
+     for name in ("aggfuncs.group_joins", "aggfuncs.string_gather", "aggfuncs.stored_folds",
+                  "merge_engine.row_bytes",
                   "merge_engine.row_gather")],
     language_level=3))

@@ -7,10 +7,13 @@ import pyarrow as pa
 
 import pyarrow.compute as pc
 
+from aggfuncs import stored_folds
 from aggfuncs.base import (Aggregator, stored_contributions, take_clamped, take_or_null,
                            valid_mask)
+from aggfuncs.fixed_width import array_of, numpy_dtype, validity_of, values_of
 from aggfuncs.functions import AggFunction
 from aggfuncs.segments import Segments
+from aggfuncs.string_rows import is_string, take_rows
 
 
 class LastValueAggregator(Aggregator):
@@ -45,8 +48,21 @@ class LastValueIgnoreNullsAggregator(Aggregator):
         return take_or_null(states, segments.pick(written & valid_mask(states), last=True))
 
     def fold_onto(self, stored, stored_written, states, segments) -> pa.Array | None:
-        """The inputs' last non-null value, else the stored cell."""
-        picked = segments.pick(valid_mask(states), last=True)
+        """The inputs' last non-null value, else the stored cell: fixed-width values and
+        strings picked from the two arrays at once, without Arrow's take and if_else."""
+        picked = stored_folds.last_valid(validity_of(states),
+                                         np.ascontiguousarray(segments.group_ids), len(stored))
+        found = picked >= 0
+        dtype = numpy_dtype(states.type)
+        if stored.type == states.type and dtype is not None:
+            values = values_of(stored, dtype).copy()
+            held = validity_of(stored, stored_written).copy()
+            values[found] = values_of(states, dtype)[picked[found]]
+            held[found] = 1
+            return array_of(values, held, stored.type)
+        base = stored_contributions(stored, stored_written)
+        if stored.type == states.type and is_string(states.type):
+            rows = np.where(found, picked, np.arange(len(stored), dtype=np.int64))
+            return take_rows([base, states], found.astype(np.int64), rows, stored.type)
         # where no input is picked the stored cell is chosen: index 0 there is never read
-        return pc.if_else(pa.array(picked >= 0), take_clamped(states, picked),
-                          stored_contributions(stored, stored_written))
+        return pc.if_else(pa.array(found), take_clamped(states, picked), base)

@@ -12,7 +12,9 @@ import pyarrow as pa
 
 import pyarrow.compute as pc
 
+from aggfuncs import stored_folds
 from aggfuncs.base import stored_contributions, take_clamped, valid_mask
+from aggfuncs.fixed_width import array_of, numpy_dtype, validity_of, values_of
 from aggfuncs.segments import Segments
 
 
@@ -93,8 +95,16 @@ def pick_extreme(
 def extreme_onto(stored: pa.Array, stored_written: np.ndarray, states: pa.Array,
                  segments: Segments, largest: bool) -> pa.Array | None:
     """Aggregator.fold_onto for max and min: the inputs' extreme per group against the stored
-    cell, which wins ties (it came first). Numbers, dates and times only (numpy keys); None
-    for other types."""
+    cell, which wins ties (it came first). Fixed-width numbers in one compiled pass
+    (aggfuncs.stored_folds); other numbers, dates and times with numpy keys; None for other
+    types."""
+    dtype = numpy_dtype(states.type)
+    if dtype is not None and stored.type == states.type:
+        best = values_of(stored, dtype).copy()
+        held = validity_of(stored, stored_written).copy()
+        stored_folds.extreme_onto(best, held, values_of(states, dtype), validity_of(states),
+                                  np.ascontiguousarray(segments.group_ids), largest)
+        return array_of(best, held, stored.type)
     keys = _numeric_key(states)
     if keys is None:
         return None

@@ -8,8 +8,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from aggfuncs import stored_folds
 from aggfuncs.base import (Aggregator, numeric_values, stored_contributions, valid_mask,
                            with_nulls)
+from aggfuncs.fixed_width import array_of, numpy_dtype, validity_of, values_of
 from aggfuncs.functions import AggFunction
 from aggfuncs.numeric import (NUMERIC_TYPE_NAMES, check_result, each_contribution_breaks,
                               fold_numeric, integer_bounds, is_numeric, sum_run_breaks)
@@ -57,6 +59,8 @@ class SumAggregator(Aggregator):
         floats (a left fold from the stored value) and decimals: None."""
         if not pa.types.is_integer(self.type) or self.type == pa.uint64():
             return None
+        if stored.type == self.type and states.type == self.type:
+            return self._sum_onto(stored, stored_written, states, segments)
         base = stored_contributions(stored, stored_written)
         start = numeric_values(base).astype(np.int64)
         inputs = numeric_values(states).astype(np.int64)
@@ -68,6 +72,19 @@ class SumAggregator(Aggregator):
         total, _ = segments.reduce(np.add, inputs)
         has = valid_mask(base) | segments.any(valid_mask(states))
         return with_nulls((start + total).astype(self.type.to_pandas_dtype()), has, self.type)
+
+    def _sum_onto(self, stored, stored_written, states, segments) -> pa.Array | None:
+        """fold_onto in one compiled pass (aggfuncs.stored_folds): it checks every running
+        value against the column's range, so it declines only where a step leaves it."""
+        dtype = numpy_dtype(self.type)
+        held = validity_of(stored, stored_written).copy()
+        total = values_of(stored, dtype).astype(np.int64)
+        total[held == 0] = 0
+        low, high = integer_bounds(self.type)
+        if not stored_folds.sum_onto(total, held, values_of(states, dtype), validity_of(states),
+                                     np.ascontiguousarray(segments.group_ids), low, high):
+            return None
+        return array_of(total.astype(dtype), held, self.type)
 
     def run_breaks(self, states: pa.Array, runs: Segments) -> np.ndarray | None:
         if pa.types.is_floating(self.type):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
@@ -28,11 +29,17 @@ load_profile()
 
 ONTO = (F.SUM, F.MAX, F.MIN, F.LAST_VALUE_IGNORE_NULLS, F.STRING_AGG)
 MIXED = ONTO * 3 + (F.COUNT, F.PRODUCT, F.LAST_VALUE, F.FIRST_VALUE, F.ARRAY_AGG, F.BOOL_OR)
+# Every width and kind the compiled folds (aggfuncs.stored_folds) take, and some they do not.
+ORDERED = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32(),
+           pa.uint64(), pa.float32(), pa.float64(), pa.string(), pa.date32(),
+           pa.timestamp("us"), pa.decimal128(5, 2)]
 TYPES = {
-    F.SUM: [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.float64()],
-    F.MAX: [pa.int8(), pa.int64(), pa.float32(), pa.float64(), pa.string(), pa.date32()],
-    F.MIN: [pa.int8(), pa.int64(), pa.float32(), pa.float64(), pa.string(), pa.date32()],
-    F.LAST_VALUE_IGNORE_NULLS: [pa.int64(), pa.string(), pa.float64()],
+    F.SUM: [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint32(), pa.uint64(),
+            pa.float64()],
+    F.MAX: ORDERED,
+    F.MIN: ORDERED,
+    F.LAST_VALUE_IGNORE_NULLS: [pa.int8(), pa.int64(), pa.uint16(), pa.string(), pa.float32(),
+                                pa.float64(), pa.date32(), pa.timestamp("us"), pa.bool_()],
     F.STRING_AGG: [pa.string()],
 }
 
@@ -122,3 +129,36 @@ def test_the_ingest_shape_onto_stored_rows_matches_the_model(tmp_path):
     with TabletHarness(spec, tmp_path) as harness:
         for n, arrow in ((200, True), (300, False), (150, True)):
             harness.apply(Put(rows(n), arrow=arrow))
+
+
+def test_the_compiled_folds_refuse_groups_outside_the_stored_cells():
+    """A group past the stored cells would write outside them: refused before any row is
+    read, as are validity arrays of another length."""
+    from aggfuncs import stored_folds
+
+    best, held = np.zeros(2, dtype=np.int64), np.zeros(2, dtype=np.uint8)
+    one = np.ones(1, dtype=np.uint8)
+    with pytest.raises(IndexError):
+        stored_folds.extreme_onto(best, held, np.ones(1, dtype=np.int64), one,
+                                  np.array([2], dtype=np.int64), True)
+    with pytest.raises(IndexError):
+        stored_folds.sum_onto(best, held, np.ones(1, dtype=np.int64), one,
+                              np.array([-1], dtype=np.int64), -10, 10)
+    with pytest.raises(IndexError):
+        stored_folds.last_valid(one, np.array([5], dtype=np.int64), 2)
+    with pytest.raises(ValueError):
+        stored_folds.extreme_onto(best, held, np.ones(2, dtype=np.int64), one,
+                                  np.zeros(2, dtype=np.int64), True)
+    assert not held.any() and not best.any()
+
+
+def test_a_sum_step_outside_the_column_declines_the_compiled_fold():
+    """int8: 120 + 10 leaves the range even though - 20 would bring it back; the compiled
+    fold declines and the exact fold (which refuses the write) decides."""
+    agg = make_aggregator(F.SUM, "v", pa.int8(), {})
+    onto = agg.fold_onto(pa.array([120], type=pa.int8()), np.ones(1, dtype=bool),
+                         pa.array([10, -20], type=pa.int8()), Segments(np.zeros(2, np.int64), 1))
+    assert onto is None
+    within = agg.fold_onto(pa.array([120], type=pa.int8()), np.ones(1, dtype=bool),
+                           pa.array([-20, 10], type=pa.int8()), Segments(np.zeros(2, np.int64), 1))
+    assert within.to_pylist() == [110]

@@ -1,4 +1,4 @@
-"""The row buffer's and the changelog's gather of strings (merge_engine.string_gather through
+"""The row buffer's and the changelog's gather of strings (aggfuncs.string_gather through
 StateBatch and take_rows) against Arrow's own take: slices (offsets not at 0), nulls, empty
 and long strings, string and large_string, several arrays, and rows outside their array
 refused before any byte is read."""
@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from merge_engine.state import StateBatch, take_rows
+from aggfuncs.string_rows import take_rows
+from merge_engine.state import StateBatch
 from merge_engine.testing.profiles import examples
 
 texts = st.one_of(st.none(), st.text(max_size=3), st.text(min_size=15, max_size=40))
@@ -67,7 +68,7 @@ def test_a_row_outside_its_array_is_refused(source, row):
 
 
 def test_offsets_past_the_bytes_are_refused():
-    from merge_engine.string_gather import gather_strings
+    from aggfuncs.string_gather import gather_strings
 
     offsets, data = np.array([0, 1, 9], dtype=np.int32), np.frombuffer(b"ab", dtype=np.uint8)
     with pytest.raises(ValueError):

@@ -104,6 +104,10 @@ def values_of(arrow_type: pa.DataType, nulls: bool = True) -> st.SearchStrategy:
     """Non-key values of an Arrow type, as `to_pylist()` gives them (nulls included)."""
     if arrow_type in INT_TYPES:
         base = _ints(arrow_type)
+    elif pa.types.is_unsigned_integer(arrow_type):
+        high = (1 << arrow_type.bit_width) - 1
+        base = st.one_of(st.integers(0, 3), st.sampled_from([high, high - 1]),
+                         st.integers(0, high))
     elif pa.types.is_floating(arrow_type):
         base = _floats(arrow_type)
     elif pa.types.is_decimal(arrow_type):
