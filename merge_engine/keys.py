@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from merge_engine.key_groups import group_sorted
 from tally.errors import InvalidInputError
 
 
@@ -209,23 +210,10 @@ def group_keys(key_columns: list[pa.Array]) -> tuple[KeyArray, np.ndarray, np.nd
 
 
 def _sorted_groups(keys: KeyArray) -> tuple[KeyArray, np.ndarray, np.ndarray]:
-    """group_keys() of uint64 keys: one unstable argsort (several times faster than the stable
-    one np.unique needs for first rows), then each group's first row as the least row number
-    among its sorted positions."""
-    search = keys.search
-    order = np.argsort(search)
-    ordered = search[order]
-    starts_group = np.empty(len(search), dtype=bool)
-    starts_group[:1] = True
-    np.not_equal(ordered[1:], ordered[:-1], out=starts_group[1:])
-    group_ids = np.empty(len(search), dtype=np.int64)
-    if starts_group.all():  # every row its own key
-        group_ids[order] = np.arange(len(search))
-        return KeyArray(ordered, keys.width), group_ids, order.astype(np.int64)
-    starts = np.flatnonzero(starts_group)
-    group_ids[order] = np.cumsum(starts_group) - 1
-    firsts = np.minimum.reduceat(order, starts).astype(np.int64)
-    return KeyArray(ordered[starts], keys.width), group_ids, firsts
+    """group_keys() of uint64 keys: one stable radix sort (merge_engine.key_groups), whose
+    order also gives each group's first row."""
+    distinct, group_ids, firsts = group_sorted(np.ascontiguousarray(keys.search))
+    return KeyArray(distinct, keys.width), group_ids, firsts
 
 
 def encode_keys(key_columns: list[pa.Array]) -> list[bytes]:
