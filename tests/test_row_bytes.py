@@ -51,3 +51,20 @@ def test_parts_that_do_not_fit_their_rows_are_refused():
     heads = np.zeros((3, 2), dtype=np.uint8)
     with pytest.raises(ValueError, match="part 0 has 2 values for 3 rows"):
         join_rows(heads, [pa.array([b"a", b"b"], pa.large_binary())])
+
+
+@settings(max_examples=examples(200))
+@given(st.integers(0, 40), st.integers(1, 20), st.data())
+def test_row_bits_pack_and_unpack_as_numpy_does_along_rows(rows, columns, data):
+    """The stored rows' written and valid bits: packed flat after padding each row to whole
+    bytes, the same bytes as numpy's packing along the rows, and back."""
+    from merge_engine.rowcodec import pack_row_bits, unpack_row_bits
+
+    flat = data.draw(st.lists(st.booleans(), min_size=rows * columns, max_size=rows * columns))
+    bits = np.array(flat, dtype=bool).reshape(rows, columns)
+    packed = pack_row_bits(bits)
+    assert packed.tobytes() == np.packbits(bits, axis=1, bitorder="little").tobytes()
+    assert packed.shape == (rows, -(-columns // 8))
+    unpacked = unpack_row_bits(packed)
+    assert np.array_equal(unpacked, np.unpackbits(packed, axis=1, bitorder="little"))
+    assert np.array_equal(unpacked[:, :columns].astype(bool), bits)
