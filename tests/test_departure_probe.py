@@ -41,15 +41,6 @@ def listening() -> socket.socket:
     return sock
 
 
-def closed_address() -> str:
-    """The address of a port nothing listens on (bound, then closed)."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    return f"grpc://127.0.0.1:{port}"
-
-
 def refusing() -> socket.socket:
     """A port bound and held but never listened on: connections to it are refused, and, unlike
     a port closed again, no other process can take it while the test runs."""
@@ -60,6 +51,17 @@ def refusing() -> socket.socket:
 
 def address_of(sock: socket.socket) -> str:
     return f"grpc://127.0.0.1:{sock.getsockname()[1]}"
+
+
+_HELD: list[socket.socket] = []
+
+
+def closed_address() -> str:
+    """The address of a port nothing listens on: a refusing() port held for the rest of the
+    run (a port closed again could be taken by a parallel test and answer)."""
+    sock = refusing()
+    _HELD.append(sock)
+    return address_of(sock)
 
 
 def test_a_closed_port_refuses_and_a_listening_one_does_not():
