@@ -26,7 +26,6 @@ INSERT, UPDATE_BEFORE, UPDATE_AFTER, DELETE = "+I", "-U", "+U", "-D"
 UNCHANGED, INSERTED, UPDATED, REMOVED = 0, 1, 2, 3
 
 CHANGE_TYPES = pa.array([INSERT, UPDATE_BEFORE, UPDATE_AFTER, DELETE], type=pa.string())
-_IMAGE_TYPES = pa.array([INSERT, UPDATE_AFTER, DELETE])  # the records that show a row's state
 
 
 class Images:
@@ -206,11 +205,13 @@ class Images:
             for i in self.sequenced:
                 columns[i] = sequences.field(names[i])
         written = np.ones((records.num_rows, len(names)), dtype=bool)
-        unwritten = records.column(UNWRITTEN).to_pylist()
-        position = {names[p]: p for p in self.value_positions}
-        for row, missing in enumerate(unwritten):
-            for name in missing or ():
-                written[row, position[name]] = False
+        unwritten = records.column(UNWRITTEN).combine_chunks()
+        missing = pc.list_flatten(unwritten)
+        if len(missing):  # most images have every cell written: no pass over the rows
+            position = {names[p]: p for p in self.value_positions}
+            rows = pc.list_parent_indices(unwritten).to_numpy(zero_copy_only=False)
+            cells = [position[name] for name in missing.to_pylist()]
+            written[rows, cells] = False
         counts = np.zeros(written.shape, dtype=np.int64)
         if self.counted and records.num_rows:
             flat = records.column(CONTRIBUTIONS).combine_chunks().flatten().to_numpy()
@@ -222,13 +223,16 @@ class Images:
 
     def row_changes(self, records: pa.Table, primary_key) -> tuple[KeyArray, StateBatch, KeyArray]:
         """(upserted keys, their after-images as states, removed keys) of one write's records:
-        what replaying them does to the rows."""
-        images = records.filter(pc.is_in(records.column(CHANGE_TYPE), _IMAGE_TYPES))
-        keys = key_array([images.column(k).combine_chunks() for k in primary_key])
-        deleted = pc.equal(images.column(CHANGE_TYPE), DELETE).to_numpy(zero_copy_only=False)
-        kept = np.nonzero(~deleted)[0]
-        return (keys.take(kept), self.to_state(images).take(kept),
-                keys.take(np.nonzero(deleted)[0]))
+        what replaying them does to the rows. The after-images are taken from the records
+        once (a filter of the images and then a take of the upserts copied the strings
+        twice)."""
+        change = records.column(CHANGE_TYPE)
+        upserted = pc.or_(pc.equal(change, INSERT), pc.equal(change, UPDATE_AFTER))
+        upserts = np.flatnonzero(upserted.to_numpy(zero_copy_only=False))
+        deletes = np.flatnonzero(pc.equal(change, DELETE).to_numpy(zero_copy_only=False))
+        keys = key_array([records.column(k).combine_chunks() for k in primary_key])
+        after = records.take(pa.array(upserts, type=pa.int64()))
+        return keys.take(upserts), self.to_state(after), keys.take(deletes)
 
 
 def with_states(rows: pa.Table, images: pa.Table) -> pa.Table:
