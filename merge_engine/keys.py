@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from merge_engine.key_groups import group_sorted
+from merge_engine.row_bytes import join_rows
 from tally.errors import InvalidInputError
 
 
@@ -87,17 +88,10 @@ def key_matrix(key_columns: list[pa.Array]) -> np.ndarray | None:
 
 
 def rows_as_bytes(matrix: np.ndarray, prefix: bytes = b"") -> list[bytes]:
-    """Each row of the byte matrix as bytes, after `prefix` (made in the same pass: a RocksDB
-    key is a prefix and the encoded key, and concatenating them after cost a second pass)."""
-    if prefix:
-        head = np.frombuffer(prefix, dtype=np.uint8)
-        matrix = np.hstack([np.broadcast_to(head, (len(matrix), len(head))), matrix])
-    width = matrix.shape[1]
-    if width == 0:
-        return [b""] * len(matrix)
-    # numpy's void items convert to bytes of their full width (trailing zeros kept, unlike
-    # 'S' items) in one C loop: a few times faster than slicing one bytes object per key
-    return np.ascontiguousarray(matrix).view(f"V{width}").ravel().tolist()
+    """Each row of the byte matrix as bytes, after `prefix`: a RocksDB key is a prefix and the
+    encoded key, each made in one copy (merge_engine.row_bytes)."""
+    blocks = [np.frombuffer(prefix, dtype=np.uint8).reshape(1, -1)] if prefix else []
+    return join_rows(blocks + [matrix], [], rows=len(matrix))
 
 
 class KeyArray:

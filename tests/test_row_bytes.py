@@ -47,6 +47,27 @@ def test_join_rows_equals_arrow(case):
     assert join_rows(heads, parts) == expected
 
 
+@settings(max_examples=examples(200))
+@given(case=cases(), cuts=st.lists(st.integers(0, 9), max_size=3),
+       prefix=st.binary(max_size=10))
+def test_rows_join_from_blocks_and_a_repeated_prefix(case, cuts, prefix):
+    """The head given as a prefix every row repeats and the matrix cut into blocks (as the
+    codec hands its header, bitmaps and values): the same bytes as the one matrix."""
+    heads, parts = case
+    edges = sorted({0, heads.shape[1], *[c for c in cuts if c <= heads.shape[1]]})
+    blocks = [heads[:, a:b] for a, b in zip(edges[:-1], edges[1:])]
+    if prefix:
+        blocks.insert(0, np.frombuffer(prefix, dtype=np.uint8).reshape(1, -1))
+    expected = [prefix + bytes(heads[i]) + b"".join(p[i].as_py() for p in parts)
+                for i in range(len(heads))]
+    assert join_rows(blocks, parts, rows=len(heads)) == expected
+
+
+def test_blocks_that_do_not_fit_their_rows_are_refused():
+    with pytest.raises(ValueError, match="block 1 has 2 rows for 3 rows"):
+        join_rows([np.zeros((3, 1), np.uint8), np.zeros((2, 1), np.uint8)], [])
+
+
 def test_parts_that_do_not_fit_their_rows_are_refused():
     heads = np.zeros((3, 2), dtype=np.uint8)
     with pytest.raises(ValueError, match="part 0 has 2 values for 3 rows"):
