@@ -7,7 +7,7 @@ back); `seal` puts the entries, the offsets and the writer's sequence into the b
 the rows; the tablet then writes the batch atomically. Until then nothing is visible and
 nothing is stored.
 
-A large entry is encoded (Arrow IPC, zstd) on a worker thread: Arrow lets go of the GIL while
+A large entry is encoded (Arrow IPC, LZ4) on a worker thread: Arrow lets go of the GIL while
 it encodes, so the put meanwhile merges its next slice and prepares the row buffer it will
 install after the commit (BucketRows.prepare). On the ingest benchmark's repeated keys the
 encoding of a 100,000-row put's entry took twice as long as that preparation, and the put

@@ -1,5 +1,6 @@
-"""Large changelog entries are stored zstd-compressed; readers, replay after kill -9 and
-followers see exactly the records of plain entries."""
+"""Large changelog entries are stored LZ4-compressed; readers, replay after kill -9 and
+followers see exactly the records of plain entries, and entries written zstd-compressed (by
+earlier versions) read back the same."""
 
 from __future__ import annotations
 
@@ -48,8 +49,27 @@ def test_large_entries_are_compressed_and_read_back_as_plain_ones(tmp_path, monk
         plain_sizes = [len(data) for _, data in _entries(plain)]
     sizes = [len(data) for _, data in stored]
     assert len(sizes) == len(plain_sizes) == 4
-    assert all(s * 2 < p for s, p in zip(sizes[:3], plain_sizes[:3]))  # the large ones
+    assert all(s * 3 < p * 2 for s, p in zip(sizes[:3], plain_sizes[:3]))  # the large ones
     assert sizes[3] == plain_sizes[3]  # the small one is stored as it was
+
+
+def test_entries_written_with_zstd_read_back_as_plain_ones(tmp_path, monkeypatch):
+    """A bucket written before entries were LZ4-compressed: its zstd entries are read, replayed
+    after a reopen, and continued by new (LZ4) writes, with the records of plain entries."""
+    with _write(tmp_path / "lz4"):
+        pass
+    monkeypatch.setattr(log, "_COMPRESSED", pa.ipc.IpcWriteOptions(compression="zstd"))
+    old = _write(tmp_path / "zstd")
+    old.close()
+    monkeypatch.undo()
+    with KvTablet.open(str(tmp_path / "zstd"), table_descriptor()) as reopened:
+        reopened.put(WORKLOAD.make_batch(1))
+        records, rows = reopened.changelog(0, reopened.log_end_offset), reopened.to_arrow()
+    _plain(monkeypatch)
+    with KvTablet.open(str(tmp_path / "lz4"), table_descriptor()) as plain:
+        plain.put(WORKLOAD.make_batch(1))
+        assert records.equals(plain.changelog(0, plain.log_end_offset))
+        assert rows.equals(plain.to_arrow())
 
 
 _KILLED_WRITER = """
