@@ -33,7 +33,11 @@ VERSION = 1
 WIDTH_VERSION = 2  # the row says how many columns it has
 
 
-def _kind(t: pa.DataType) -> tuple[str, int]:
+def value_kind(t: pa.DataType) -> tuple[str, int]:
+    """How the stored row format holds a value of type `t`, and its width in bytes: "bool"
+    (a byte), "fixed" (its bytes), "var" (a length of this many bytes, then the bytes) or
+    "object" (pickled, as "var"). Readers of stored rows (the codec, point lookups answered
+    with row bytes) decode by it."""
     if pa.types.is_boolean(t):
         return "bool", 1
     if pa.types.is_string(t) or pa.types.is_binary(t):
@@ -64,7 +68,7 @@ class RowCodec:
         self.counted = list(counted or [])  # positions whose contribution counts are stored
         self.timed = timed  # rows store when their key was last written (row TTL)
         self.types = [f.type for f in arrow_schema]
-        self.kinds = [_kind(t) for t in self.types]
+        self.kinds = [value_kind(t) for t in self.types]
         self.ncols = len(self.types)
         self.bitmap_bytes = (self.ncols + 7) // 8
         self.fixed_offsets: dict[int, int] = {}
@@ -291,7 +295,7 @@ def _nested_differs(x: pa.Array, y: pa.Array) -> np.ndarray:
 def _cells_differ(a: pa.Array, b: pa.Array) -> np.ndarray:
     """Per row, whether two aligned arrays of one type would store different bytes."""
     va, vb = _valid(a), _valid(b)
-    kind, width = _kind(a.type)
+    kind, width = value_kind(a.type)
     if kind == "bool":
         diff = _bool_bytes(a)[:, 0] != _bool_bytes(b)[:, 0]
     elif kind == "fixed":

@@ -26,12 +26,12 @@ import zlib
 
 import pyarrow as pa
 
-from merge_engine.rowcodec import VERSION, RowCodec, _kind
+from merge_engine.rowcodec import VERSION, RowCodec, value_kind
 
 
 def flat(schema: pa.Schema) -> bool:
     """Whether every column of `schema` has a visible row layout (none is nested)."""
-    return all(_kind(f.type)[0] != "object" for f in schema)
+    return all(value_kind(f.type)[0] != "object" for f in schema)
 
 
 def fingerprint(schema: pa.Schema) -> int:
@@ -50,7 +50,7 @@ class _Layout:
         self.schema = schema
         self.names = schema.names
         self.types = [f.type for f in schema]
-        self.kinds = [_kind(t) for t in self.types]
+        self.kinds = [value_kind(t) for t in self.types]
         self.ncols = len(self.types)
         self.bitmap_bytes = (self.ncols + 7) // 8
         self.fixed = [i for i, (k, _) in enumerate(self.kinds) if k != "var"]
