@@ -44,6 +44,13 @@ def validity_of(array: pa.Array, written: np.ndarray | None = None) -> np.ndarra
     return np.ascontiguousarray(valid).view(np.uint8)
 
 
+def stored_cells(stored: pa.Array, written: np.ndarray, dtype: np.dtype
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """The stored cells a fold starts from, as new arrays it may change in place: their values
+    and whether each holds one (valid and written), as uint8."""
+    return values_of(stored, dtype).copy(), validity_of(stored, written).copy()
+
+
 def array_of(values: np.ndarray, valid: np.ndarray, arrow_type: pa.DataType) -> pa.Array:
     """`values` (numpy, of numpy_dtype(arrow_type)) as an Arrow array, null where `valid`
     (uint8 or bool) is false."""

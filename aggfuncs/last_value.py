@@ -10,7 +10,8 @@ import pyarrow.compute as pc
 from aggfuncs import stored_folds
 from aggfuncs.base import (Aggregator, stored_contributions, take_clamped, take_or_null,
                            valid_mask)
-from aggfuncs.fixed_width import array_of, numpy_dtype, validity_of, values_of
+from aggfuncs.fixed_width import (array_of, numpy_dtype, stored_cells, validity_of,
+                                  values_of)
 from aggfuncs.functions import AggFunction
 from aggfuncs.segments import Segments
 from aggfuncs.string_rows import is_string, take_rows
@@ -55,8 +56,7 @@ class LastValueIgnoreNullsAggregator(Aggregator):
         found = picked >= 0
         dtype = numpy_dtype(states.type)
         if stored.type == states.type and dtype is not None:
-            values = values_of(stored, dtype).copy()
-            held = validity_of(stored, stored_written).copy()
+            values, held = stored_cells(stored, stored_written, dtype)
             values[found] = values_of(states, dtype)[picked[found]]
             held[found] = 1
             return array_of(values, held, stored.type)

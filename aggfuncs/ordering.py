@@ -14,7 +14,8 @@ import pyarrow.compute as pc
 
 from aggfuncs import stored_folds
 from aggfuncs.base import stored_contributions, take_clamped, valid_mask
-from aggfuncs.fixed_width import array_of, numpy_dtype, validity_of, values_of
+from aggfuncs.fixed_width import (array_of, numpy_dtype, stored_cells, validity_of,
+                                  values_of)
 from aggfuncs.segments import Segments
 
 
@@ -100,8 +101,7 @@ def extreme_onto(stored: pa.Array, stored_written: np.ndarray, states: pa.Array,
     types."""
     dtype = numpy_dtype(states.type)
     if dtype is not None and stored.type == states.type:
-        best = values_of(stored, dtype).copy()
-        held = validity_of(stored, stored_written).copy()
+        best, held = stored_cells(stored, stored_written, dtype)
         stored_folds.extreme_onto(best, held, values_of(states, dtype), validity_of(states),
                                   np.ascontiguousarray(segments.group_ids), largest)
         return array_of(best, held, stored.type)

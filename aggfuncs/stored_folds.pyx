@@ -30,16 +30,6 @@ ctypedef fused number:
     float
     double
 
-ctypedef fused whole:  # uint64 is not: int64 cannot hold its totals
-    int8_t
-    int16_t
-    int32_t
-    int64_t
-    uint8_t
-    uint16_t
-    uint32_t
-
-
 cdef int64_t _MAGNITUDE = 0x7FFFFFFFFFFFFFFF  # every bit but the sign
 
 
@@ -103,12 +93,15 @@ def extreme_onto(number[::1] best, uint8_t[::1] held, const number[::1] values,
                 held[g] = 1
 
 
-def sum_onto(int64_t[::1] total, uint8_t[::1] held, const whole[::1] values,
+def sum_onto(int64_t[::1] total, uint8_t[::1] held, const number[::1] values,
              const uint8_t[::1] valid, const int64_t[::1] groups, int64_t low, int64_t high):
     """Add the valid inputs to `total` (each group's stored value, 0 where `held` says it has
     none), in place and in order, every running value within [low, high]; `held` becomes
     whether the group has a value. False (and `total` part way) when a running value leaves
-    the range: the caller's exact fold then says what that means."""
+    the range: the caller's exact fold then says what that means. Integers that int64 holds
+    only (not uint64, not floats)."""
+    if number is uint64_t or number is float or number is double:
+        raise TypeError("stored_folds.sum_onto: integers that int64 holds only")
     cdef Py_ssize_t m = total.shape[0], n = values.shape[0], i
     if held.shape[0] != m or valid.shape[0] != n:
         raise ValueError("stored_folds: validity and values differ in length")

@@ -11,7 +11,8 @@ import pyarrow.compute as pc
 from aggfuncs import stored_folds
 from aggfuncs.base import (Aggregator, numeric_values, stored_contributions, valid_mask,
                            with_nulls)
-from aggfuncs.fixed_width import array_of, numpy_dtype, validity_of, values_of
+from aggfuncs.fixed_width import (array_of, numpy_dtype, stored_cells, validity_of,
+                                  values_of)
 from aggfuncs.functions import AggFunction
 from aggfuncs.numeric import (NUMERIC_TYPE_NAMES, check_result, each_contribution_breaks,
                               fold_numeric, integer_bounds, is_numeric, sum_run_breaks)
@@ -77,8 +78,8 @@ class SumAggregator(Aggregator):
         """fold_onto in one compiled pass (aggfuncs.stored_folds): it checks every running
         value against the column's range, so it declines only where a step leaves it."""
         dtype = numpy_dtype(self.type)
-        held = validity_of(stored, stored_written).copy()
-        total = values_of(stored, dtype).astype(np.int64)
+        values, held = stored_cells(stored, stored_written, dtype)
+        total = values.astype(np.int64)
         total[held == 0] = 0
         low, high = integer_bounds(self.type)
         if not stored_folds.sum_onto(total, held, values_of(states, dtype), validity_of(states),

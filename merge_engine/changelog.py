@@ -13,11 +13,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from aggfuncs.string_rows import is_string, take_rows
 from merge_engine.hidden_columns import (CHANGE_CODE, CHANGE_TYPE, CONTRIBUTIONS, EXPIRED, OFFSET,
                                           SEQUENCES, TOKENS, UNWRITTEN, WRITTEN_MS)
 from merge_engine.keys import KeyArray, key_array
 from merge_engine.row_gather import gather_rows
-from aggfuncs.string_rows import is_string, take_rows
 from merge_engine.state import StateBatch
 
 INSERT, UPDATE_BEFORE, UPDATE_AFTER, DELETE = "+I", "-U", "+U", "-D"

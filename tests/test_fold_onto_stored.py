@@ -149,6 +149,9 @@ def test_the_compiled_folds_refuse_groups_outside_the_stored_cells():
     with pytest.raises(ValueError):
         stored_folds.extreme_onto(best, held, np.ones(2, dtype=np.int64), one,
                                   np.zeros(2, dtype=np.int64), True)
+    with pytest.raises(TypeError):  # int64 cannot hold uint64 totals; a float sum is a left fold
+        stored_folds.sum_onto(best, held, np.ones(1, dtype=np.uint64), one,
+                              np.zeros(1, dtype=np.int64), -10, 10)
     assert not held.any() and not best.any()
 
 
