@@ -298,15 +298,67 @@ _COMPRESSED = pa.ipc.IpcWriteOptions(compression="lz4")
 
 def serialize(records: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
-    options = _COMPRESSED if records.nbytes >= COMPRESS_FROM_BYTES else None
+    options = None
+    if records.nbytes >= COMPRESS_FROM_BYTES:
+        options, records = _COMPRESSED, _compact_counts(records)
     with pa.ipc.new_stream(sink, records.schema, options=options) as writer:
         writer.write_table(records)
     return sink.getvalue().to_pybytes()
 
 
+def decode(data: bytes) -> pa.Table:
+    """A stored entry's records as written, every column in the form writers gave it (the
+    change type still as its code, no offsets)."""
+    stored = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    index = stored.schema.get_field_index(CONTRIBUTIONS)
+    if index >= 0 and pa.types.is_fixed_size_list(stored.schema.field(index).type):
+        stored = stored.set_column(index, _COUNTS_FIELD,
+                                   _count_lists(stored.column(index).combine_chunks()))
+    return stored
+
+
+# Contribution counts as a large entry stores them: when every record holds the same number
+# of counts (the usual case: one per sum or product column), a fixed-size list of the
+# narrowest signed integer that holds every count, not a list of int64 with an offset per
+# record. On the ingest benchmark's repeated keys the counts were a sixth of an entry's
+# compressed bytes, and every byte of an entry is copied into the write batch, the WAL and
+# the memtable; compacted, they take almost nothing, and the same puts ran 4-5% faster.
+_COUNTS_FIELD = pa.field(CONTRIBUTIONS, pa.list_(pa.int64()))
+_COUNT_TYPES = (pa.int8(), pa.int16(), pa.int32())
+
+
+def _compact_counts(records: pa.Table) -> pa.Table:
+    index = records.schema.get_field_index(CONTRIBUTIONS)
+    if index < 0 or not records.num_rows:
+        return records
+    lists = records.column(index).combine_chunks()
+    if lists.null_count or not pa.types.is_list(lists.type):
+        return records
+    offsets = lists.offsets.to_numpy()
+    n = len(lists)
+    width = int(offsets[1] - offsets[0])
+    if not width or not np.array_equal(np.diff(offsets), np.full(n, width, dtype=offsets.dtype)):
+        return records
+    counts = lists.values.slice(int(offsets[0]), n * width).to_numpy(zero_copy_only=False)
+    low, high = int(counts.min()), int(counts.max())
+    stored = next((t for t in _COUNT_TYPES
+                   if np.iinfo(t.to_pandas_dtype()).min <= low
+                   and high <= np.iinfo(t.to_pandas_dtype()).max), pa.int64())
+    values = pa.array(counts.astype(stored.to_pandas_dtype(), copy=False), type=stored)
+    return records.set_column(index, pa.field(CONTRIBUTIONS, pa.list_(stored, width)),
+                              pa.FixedSizeListArray.from_arrays(values, width))
+
+
+def _count_lists(compact: pa.FixedSizeListArray) -> pa.ListArray:
+    width = compact.type.list_size
+    values = compact.flatten().cast(pa.int64())
+    offsets = np.arange(len(compact) + 1, dtype=np.int32) * width
+    return pa.ListArray.from_arrays(pa.array(offsets), values)
+
+
 def deserialize(data: bytes, first_offset: int) -> pa.Table:
     """A stored batch as readers see it, its first record at `first_offset`."""
-    stored = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    stored = decode(data)
     n = stored.num_rows
     codes = stored.column(CHANGE_CODE).combine_chunks()
     return stored.drop_columns([CHANGE_CODE]) \

@@ -1,6 +1,7 @@
-"""Large changelog entries are stored LZ4-compressed; readers, replay after kill -9 and
-followers see exactly the records of plain entries, and entries written zstd-compressed (by
-earlier versions) read back the same."""
+"""Large changelog entries are stored LZ4-compressed, their contribution counts compact;
+readers, replay after kill -9 and followers see exactly the records of plain entries, and
+entries written zstd-compressed or with counts as lists (by earlier versions) read back the
+same."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from merge_engine import KvTablet
 from merge_engine import changelog as log
+from merge_engine.hidden_columns import CONTRIBUTIONS
 from tally.bench.workload import Workload, table_descriptor
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,12 +118,11 @@ def test_serialize_round_trips_every_column_kind(nulls):
     assert restored.equals(table)
 
 
-
 def _encode_in_child(records: pa.Table) -> None:
     from merge_engine.pending_write import encoder
 
     data = encoder().submit(log.serialize, records).result()
-    os._exit(0 if pa.ipc.open_stream(pa.py_buffer(data)).read_all().equals(records) else 1)
+    os._exit(0 if log.decode(data).equals(records) else 1)
 
 
 def test_a_forked_child_encodes_large_entries_too(tmp_path):
@@ -141,3 +144,67 @@ def test_a_forked_child_encodes_large_entries_too(tmp_path):
         child.kill()
         pytest.fail("the forked child's encoding never finished")
     assert child.exitcode == 0
+
+
+def _counts_table(lists: list) -> pa.Table:
+    """Records with these contribution lists, and a column making the entry large enough to
+    be stored compressed (the compact counts go with compression)."""
+    n = len(lists)
+    return pa.table({
+        "s": pa.array([f"filler-{i % 89}-" * (1 + log.COMPRESS_FROM_BYTES // n // 8)
+                       for i in range(n)]),
+        CONTRIBUTIONS: pa.array(lists, type=pa.list_(pa.int64())),
+    })
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(1, 3).flatmap(lambda width: st.lists(
+    st.lists(st.sampled_from([0, 1, 2, -1, 127, -128, 128, 32767, -32769, 2**31, -2**63,
+                              2**63 - 1]) | st.integers(-300, 300),
+             min_size=width, max_size=width), min_size=1, max_size=200)))
+def test_contribution_counts_are_stored_compact_and_read_back_exactly(lists):
+    """Every record holding as many counts: stored as a fixed-size list of the narrowest
+    integer holding them all (int64 only when one needs it), read back as the same lists."""
+    table = _counts_table(lists)
+    assert table.nbytes >= log.COMPRESS_FROM_BYTES
+    data = log.serialize(table)
+    stored = pa.ipc.open_stream(pa.py_buffer(data)).read_all().schema.field(CONTRIBUTIONS).type
+    flat = [c for row in lists for c in row]
+    width = next(t for t in (8, 16, 32, 64)
+                 if all(-2 ** (t - 1) <= c < 2 ** (t - 1) for c in flat))
+    assert pa.types.is_fixed_size_list(stored)
+    assert stored.list_size == len(lists[0]) and stored.value_type.bit_width == width
+    assert log.decode(data).equals(table)
+
+
+@pytest.mark.parametrize("lists", [
+    [[1, 2], [3], [4, 5]],          # records holding different numbers of counts
+    [[1], None, [2]],               # a record without counts
+    [[], [], []],                   # a table without counted columns
+])
+def test_contribution_counts_of_other_shapes_are_stored_as_lists(lists):
+    table = _counts_table(lists)
+    data = log.serialize(table)
+    stored = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    assert stored.schema.field(CONTRIBUTIONS).type == pa.list_(pa.int64())
+    assert log.decode(data).equals(table)
+
+
+def test_entries_with_count_lists_written_before_read_back_the_same(tmp_path, monkeypatch):
+    """A bucket whose large entries hold counts as lists of int64 (as earlier versions wrote
+    them) reads, replays and continues exactly as one written with compact counts."""
+    with _write(tmp_path / "compact") as compact:
+        assert any(pa.types.is_fixed_size_list(
+            pa.ipc.open_stream(pa.py_buffer(data)).read_all().schema.field(CONTRIBUTIONS).type)
+            for _, data in _entries(compact))
+    monkeypatch.setattr(log, "_compact_counts", lambda records: records)
+    old = _write(tmp_path / "lists")
+    old.close()
+    monkeypatch.undo()
+    with KvTablet.open(str(tmp_path / "lists"), table_descriptor()) as reopened:
+        reopened.put(WORKLOAD.make_batch(1))
+        records, rows = reopened.changelog(0, reopened.log_end_offset), reopened.to_arrow()
+    with KvTablet.open(str(tmp_path / "compact"), table_descriptor()) as compact:
+        compact.put(WORKLOAD.make_batch(1))
+        assert records.equals(compact.changelog(0, compact.log_end_offset))
+        assert rows.equals(compact.to_arrow())
