@@ -107,10 +107,11 @@ class PendingWrite:
         the entries then records the sequence with the write's end offset, and only once it
         holds the whole write; cutting the log's tail finds the writers' earlier states there."""
         prepared = rows.prepare(self._kept) if self._changed else None
+        entries = []
         for offset, data, nbytes in self._entries:
             if isinstance(data, Future):
                 data = data.result()
-            TabletStore.put_log_entry(self.batch, offset, data, self._written)
+            entries.append((offset, data, self._written))
             # What a crash would replay, read and decoded: the row buffer's flush rule bounds
             # it. A large entry is stored compressed (smaller than its rows); a small one
             # carries its schema (larger than its rows): the larger of the two counts.
@@ -122,6 +123,7 @@ class PendingWrite:
             TabletStore.put_writer(self.batch, writer[0], writer[1], self.end)
             if self._changed:
                 TabletStore.put_entry_writer(self.batch, self._last_entry, writer[0], writer[1])
+        TabletStore.put_log_entries(self.batch, entries)  # last: see put_log_entries
         if not self._changed:
             return None
         kept, self._kept = self._kept, RowsKept(0)

@@ -73,7 +73,6 @@ class TabletReplica:
             kept = RowsKept(self.descriptor.kv_buffer_size)
             log_bytes = 0
             for entry, records in zip(entries, decoded):
-                TabletStore.put_log_entry(batch, entry.first_offset, entry.data, entry.written_ms)
                 if entry.writer is not None:
                     writer_id, sequence = entry.writer
                     TabletStore.put_entry_writer(batch, entry.first_offset, writer_id, sequence)
@@ -82,6 +81,8 @@ class TabletReplica:
                 log_bytes += len(entry.data)
             end = entries[-1].end_offset
             TabletStore.put_int(batch, END_OFFSET, end)
+            TabletStore.put_log_entries(batch, [(e.first_offset, e.data, e.written_ms)
+                                                for e in entries])
             end = self._commit_batch(batch, self._rows.stage(kept, log_bytes), end)
         if self._budget is not None:
             self._budget.after_write()
