@@ -11,8 +11,8 @@ A large entry is encoded (Arrow IPC, LZ4) on a worker thread: Arrow lets go of t
 it encodes, so the put meanwhile merges its next slice and prepares the row buffer it will
 install after the commit (BucketRows.prepare). On the ingest benchmark's repeated keys the
 encoding of a 100,000-row put's entry took twice as long as that preparation, and the put
-waited for the rest: so a slice's records of SPLIT_FROM_BYTES or more become two entries
-(split between keys), encoded on two workers at once.
+waited for the rest: so a slice whose images hold SPLIT_FROM_BYTES or more makes two entries
+(the records of each half of its keys), encoded on two workers at once.
 """
 
 from __future__ import annotations
@@ -25,20 +25,19 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from merge_engine import changelog as log
-from merge_engine.hidden_columns import CHANGE_CODE
 from merge_engine.keys import KeyArray
 from merge_engine.rows import RowsKept
 from merge_engine.state import StateBatch
 from merge_engine.storage import END_OFFSET, TabletStore
 
-# A slice's records this large are stored as two changelog entries, encoded side by side.
+# A slice's images (before and after) this large make two changelog entries, encoded side by
+# side.
 SPLIT_FROM_BYTES = 4 << 20
 
 # Shared by every bucket of the process; each write waits for its own entries only, in order.
 # Made on first use, and again in a forked child: a child inherits the pool but not its
 # threads, so work given to the inherited pool would never run.
 _encoder: ThreadPoolExecutor | None = None
-_UPDATE_BEFORE_CODE = log.CHANGE_TYPES.to_pylist().index(log.UPDATE_BEFORE)
 _encoder_lock = threading.Lock()
 
 
@@ -81,21 +80,29 @@ class PendingWrite:
             outcome: np.ndarray, expired: np.ndarray | None = None) -> None:
         """Merged keys (aligned with their before and after states) and each key's outcome;
         `expired` marks the removals that are the row TTL's."""
-        records = self._images.build_records(before, after, outcome, expired)
-        if records is None:
+        added = False
+        for start, stop in _entry_keys(len(keys), before.nbytes + after.nbytes):
+            records = self._images.build_records(
+                before.slice(start, stop), after.slice(start, stop), outcome[start:stop],
+                None if expired is None else expired[start:stop])
+            if records is not None:
+                self._add_entry(records)
+                added = True
+        if not added:
             return
-        for part in _entries_of(records):
-            # A small entry is encoded here: a thread hop would cost more than the encoding.
-            data = encoder().submit(log.serialize, part) \
-                if part.nbytes >= log.COMPRESS_FROM_BYTES else log.serialize(part)
-            self._entries.append((self.end, data, part.nbytes))
-            self._last_entry = self.end
-            self.end += part.num_rows
-        self._changed = True
         changed = np.nonzero((outcome == log.INSERTED) | (outcome == log.UPDATED))[0]
         rows = None if not len(changed) else \
             after if len(changed) == len(after) else after.take(changed)
         self._kept.add(keys.take(changed), rows, keys.take(np.nonzero(outcome == log.REMOVED)[0]))
+
+    def _add_entry(self, records) -> None:
+        # A small entry is encoded here: a thread hop would cost more than the encoding.
+        data = encoder().submit(log.serialize, records) \
+            if records.nbytes >= log.COMPRESS_FROM_BYTES else log.serialize(records)
+        self._entries.append((self.end, data, records.nbytes))
+        self._last_entry = self.end
+        self.end += records.num_rows
+        self._changed = True
 
     def seal(self, rows, writer: tuple[str, int] | None):
         """Finish the batch: the offsets, the writer's sequence, and the changed rows staged
@@ -130,13 +137,13 @@ class PendingWrite:
         return rows.stage(kept, self._log_bytes, prepared)
 
 
-def _entries_of(records):
-    """`records` as the changelog entries to store: one, or two halves split between keys (a
-    key's -U and +U stay in one entry) when it is SPLIT_FROM_BYTES or more."""
-    n = records.num_rows
-    if records.nbytes < SPLIT_FROM_BYTES or n < 4:
-        return [records]
-    half = n // 2
-    if records.column(CHANGE_CODE)[half - 1].as_py() == _UPDATE_BEFORE_CODE:
-        half += 1  # a -U is always followed by its +U
-    return [records.slice(0, half), records.slice(half)]
+def _entry_keys(keys: int, image_bytes: int) -> list[tuple[int, int]]:
+    """The ranges of a merged slice's keys whose records become one changelog entry each: the
+    first and second half of the keys when their images (before and after) hold
+    SPLIT_FROM_BYTES or more, else all of them. A key's records (its -U and +U) are always in
+    one entry. The first half's records are built and sent to be encoded before the second
+    half's are built, so the encoding starts that much earlier: the put otherwise waited for
+    it, with a core idle while it merged."""
+    if image_bytes < SPLIT_FROM_BYTES or keys < 2:
+        return [(0, keys)]
+    return [(0, keys // 2), (keys // 2, keys)]

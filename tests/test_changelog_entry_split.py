@@ -1,4 +1,5 @@
-"""A large write's records are stored as two changelog entries, encoded side by side.
+"""A large write's records are stored as two changelog entries (those of each half of its
+keys), encoded side by side.
 
 The split must change nothing a reader sees: the records, their offsets, replay, undo and a
 reopen are those of one entry; and no entry ends between a key's -U and its +U (a reader
@@ -7,51 +8,29 @@ that takes one entry at a time always sees whole updates).
 
 from __future__ import annotations
 
-import numpy as np
-import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from merge_engine import KvTablet
-from merge_engine import changelog as log
 from merge_engine import pending_write
-from merge_engine.hidden_columns import CHANGE_CODE
-from merge_engine.pending_write import _entries_of
+from merge_engine.pending_write import _entry_keys
 from recovery import undo_bucket
 from tests import crash_model
 from tally.bench.workload import Workload, table_descriptor
 
 WORKLOAD = Workload(rows=30_000, keys=5_000, batch=10_000, seed=11)
-CODES = {name: code for code, name in enumerate(log.CHANGE_TYPES.to_pylist())}
-
-
-@st.composite
-def change_codes(draw):
-    """A write's change types in key order: per key +I, -D, or -U then +U."""
-    kinds = draw(st.lists(st.sampled_from(["+I", "-D", "update"]), min_size=1, max_size=60))
-    codes = []
-    for kind in kinds:
-        codes += [CODES["-U"], CODES["+U"]] if kind == "update" else [CODES[kind]]
-    return codes
 
 
 @settings(max_examples=200, deadline=None)
-@given(codes=change_codes())
-def test_a_split_keeps_every_record_and_every_update_whole(codes):
-    records = pa.table({CHANGE_CODE: pa.array(codes, pa.int8()),
-                        "v": pa.array(np.arange(len(codes)), pa.int64())})
-    saved = pending_write.SPLIT_FROM_BYTES
-    pending_write.SPLIT_FROM_BYTES = 0
-    try:
-        parts = _entries_of(records)
-    finally:
-        pending_write.SPLIT_FROM_BYTES = saved
-    assert pa.concat_tables(parts).equals(records)
-    assert len(parts) == (2 if len(codes) >= 4 else 1)
-    for part in parts:
-        assert part.num_rows > 0
-        kinds = part.column(CHANGE_CODE).to_pylist()
-        assert kinds[0] != CODES["+U"] and kinds[-1] != CODES["-U"], kinds
+@given(keys=st.integers(0, 100), image_bytes=st.integers(0, 2 * pending_write.SPLIT_FROM_BYTES))
+def test_entries_cover_every_key_once_in_order(keys, image_bytes):
+    """A slice's keys make one entry, or two (each half of its keys) once its images hold
+    SPLIT_FROM_BYTES: every key in exactly one entry, in key order, none empty."""
+    ranges = _entry_keys(keys, image_bytes)
+    assert [k for start, stop in ranges for k in range(start, stop)] == list(range(keys))
+    split = image_bytes >= pending_write.SPLIT_FROM_BYTES and keys >= 2
+    assert len(ranges) == (2 if split else 1)
+    assert all(stop > start for start, stop in ranges) or keys == 0
 
 
 def _written(path, split: bool) -> KvTablet:

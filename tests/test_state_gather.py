@@ -14,12 +14,24 @@ from hypothesis import strategies as st
 
 from merge_engine.state import StateBatch
 
-WIDTH = 3
+WIDTH = 4
+# The fourth column's type: numbers of each width and kind go through the compiled gather,
+# booleans and decimals through Arrow's take.
+OTHER_TYPES = [pa.int8(), pa.uint64(), pa.float32(), pa.float64(), pa.date32(),
+               pa.timestamp("us"), pa.bool_(), pa.decimal128(22, 2)]
+
+
+def _typed(values: list, arrow_type: pa.DataType) -> pa.Array:
+    if pa.types.is_unsigned_integer(arrow_type):
+        values = [None if v is None else abs(v) for v in values]
+    source = pa.int32() if pa.types.is_date32(arrow_type) else pa.int64()
+    return pa.array(values, source).cast(arrow_type)
 
 
 @st.composite
 def batches(draw):
     out = []
+    other = draw(st.sampled_from(OTHER_TYPES))
     for _ in range(draw(st.integers(1, 5))):
         n = draw(st.integers(1, 6))
         ints = draw(st.lists(st.none() | st.integers(-5, 5), min_size=n, max_size=n))
@@ -36,7 +48,8 @@ def batches(draw):
             touched = np.array(draw(st.lists(st.integers(0, 10**12), min_size=n, max_size=n)),
                                dtype=np.int64)
         out.append(StateBatch([pa.array(ints, pa.int64()), pa.array(texts, pa.string()),
-                               pa.array(ints, pa.int64())], written, counts, touched))
+                               pa.array(ints, pa.int64()), _typed(ints, other)],
+                              written, counts, touched))
     total = sum(len(b) for b in out)
     positions = draw(st.lists(st.integers(0, total - 1), max_size=12))
     return out, np.array(positions, dtype=np.int64)
@@ -49,6 +62,7 @@ def test_gather_equals_joining_then_taking(case):
     got = StateBatch.gather(parts, positions)
     want = StateBatch.concat(*parts).take(positions)
     assert [c.to_pylist() for c in got.columns] == [c.to_pylist() for c in want.columns]
+    assert [c.type for c in got.columns] == [c.type for c in want.columns]
     assert (got.written == want.written).all()
     assert (got.counts() == want.counts()).all()
     assert (got.times() == want.times()).all()
