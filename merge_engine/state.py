@@ -98,7 +98,7 @@ class StateBatch:
             if is_string(column.type):
                 columns.append(take_rows(chunks, source, rows, column.type))
             elif dtype is not None:
-                columns.append(_gathered_numbers(chunks, source, rows, column.type, dtype))
+                columns.append(gather_numbers(chunks, source, rows, column.type, dtype))
             else:
                 columns.append(pa.chunked_array(chunks, type=column.type).take(index)
                                .combine_chunks())
@@ -130,11 +130,12 @@ class StateBatch:
         return sum(c.nbytes for c in self.columns) + self.written.nbytes + counts + touched
 
 
-def _gathered_numbers(chunks: list[pa.Array], source: np.ndarray, rows: np.ndarray,
-                      arrow_type: pa.DataType, dtype: np.dtype) -> pa.Array:
-    """Rows (`source`, `rows`) of fixed-width arrays, each value read where it is. Arrow's
-    take of a chunked array joins all the chunks first: a put taking a few rows from the row
-    buffer's runs copied every row of every run, and a flush of the buffer did it again."""
+def gather_numbers(chunks: list[pa.Array], source: np.ndarray, rows: np.ndarray,
+                   arrow_type: pa.DataType, dtype: np.dtype) -> pa.Array:
+    """Rows (`source`, `rows`) of fixed-width arrays (all of `arrow_type`, whose numpy type is
+    `dtype`), each value read where it is. Arrow's take of a chunked array joins all the
+    chunks first: a put taking a few rows from the row buffer's runs copied every row of every
+    run, and a flush of the buffer did it again."""
     values = gather_rows([values_of(c, dtype).reshape(-1, 1) for c in chunks],
                          source, rows).reshape(-1)
     bitmap = None
