@@ -13,13 +13,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from aggfuncs.fixed_width import numpy_dtype
 from aggfuncs.string_rows import is_string, take_rows
 from merge_engine.hidden_columns import (CHANGE_CODE, CHANGE_TYPE, CONTRIBUTIONS, EXPIRED, OFFSET,
                                           SEQUENCES, TOKENS, UNWRITTEN, WRITTEN_MS)
 from merge_engine.keys import KeyArray, key_array
 from merge_engine.row_gather import gather_rows
-from merge_engine.state import StateBatch, gather_numbers
+from merge_engine.state import StateBatch
 
 INSERT, UPDATE_BEFORE, UPDATE_AFTER, DELETE = "+I", "-U", "+U", "-D"
 
@@ -177,7 +176,9 @@ class Images:
         side = (index >= m).astype(np.int64)  # 0: before's rows, 1: after's
         rows = index - m * side
         columns = [b.take(at_key) if a is b else
-                   self._images_of(b, a.cast(b.type), side, rows, at_index)
+                   take_rows([b, a.cast(b.type)], side, rows, b.type)
+                   if is_string(b.type) else
+                   pa.concat_arrays([b, a.cast(b.type)]).take(at_index)
                    for b, a in zip(before.columns, after.columns)]
         written = gather_rows([before.written.astype(bool, copy=False),
                                after.written.astype(bool, copy=False)], side, rows)
@@ -189,17 +190,6 @@ class Images:
         if self.timed:
             touched = np.concatenate([before.times(), after.times()])[index]
         return StateBatch(columns, written, counts, touched)
-
-    @staticmethod
-    def _images_of(before: pa.Array, after: pa.Array, side: np.ndarray, rows: np.ndarray,
-                   at_index: pa.Array) -> pa.Array:
-        """One column's images: row `rows[r]` of `before` (side 0) or `after` (side 1)."""
-        if is_string(before.type):
-            return take_rows([before, after], side, rows, before.type)
-        dtype = numpy_dtype(before.type)
-        if dtype is not None:
-            return gather_numbers([before, after], side, rows, before.type, dtype)
-        return pa.concat_arrays([before, after]).take(at_index)
 
     def to_state(self, records: pa.Table) -> StateBatch:
         """Row images of changelog records as a StateBatch (written bits, counts and tokens

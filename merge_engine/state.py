@@ -7,7 +7,6 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from aggfuncs.fixed_width import numpy_dtype, validity_of, values_of
 from aggfuncs.string_rows import is_string, take_rows
 from merge_engine.row_gather import gather_rows
 
@@ -94,14 +93,10 @@ class StateBatch:
         for i, column in enumerate(batches[0].columns):
             chunks = [b.columns[i] if b.columns[i].type == column.type
                       else b.columns[i].cast(column.type) for b in batches]
-            dtype = numpy_dtype(column.type)
-            if is_string(column.type):
-                columns.append(take_rows(chunks, source, rows, column.type))
-            elif dtype is not None:
-                columns.append(gather_numbers(chunks, source, rows, column.type, dtype))
-            else:
-                columns.append(pa.chunked_array(chunks, type=column.type).take(index)
-                               .combine_chunks())
+            columns.append(take_rows(chunks, source, rows, column.type)
+                           if is_string(column.type) else
+                           pa.chunked_array(chunks, type=column.type).take(index)
+                           .combine_chunks())
         # the bookkeeping a whole row at a time, each row read where it is (row_gather, which
         # wants one dtype: astype copies nothing when a matrix already has it)
         written = gather_rows([b.written.astype(bool, copy=False) for b in batches],
@@ -128,19 +123,3 @@ class StateBatch:
         counts = 0 if self.contributions is None else self.contributions.nbytes
         touched = 0 if self.touched is None else self.touched.nbytes
         return sum(c.nbytes for c in self.columns) + self.written.nbytes + counts + touched
-
-
-def gather_numbers(chunks: list[pa.Array], source: np.ndarray, rows: np.ndarray,
-                   arrow_type: pa.DataType, dtype: np.dtype) -> pa.Array:
-    """Rows (`source`, `rows`) of fixed-width arrays (all of `arrow_type`, whose numpy type is
-    `dtype`), each value read where it is. Arrow's take of a chunked array joins all the
-    chunks first: a put taking a few rows from the row buffer's runs copied every row of every
-    run, and a flush of the buffer did it again."""
-    values = gather_rows([values_of(c, dtype).reshape(-1, 1) for c in chunks],
-                         source, rows).reshape(-1)
-    bitmap = None
-    if any(c.null_count for c in chunks):
-        valid = gather_rows([validity_of(c).reshape(-1, 1) for c in chunks],
-                            source, rows).reshape(-1).view(bool)
-        bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
-    return pa.Array.from_buffers(arrow_type, len(values), [bitmap, pa.py_buffer(values)])
