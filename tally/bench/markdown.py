@@ -72,11 +72,11 @@ def cluster(result: dict) -> str:
 
 
 def undo(results: list[dict]) -> str:
-    from tally.bench.undo import TARGET_RATIO
+    from tally.bench.undo import TARGET_RATIO, target_mark
 
     rows = [[f"{r['table_rows']:,}", f"{r['batch_keys']:,}", f"{r['write_s']:.3f}",
              f"{r['undo_s']:.3f}", f"{r['ratio']:.2f}x",
-             _mark(r["ratio"] <= TARGET_RATIO), "yes" if r["verified"] else "NO"]
+             target_mark(r), "yes" if r["verified"] else "NO"]
             for r in results]
     return table(["table rows", "batch keys", "write s", "undo s", "undo / write",
                   f"target <= {TARGET_RATIO}x", "verified"], rows, numeric_from=0)
