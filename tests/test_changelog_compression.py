@@ -57,23 +57,35 @@ def test_large_entries_are_compressed_and_read_back_as_plain_ones(tmp_path, monk
     assert sizes[3] == plain_sizes[3]  # the small one is stored as it was
 
 
+def _written_as_before(path: Path, monkeypatch, name: str, value) -> None:
+    """A bucket written as an earlier version wrote it: the changelog module's `name` set to
+    `value` while it is written."""
+    monkeypatch.setattr(log, name, value)
+    _write(path).close()
+    monkeypatch.undo()
+
+
+def _continued(path: Path) -> tuple[pa.Table, pa.Table]:
+    """A bucket reopened (its rows replayed) and given one more batch: its records and rows."""
+    with KvTablet.open(str(path), table_descriptor()) as tablet:
+        tablet.put(WORKLOAD.make_batch(1))
+        return tablet.changelog(0, tablet.log_end_offset), tablet.to_arrow()
+
+
+def _same(left: tuple[pa.Table, pa.Table], right: tuple[pa.Table, pa.Table]) -> bool:
+    return all(a.equals(b) for a, b in zip(left, right))
+
+
 def test_entries_written_with_zstd_read_back_as_plain_ones(tmp_path, monkeypatch):
     """A bucket written before entries were LZ4-compressed: its zstd entries are read, replayed
     after a reopen, and continued by new (LZ4) writes, with the records of plain entries."""
     with _write(tmp_path / "lz4"):
         pass
-    monkeypatch.setattr(log, "_COMPRESSED", pa.ipc.IpcWriteOptions(compression="zstd"))
-    old = _write(tmp_path / "zstd")
-    old.close()
-    monkeypatch.undo()
-    with KvTablet.open(str(tmp_path / "zstd"), table_descriptor()) as reopened:
-        reopened.put(WORKLOAD.make_batch(1))
-        records, rows = reopened.changelog(0, reopened.log_end_offset), reopened.to_arrow()
+    _written_as_before(tmp_path / "zstd", monkeypatch, "_COMPRESSED",
+                       pa.ipc.IpcWriteOptions(compression="zstd"))
+    old = _continued(tmp_path / "zstd")
     _plain(monkeypatch)
-    with KvTablet.open(str(tmp_path / "lz4"), table_descriptor()) as plain:
-        plain.put(WORKLOAD.make_batch(1))
-        assert records.equals(plain.changelog(0, plain.log_end_offset))
-        assert rows.equals(plain.to_arrow())
+    assert _same(old, _continued(tmp_path / "lz4"))
 
 
 _KILLED_WRITER = """
@@ -197,17 +209,9 @@ def test_entries_with_count_lists_written_before_read_back_the_same(tmp_path, mo
         assert any(pa.types.is_fixed_size_list(
             pa.ipc.open_stream(pa.py_buffer(data)).read_all().schema.field(CONTRIBUTIONS).type)
             for _, data in _entries(compact))
-    monkeypatch.setattr(log, "_compact_counts", lambda records: records)
-    old = _write(tmp_path / "lists")
-    old.close()
-    monkeypatch.undo()
-    with KvTablet.open(str(tmp_path / "lists"), table_descriptor()) as reopened:
-        reopened.put(WORKLOAD.make_batch(1))
-        records, rows = reopened.changelog(0, reopened.log_end_offset), reopened.to_arrow()
-    with KvTablet.open(str(tmp_path / "compact"), table_descriptor()) as compact:
-        compact.put(WORKLOAD.make_batch(1))
-        assert records.equals(compact.changelog(0, compact.log_end_offset))
-        assert rows.equals(compact.to_arrow())
+    _written_as_before(tmp_path / "lists", monkeypatch, "_compact_counts", lambda records: records)
+    assert _same(_continued(tmp_path / "lists"), _continued(tmp_path / "compact"))
+
 
 
 def test_an_entry_past_its_buffer_bound_is_encoded_all_the_same(monkeypatch):
