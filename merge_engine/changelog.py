@@ -343,7 +343,7 @@ def decode(data: bytes) -> pa.Table:
 # compressed bytes, and every byte of an entry is copied into the write batch, the WAL and
 # the memtable; compacted, they take almost nothing, and the same puts ran 4-5% faster.
 _COUNTS_FIELD = pa.field(CONTRIBUTIONS, pa.list_(pa.int64()))
-_COUNT_TYPES = (pa.int8(), pa.int16(), pa.int32())
+_COUNT_TYPES = (np.int8, np.int16, np.int32, np.int64)
 
 
 def _compact_counts(records: pa.Table) -> pa.Table:
@@ -356,15 +356,13 @@ def _compact_counts(records: pa.Table) -> pa.Table:
     offsets = lists.offsets.to_numpy()
     n = len(lists)
     width = int(offsets[1] - offsets[0])
-    if not width or not np.array_equal(np.diff(offsets), np.full(n, width, dtype=offsets.dtype)):
+    if not width or not (np.diff(offsets) == width).all():
         return records
     counts = lists.values.slice(int(offsets[0]), n * width).to_numpy(zero_copy_only=False)
     low, high = int(counts.min()), int(counts.max())
-    stored = next((t for t in _COUNT_TYPES
-                   if np.iinfo(t.to_pandas_dtype()).min <= low
-                   and high <= np.iinfo(t.to_pandas_dtype()).max), pa.int64())
-    values = pa.array(counts.astype(stored.to_pandas_dtype(), copy=False), type=stored)
-    return records.set_column(index, pa.field(CONTRIBUTIONS, pa.list_(stored, width)),
+    stored = next(t for t in _COUNT_TYPES if np.iinfo(t).min <= low and high <= np.iinfo(t).max)
+    values = pa.array(counts.astype(stored, copy=False))
+    return records.set_column(index, pa.field(CONTRIBUTIONS, pa.list_(values.type, width)),
                               pa.FixedSizeListArray.from_arrays(values, width))
 
 

@@ -80,15 +80,14 @@ class PendingWrite:
             outcome: np.ndarray, expired: np.ndarray | None = None) -> None:
         """Merged keys (aligned with their before and after states) and each key's outcome;
         `expired` marks the removals that are the row TTL's."""
-        added = False
+        entries = len(self._entries)
         for start, stop in _entry_keys(len(keys), before.nbytes + after.nbytes):
             records = self._images.build_records(
                 before.slice(start, stop), after.slice(start, stop), outcome[start:stop],
                 None if expired is None else expired[start:stop])
             if records is not None:
                 self._add_entry(records)
-                added = True
-        if not added:
+        if len(self._entries) == entries:  # nothing changed
             return
         changed = np.nonzero((outcome == log.INSERTED) | (outcome == log.UPDATED))[0]
         rows = None if not len(changed) else \
