@@ -116,7 +116,9 @@ def undo_since(conn, table: str, lease, baselines: dict, target_columns=None) ->
     reaches back to the baseline (retention) or ends before it (a restored backup) is refused."""
     handle = check_table(conn, table, lease)
     todo = []
-    current = conn.admin.list_log_offsets(table, handle.table_id)
+    # settled ends: a write refused as not acknowledged that stays in a leader's log is
+    # resolved (committed, or cut by a new leader) first, so it is undone if it ever counts
+    current = conn.admin.list_log_offsets(table, handle.table_id, settle=True)
     for (partition, bucket), (start, end) in sorted(current.items(),
                                                     key=lambda kv: (kv[0][0] or "", kv[0][1])):
         baseline = baselines.get((partition, bucket), 0)  # a partition made since: from 0

@@ -36,8 +36,10 @@ class RemoteBucket:
         return self.table.meta.descriptor.schema
 
     def _offsets(self) -> tuple[int, int]:
+        # settled: the undo's range must hold every record the leader has, committed or
+        # about to be, or a late-committing one would escape it
         return self.table.connection.admin.list_log_offsets(
-            self.table.name, self.table.table_id)[(self.partition, self.bucket)]
+            self.table.name, self.table.table_id, settle=True)[(self.partition, self.bucket)]
 
     @property
     def log_start_offset(self) -> int:

@@ -9,6 +9,10 @@ from tally.client.lake_snapshot import LakeSnapshot, LakeStatus
 from tally.errors import InvalidInputError
 from tally.timestamps import iso
 
+# A settled offsets call waits on the servers (up to 20 s) for unresolved tails: its own
+# deadline, past theirs.
+SETTLE_WAIT = 40.0
+
 
 @dataclasses.dataclass(frozen=True)
 class TableInfo:
@@ -137,23 +141,30 @@ class Admin:
     def list_partitions(self, name: str) -> list[str]:
         return self._call("list_partitions", name=name)
 
-    def list_offsets(self, name: str, table_id: int | None = None
+    def list_offsets(self, name: str, table_id: int | None = None, settle: bool = False
                      ) -> dict[tuple[str | None, int], int]:
-        """{(partition, bucket): end offset} of every bucket, read from the tablet servers.
-        With `table_id`, TableRecreatedError when the name now belongs to another table."""
-        return {(p, int(b)): int(end) for p, b, _, end in self._offsets(name, table_id)}
+        """{(partition, bucket): end offset} of every bucket, read from the tablet servers
+        (each bucket's high watermark). With `table_id`, TableRecreatedError when the name
+        now belongs to another table. With `settle`, each end is given only once every record
+        its leader holds is committed: a write that was refused as not acknowledged but stays
+        in the leader's log is resolved first (UnavailableError while it cannot be)."""
+        return {(p, int(b)): int(end) for p, b, _, end in self._offsets(name, table_id, settle)}
 
-    def list_log_offsets(self, name: str, table_id: int | None = None
+    def list_log_offsets(self, name: str, table_id: int | None = None, settle: bool = False
                          ) -> dict[tuple[str | None, int], tuple[int, int]]:
         """{(partition, bucket): (log start offset, log end offset)} of every bucket;
-        `table_id` as for list_offsets."""
+        `table_id` and `settle` as for list_offsets."""
         return {(p, int(b)): (int(start), int(end))
-                for p, b, start, end in self._offsets(name, table_id)}
+                for p, b, start, end in self._offsets(name, table_id, settle)}
 
-    def _offsets(self, name: str, table_id: int | None) -> list:
-        if table_id is None:
-            return self._call("list_offsets", name=name)
-        return self._call("list_offsets", name=name, table_id=table_id)
+    def _offsets(self, name: str, table_id: int | None, settle: bool = False) -> list:
+        body: dict = {"name": name}
+        if table_id is not None:
+            body["table_id"] = table_id
+        if not settle:
+            return self._conn.coordinator_action("list_offsets", body)
+        body["settle"] = True
+        return self._conn.coordinator_action("list_offsets", body, timeout=SETTLE_WAIT)
 
     def truncate_log(self, name: str, bucket: int, before: int,
                      partition: str | None = None, force: bool = False) -> int:
