@@ -104,8 +104,11 @@ class Connection:
 
     # --- plumbing used by admin, tables and writers -------------------------------------
 
-    def coordinator_action(self, name: str, body: dict | None = None):
-        return self.retry(lambda: self._coordinator.action(name, body or {}),
+    def coordinator_action(self, name: str, body: dict | None = None,
+                           timeout: float | None = None):
+        """`timeout`: this call's own per-attempt deadline, for the few calls that wait on
+        purpose (settled offsets wait for replication)."""
+        return self.retry(lambda: self._coordinator.action(name, body or {}, timeout=timeout),
                           refresh=None, what=f"coordinator call '{name}'")
 
     def server(self, address: str) -> FlightChannel:

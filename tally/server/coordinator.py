@@ -43,6 +43,7 @@ from tally.server.metric_reports import MetricReports
 from tally.server.metrics import ServerMetrics
 from tally.server.option_changes import OptionChanges
 from tally.server.settings import SESSION_TIMEOUT, TIER_TIMEOUT
+from tally.server.settled_offsets import SETTLE_TIMEOUT
 from tally.wire.channel import ChannelPool, FlightChannel
 from tally.wire.messages import check_json_depth, field, int_items
 from tally.wire.routing import TableRouting
@@ -355,8 +356,10 @@ class Coordinator:
 
     # --- offsets ------------------------------------------------------------------------
 
-    def log_offsets(self, record: TableRecord) -> dict[tuple[str | None, int], tuple[int, int]]:
-        """(log start, log end) of every bucket of every partition, asked of their servers."""
+    def log_offsets(self, record: TableRecord, settle: bool = False
+                    ) -> dict[tuple[str | None, int], tuple[int, int]]:
+        """(log start, log end) of every bucket of every partition, asked of their servers;
+        with `settle`, each end only once every record its leader holds is committed."""
         name = record.name
         by_owner: dict[str, list[tuple[PartitionRecord, int]]] = {}
         for p in self.catalog.partitions(record.table_id):
@@ -372,22 +375,26 @@ class Coordinator:
             if owner not in live:
                 raise UnavailableError(
                     f"tablet server {owner} leading buckets of '{name}' is not live")
-            answer = self.channels.get(live[owner]).action("offsets", {
-                "table_id": record.table_id,
-                "buckets": [[p.partition_id, b] for p, b in buckets]})
+            body = {"table_id": record.table_id,
+                    "buckets": [[p.partition_id, b] for p, b in buckets]}
+            if settle:
+                body["settle"] = True
+            answer = self.channels.get(live[owner]).action(
+                "offsets", body, timeout=SETTLE_TIMEOUT + 10.0 if settle else None)
             for (p, bucket), (start, end) in zip(buckets, answer):
                 out[(p.name, bucket)] = (int(start), int(end))
         return out
 
-    def list_offsets(self, name: str) -> dict[tuple[str | None, int], int]:
-        """The current end offset of every bucket (the shape locks and commits record)."""
+    def list_offsets(self, name: str, settle: bool = False) -> dict[tuple[str | None, int], int]:
+        """The current end offset of every bucket (the shape locks and commits record);
+        `settle` as for log_offsets."""
         return {key: end for key, (_start, end) in
-                self.log_offsets(self.catalog.get_table(name)).items()}
+                self.log_offsets(self.catalog.get_table(name), settle).items()}
 
     def list_offsets_action(self, body: dict) -> list[list]:
         """[[partition, bucket, start, end], ...] sorted by partition and bucket (of the table
-        id the body names, when it names one)."""
-        offsets = self.log_offsets(self.named_table(body))
+        id the body names, when it names one); settled ends when the body says `settle`."""
+        offsets = self.log_offsets(self.named_table(body), field(body, "settle", bool, False))
         return [[p, b, start, end] for (p, b), (start, end) in
                 sorted(offsets.items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))]
 

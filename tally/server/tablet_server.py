@@ -39,6 +39,7 @@ from tally.server.settings import (DEFAULT_MAX_BATCH_BYTES, DEFAULT_SCAN_BATCH_R
                                    STORAGE_PROBE_INTERVAL)
 from tally.server.storage_health import StorageHealth
 from tally.server.server_identity import load_server_id
+from tally.server.settled_offsets import SETTLE_TIMEOUT, settled_end
 from tally.server.tablets import HostedTablet, TabletHost, TabletKey
 from tally.wire.bucket_hash import bucket_ids
 from tally.wire.messages import (MAX_SCAN_BATCH_ROWS, SCAN_OFFSET_KEY, field, int_items,
@@ -310,8 +311,12 @@ class TabletServer:
     # --- actions ----------------------------------------------------------------------------
 
     def offsets(self, body: dict) -> list[list[int]]:
-        """[[log start, log end], ...] for the given (partition id, bucket) pairs of a table."""
+        """[[log start, log end], ...] for the given (partition id, bucket) pairs of a table.
+        With `settle`, the end is given only once every record the leader holds is committed
+        (see settled_end): what an undo, a baseline or a takeover builds on."""
         table_id, out = field(body, "table_id", int), []
+        settle = field(body, "settle", bool, False)
+        deadline = time.monotonic() + SETTLE_TIMEOUT
         for pair in field(body, "buckets", list):
             if not isinstance(pair, list) or len(pair) != 2:
                 raise InvalidInputError(f"buckets are [partition id, bucket] pairs, not {pair!r}")
@@ -321,7 +326,8 @@ class TabletServer:
             with hosted.lock:
                 start = int(hosted.tablet.log_start_offset)
             # the end a reader, a baseline or a commit may rely on: the high watermark
-            out.append([start, max(start, int(lead.shown_high_watermark()))])
+            end = settled_end(lead, deadline) if settle else lead.shown_high_watermark()
+            out.append([start, max(start, int(end))])
         return out
 
     def _no_remote_dir(self, body: dict) -> None:
