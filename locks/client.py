@@ -13,6 +13,10 @@ import threading
 from locks.commits import Commit, EpochStart
 from locks.keeper import LeaseKeeper
 from locks.lease import Lease, offsets_from_json, offsets_to_json
+from tally.wire.messages import SETTLE_WAIT
+
+# calls the coordinator answers from settled offsets, which may wait on replication
+_SETTLING = frozenset({"lock_acquire", "epoch_baseline", "epoch_begin"})
 
 
 class Locks:
@@ -25,7 +29,8 @@ class Locks:
         connection.on_close(self._stop_all)
 
     def _call(self, action: str, **body):
-        return self._conn.coordinator_action(action, body)
+        timeout = SETTLE_WAIT if action in _SETTLING else None
+        return self._conn.coordinator_action(action, body, timeout=timeout)
 
     # --- locks --------------------------------------------------------------------------
 

@@ -8,10 +8,7 @@ from tally.client.consumer_position import ConsumerPosition
 from tally.client.lake_snapshot import LakeSnapshot, LakeStatus
 from tally.errors import InvalidInputError
 from tally.timestamps import iso
-
-# A settled offsets call waits on the servers (up to 20 s) for unresolved tails: its own
-# deadline, past theirs.
-SETTLE_WAIT = 40.0
+from tally.wire.messages import SETTLE_WAIT
 
 
 @dataclasses.dataclass(frozen=True)

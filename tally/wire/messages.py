@@ -51,6 +51,9 @@ def dumps(value: Any) -> bytes:
 # end in a RecursionError (an internal error) after a deep descent; no request of the protocol
 # nests beyond a handful of levels.
 MAX_JSON_DEPTH = 64
+# The per-attempt deadline of a call that reads settled offsets (a lock acquisition, an epoch's
+# baseline, an undo's range): the servers wait up to 20 s for unresolved tails, so past that.
+SETTLE_WAIT = 40.0
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _BRACKET = re.compile(rb"[\[\]{}]")
 
