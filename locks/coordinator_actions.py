@@ -1,21 +1,23 @@
 """The coordinator's lock, commit and retention actions (column locks and undo baselines).
 
 ColumnLockService and CommitLog keep the locks; this module maps them onto DoAction names, resolves
-table names to ids and schemas, supplies the table's current offsets for initial offsets and
-baselines, and pushes every lock change to the tablet servers *before* answering, so that no write
-under a superseded token is accepted once a new lease exists (see docs/locks.md).
+table names to ids and schemas, and supplies the table's current offsets for initial offsets and
+baselines. Every lock change goes to the tablet servers through LockViewPublisher: in the
+background, and, for a change that fences, confirmed by the table's bucket leaders *before* the
+call answers, so that no write under a superseded token is accepted once a new lease exists
+(see docs/locks.md).
 """
 
 from __future__ import annotations
 
 import logging
 
-from locks import ColumnLockService, CommitLog, Lease, LockTarget, view_from_records
+from locks import ColumnLockService, CommitLog, Lease, LockTarget
 from locks.commits import check_epoch
 from locks.request import check_buckets
 from locks.lease import offsets_from_json, offsets_to_json
-from tally.errors import (InvalidInputError, LeaseLostError, RecoveryError, TallyError,
-                          UnavailableError)
+from locks.view_publisher import LockViewPublisher
+from tally.errors import InvalidInputError, LeaseLostError, RecoveryError
 from tally.wire.messages import field, int_items
 
 log = logging.getLogger(__name__)
@@ -56,7 +58,9 @@ class CoordinatorLocks:
         self.coordinator = coordinator
         self.catalog = coordinator.catalog
         self.locks = ColumnLockService(coordinator.store, clock=coordinator.clock,
-                                       on_change=self.push_view)
+                                       on_change=lambda table_id, fencing:
+                                       self.views.changed(table_id, fencing))
+        self.views = LockViewPublisher(coordinator, self.locks)
         self.commits = CommitLog(coordinator.store, self.locks)
         coordinator.actions.update({
             "lock_acquire": self.acquire,
@@ -97,23 +101,7 @@ class CoordinatorLocks:
         return lease
 
     def view(self, table_id: int):
-        records = [r for r, _ in self.locks.records(table_id).values()]
-        return view_from_records(table_id, records, self.locks.column_tokens(table_id))
-
-    def push_view(self, table_id: int) -> None:
-        """Send the table's lock view to every live tablet server; raise if one is unreachable
-        (the caller's lock change stands, and retrying the call pushes again)."""
-        body = {"view": self.view(table_id).to_json()}
-        failed = []
-        for server_id, address in self.coordinator.liveness.live().items():
-            try:
-                self.coordinator.channels.get(address).action("install_lock_view", body)
-            except TallyError as e:
-                failed.append(f"{server_id}: {e}")
-        if failed:
-            raise UnavailableError(
-                "the lock change was stored but could not reach every tablet server "
-                f"({'; '.join(failed)}); retry the call")
+        return self.views.view(table_id)
 
     # --- actions ------------------------------------------------------------------------
 
@@ -124,7 +112,7 @@ class CoordinatorLocks:
             raise InvalidInputError(f"ttl must be a number of seconds, not {ttl!r}")
         lease = self.locks.acquire(
             target, field(body, "owner_id", str), field(body, "columns", list), ttl,
-            lambda: self.coordinator.list_offsets(target.name, settle=True))
+            lambda: self.coordinator.list_offsets(target.name))
         return lease.to_json()
 
     def renew(self, body: dict) -> dict:
@@ -180,7 +168,7 @@ class CoordinatorLocks:
         lease = self.lease(body)
         offsets = self.commits.epoch_baseline(
             lease, field(body, "epoch", int),
-            lambda: self.coordinator.list_offsets(lease.table, settle=True))
+            lambda: self.coordinator.list_offsets(lease.table))
         return offsets_to_json(offsets)
 
     def epoch_begin(self, body: dict) -> dict:
@@ -208,7 +196,7 @@ class CoordinatorLocks:
         else:
             guard = None
         attempts = self.locks.register_attempts(lease, buckets, guard=guard)
-        offsets = self.coordinator.list_offsets(lease.table, settle=True)
+        offsets = self.coordinator.list_offsets(lease.table)
         baseline = self.commits.epoch_baseline(lease, epoch, lambda: offsets)
         return {"baseline": offsets_to_json(baseline), "offsets": offsets_to_json(offsets),
                 "attempts": [[b, n] for b, n in sorted(attempts.items())],
@@ -249,3 +237,6 @@ class CoordinatorLocks:
     def drop_table(self, table_id: int) -> None:
         self.locks.drop_table(table_id)
         self.commits.drop_table(table_id)
+
+    def close(self) -> None:
+        self.views.close()

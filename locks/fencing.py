@@ -1,7 +1,9 @@
 """What a tablet server checks before it applies a write: column locks and fencing tokens.
 
 A tablet server keeps one `LockView` per table, pushed by the coordinator on every lock change
-(before the coordinator answers the acquirer) and re-fetched on start. A write touching a column
+and fetched from it when the server needs it (see tablet_check). Every view carries the
+version of the lock state it shows, which only grows per table, so a server keeps the newest
+view whatever order views arrive in. A write touching a column
 under another owner's lock is rejected (live, or expired but unrecovered: a lock's record stays
 until it is released), and so is a write without a lease; a write under a lease must carry the
 owner's newest token and the secret that token was granted with (of which the view holds
@@ -38,15 +40,46 @@ class HeldLock:
 
 @dataclass
 class LockView:
-    """One table's locks as a tablet server knows them."""
+    """One table's locks as a tablet server knows them, as of lock-state `version` (the
+    version of the table's lock guard in the metadata store: every lock change bumps it in
+    its own transaction, so it only grows, also across coordinator restarts and failovers)."""
 
     table_id: int
     locks: list[HeldLock] = field(default_factory=list)
     column_tokens: dict[int, int] = field(default_factory=dict)
+    version: int = 0
+
+    def newer_than(self, other: "LockView | None") -> bool:
+        return other is None or self.version > other.version
+
+    @property
+    def newest_token(self) -> int:
+        """The largest token this view knows of; a larger one was granted after it."""
+        return max([*self.column_tokens.values(), *(l.token for l in self.locks)], default=0)
+
+    def behind(self, owner_id: str | None, token: int | None, bucket: int | None,
+               attempt: int | None) -> bool:
+        """Whether a write's lease (or attempt) is newer than this view knows: then the view
+        may be behind the coordinator's (its push not here yet), and the write must be judged
+        against a fresh one, never refused for a grant on its way."""
+        if token is None:
+            return False
+        if token > self.newest_token:
+            return True
+        own = next((l for l in self.locks if l.owner_id == owner_id), None)
+        return (own is not None and own.token == token and attempt is not None
+                and bucket is not None and attempt > own.attempts.get(bucket, 0))
+
+    def expired_for(self, owner_id: str | None, token: int | None, now: float) -> bool:
+        """Whether the write's lease is this view's own lock of the owner, expired by it (a
+        renewal's view may still be on its way)."""
+        own = next((l for l in self.locks if l.owner_id == owner_id), None)
+        return token is not None and own is not None and own.token == token \
+            and own.expires_at <= now
 
     def to_json(self) -> dict:
         return {
-            "table_id": self.table_id,
+            "table_id": self.table_id, "version": self.version,
             "locks": [{"owner_id": l.owner_id, "columns": sorted(l.column_ids),
                        "column_names": list(l.column_names), "token": l.token,
                        "expires_at": l.expires_at,
@@ -66,6 +99,7 @@ class LockView:
                             str(l["secret_hash"]))
                    for l in d["locks"]],
             column_tokens={int(k): int(v) for k, v in d["column_tokens"].items()},
+            version=int(d.get("version", 0)),
         )
 
     def _refuse(self, lock: HeldLock, overlap, now: float, table: str) -> None:
@@ -129,12 +163,13 @@ def _columns(lock: HeldLock, overlap) -> list:
         or sorted(overlap)
 
 
-def view_from_records(table_id: int, records, column_tokens: dict[int, int]) -> LockView:
+def view_from_records(table_id: int, records, column_tokens: dict[int, int],
+                      version: int = 0) -> LockView:
     """A LockView from the lock service's stored records (expired ones included: the view
-    judges expiry itself at write time)."""
+    judges expiry itself at write time), as of lock-state `version`."""
     return LockView(
         table_id,
         [HeldLock(r.owner_id, frozenset(r.column_ids), r.column_names, r.token, r.expires_at,
                   dict(r.attempts), r.secret_hash) for r in records],
-        dict(column_tokens),
+        dict(column_tokens), version,
     )

@@ -9,10 +9,16 @@ Layout in the metadata store:
 Every acquisition and takeover is one metadata transaction (`MetadataStore.transact`: built
 again from fresh reads when another writer got in first) that checks the table's guard node
 version and bumps it, so two acquirers can never both win, even across coordinator restarts; a
-renewal, an attempt registration, a release or a discard compare-and-sets the lock node alone.
-A guard may hold {} (the ZooKeeper store makes it, as the parent of the lock node an
-acquisition creates, before that transaction): no token issued yet. Expiry is judged on the
-coordinator's clock (`clock`, `time.time` by default).
+renewal, an attempt registration, a release or a discard changes the lock node and bumps the
+guard in the same transaction. So the guard's version counts every change of the table's
+locks: it is the version of the lock views tablet servers receive (`view_state`), and it only
+grows, whichever coordinator made the change. A guard may hold {} (the ZooKeeper store makes
+it, as the parent of the lock node an acquisition creates, before that transaction): no token
+issued yet. Expiry is judged on the coordinator's clock (`clock`, `time.time` by default).
+
+`on_change(table_id, fencing)` runs after every change: `fencing` is False only for a renewal
+(which extends an expiry and fences nobody), True for everything that grants a token, registers
+an attempt or removes a lock.
 
 A lock node lives from the acquisition that starts its tenure until its owner releases it (or
 an operator discards it): expiry alone does not end a tenure, because the tenure's writes since
@@ -33,7 +39,6 @@ from tally.errors import (
     ColumnLockConflict,
     InvalidInputError,
     LeaseLostError,
-    NotFoundError,
     PermissionDeniedError,
     RecoveryError,
     UnrecoveredLockError,
@@ -56,10 +61,10 @@ def lock_path(table_id: int, owner_id: str) -> str:
 
 class ColumnLockService:
     def __init__(self, store: MetadataStore, clock: Callable[[], float] = time.time,
-                 on_change: Callable[[int], None] | None = None):
+                 on_change: Callable[[int, bool], None] | None = None):
         self.store = store
         self.clock = clock
-        self.on_change = on_change or (lambda table_id: None)
+        self.on_change = on_change or (lambda table_id, fencing: None)
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -92,7 +97,24 @@ class ColumnLockService:
 
     def column_tokens(self, table_id: int) -> dict[int, int]:
         node = self.store.get(guard_path(table_id))
-        return {} if node is None else {int(k): int(v) for k, v in node.value.get("column_tokens", {}).items()}
+        return {} if node is None else _column_tokens(node)
+
+    def view_state(self, table_id: int, tries: int = 5
+                   ) -> tuple[int, list[LockRecord], dict[int, int]]:
+        """(version, records, column tokens) of a table's locks, read as one state: the guard,
+        then the lock nodes, then the guard again, until the guard did not move in between
+        (every change bumps it, so nothing changed meanwhile). If it keeps moving, the last
+        read is used with its first guard's version: its contents are then at least as new as
+        that version (they were read after it), which is all a tablet server relies on."""
+        for _ in range(tries):
+            first = self.store.get(guard_path(table_id))
+            records = [r for r, _ in self.records(table_id).values()]
+            again = self.store.get(guard_path(table_id))
+            if (first is None) == (again is None) and \
+                    (first is None or first.version == again.version):
+                break
+        version = 0 if first is None else first.version + 1  # a guard not yet made: 0
+        return version, records, {} if again is None else _column_tokens(again)
 
     # --- acquiring ----------------------------------------------------------------------------
 
@@ -108,7 +130,7 @@ class ColumnLockService:
         lease = self.store.transact(
             lambda: self._acquire_ops(target, owner_id, ids, names, ttl, current_offsets),
             what=f"Locks of table {target.name}")
-        self.on_change(target.table_id)
+        self.on_change(target.table_id, True)
         return lease
 
     def _resolve(self, target: LockTarget, columns) -> tuple[tuple[int, ...], tuple[str, ...]]:
@@ -222,7 +244,7 @@ class ColumnLockService:
         leases = self.store.transact(lambda: self._take_over_ops(target, owner_id, ids, ttl),
                                      what=f"Locks of table {target.name}")
         if leases:
-            self.on_change(target.table_id)
+            self.on_change(target.table_id, True)
         return leases
 
     def _take_over_ops(self, target, owner_id, ids, ttl) -> tuple[list[tuple], list[Lease]]:
@@ -269,12 +291,18 @@ class ColumnLockService:
                 raise ColumnLockConflict(
                     f"The lock of owner '{owner_id}' on table {target.name} is live until "
                     f"{_when(record.expires_at)}; only an expired lock can be discarded")
-            return [("delete", path, node.version)], True
+            return [self._bump(target.table_id), ("delete", path, node.version)], True
 
         discarded = self.store.transact(attempt, what=f"Locks of table {target.name}")
         if discarded:
-            self.on_change(target.table_id)
+            self.on_change(target.table_id, True)
         return discarded
+
+    def _bump(self, table_id: int) -> tuple:
+        """The guard write that counts a change (the lock views' version) without changing
+        tokens; in the change's own transaction, whose retry reads it again."""
+        guard = self.store.get(guard_path(table_id))
+        return self._guard_op(guard, table_id, dict(guard.value) if guard else {})
 
     def _guard_op(self, guard, table_id: int, value: dict):
         if guard is None:
@@ -320,12 +348,13 @@ class ColumnLockService:
         def attempt() -> tuple[list[tuple], Lease]:
             record, version = self.current(lease)
             renewed = dataclasses.replace(record, expires_at=self.clock() + record.ttl)
-            return [("set", lock_path(lease.table_id, lease.owner_id), renewed.to_json(),
+            return [self._bump(lease.table_id),
+                    ("set", lock_path(lease.table_id, lease.owner_id), renewed.to_json(),
                      version)], renewed.lease(lease.table, lease.secret)
 
         renewed = self.store.transact(attempt, what=f"the lock of owner '{lease.owner_id}'",
                                       doing=f"renew the lease on {lease.table}")
-        self.on_change(lease.table_id)
+        self.on_change(lease.table_id, False)  # only a later expiry: nobody is fenced
         return renewed
 
     def register_attempt(self, lease: Lease, bucket: int) -> int:
@@ -345,12 +374,13 @@ class ColumnLockService:
             numbers = {b: record.attempts.get(b, 0) + 1 for b in buckets}
             updated = dataclasses.replace(record, attempts={**record.attempts, **numbers})
             checks = list(guard()) if guard is not None else []
-            return checks + [("set", lock_path(lease.table_id, lease.owner_id),
+            return checks + [self._bump(lease.table_id),
+                             ("set", lock_path(lease.table_id, lease.owner_id),
                               updated.to_json(), version)], numbers
 
         numbers = self.store.transact(attempt, what=f"the lock of owner '{lease.owner_id}'",
                                       doing=f"register attempts on {lease.table}")
-        self.on_change(lease.table_id)
+        self.on_change(lease.table_id, True)
         return numbers
 
     def release(self, lease: Lease) -> bool:
@@ -360,14 +390,28 @@ class ColumnLockService:
         if node is None or LockRecord.from_json(node.value).token != lease.token:
             return False
         self._check_secret(lease, LockRecord.from_json(node.value))
+
+        def attempt() -> tuple[list[tuple], bool]:
+            # the lock node's version pins the lease read above: if it moved (renewed,
+            # superseded, gone), the release is lost, never retried against a newer grant
+            now = self.store.get(lock_path(lease.table_id, lease.owner_id))
+            if now is None or now.version != node.version:
+                return [], False
+            return [self._bump(lease.table_id),
+                    ("delete", lock_path(lease.table_id, lease.owner_id), node.version)], True
+
         try:
-            self.store.transaction([("delete", lock_path(lease.table_id, lease.owner_id),
-                                     node.version)])
-        except (VersionConflictError, NotFoundError):  # superseded or gone meanwhile
+            released = self.store.transact(attempt, what=f"Locks of table {lease.table}")
+        except VersionConflictError:
             return False
-        self.on_change(lease.table_id)
-        return True
+        if released:
+            self.on_change(lease.table_id, True)
+        return released
 
     def drop_table(self, table_id: int) -> None:
         """Forget every lock of a dropped table."""
         self.store.delete(guard_path(table_id), recursive=True)
+
+
+def _column_tokens(guard) -> dict[int, int]:
+    return {int(k): int(v) for k, v in guard.value.get("column_tokens", {}).items()}

@@ -400,6 +400,7 @@ class Coordinator:
 
     def close(self) -> None:
         self.departures.close()
+        self.locking.close()
         self.replicas.close()
         if self._registration is not None:
             self._registration.close()

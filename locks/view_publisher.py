@@ -1,0 +1,86 @@
+"""What the coordinator does after every lock change: send the table's new lock view to the
+tablet servers, and wait only where fencing needs it.
+
+Every live tablet server (and every server leading a bucket of the table) gets the view in the
+background (view_delivery). A renewal only moves an expiry later, which fences nobody, so it
+waits for no one. Every other change (a new token, an attempt, a lock removed) answers its
+caller only once every server *leading a bucket of the table* has confirmed the view, so that
+what the caller does next (an undo reads the end offsets after its takeover or attempt) can
+rely on it: from then on no leader accepts a write under what the change superseded. A leader
+that does not confirm within `wait` seconds fails the call with a retryable UnavailableError
+naming it; the change stays stored, and a retry waits again. Servers that lead none of the
+table's buckets are never waited for; one that becomes a leader later fetches the view itself
+before its first write there (tablet_check).
+"""
+
+from __future__ import annotations
+
+from locks.fencing import LockView, view_from_records
+from locks.view_delivery import PUSH_TIMEOUT, ViewDelivery
+from tally.errors import NotFoundError, TallyError, UnavailableError
+
+DELIVERY_WAIT = 10.0  # seconds a fencing lock call waits for the table's bucket leaders
+
+
+class LockViewPublisher:
+    """The coordinator's side of lock views: made by CoordinatorLocks."""
+
+    def __init__(self, coordinator, locks, wait: float = DELIVERY_WAIT,
+                 push_timeout: float = PUSH_TIMEOUT) -> None:
+        self.coordinator = coordinator
+        self.locks = locks
+        self.wait = wait
+        self.delivery = ViewDelivery(self._send, push_timeout)
+
+    def view(self, table_id: int) -> LockView:
+        version, records, tokens = self.locks.view_state(table_id)
+        return view_from_records(table_id, records, tokens, version)
+
+    def leaders(self, table_id: int) -> dict[str, list[str]]:
+        """{server id: the buckets of the table it leads} by the catalog now."""
+        try:
+            partitions = self.coordinator.catalog.partitions(table_id)
+        except NotFoundError:  # dropped meanwhile: nobody writes to it any more
+            return {}
+        out: dict[str, list[str]] = {}
+        for p in partitions:
+            for bucket, replicas in enumerate(p.buckets):
+                if replicas.leader is not None:
+                    label = f"{bucket}" if p.name is None else f"{p.name}/{bucket}"
+                    out.setdefault(replicas.leader, []).append(label)
+        return out
+
+    def changed(self, table_id: int, fencing: bool) -> None:
+        """Publish the table's view; for a fencing change, wait for its bucket leaders."""
+        view = self.view(table_id)
+        leaders = self.leaders(table_id)
+        self.delivery.publish(view, set(self.coordinator.liveness.live()) | set(leaders))
+        if not fencing or not leaders:
+            return
+        missing = self.delivery.wait(view, leaders, self.wait)
+        if missing:
+            raise UnavailableError(
+                f"the lock change on table {self._name(table_id)} is stored, but "
+                + "; ".join(f"tablet server {sid} (leader of bucket(s) "
+                            f"{', '.join(leaders[sid][:8])}{' ...' if len(leaders[sid]) > 8 else ''}) "
+                            f"has not confirmed lock view version {view.version}: {why}"
+                            for sid, why in sorted(missing.items()))
+                + ". Retry the call: it succeeds once that server answers or its buckets get "
+                "another leader")
+
+    def _send(self, server_id: str, view: LockView, timeout: float):
+        address = self.coordinator.liveness.live().get(server_id) \
+            or self.coordinator.catalog.known_servers().get(server_id)
+        if address is None:
+            raise UnavailableError(f"tablet server {server_id} has no known address")
+        return self.coordinator.channels.get(address).action(
+            "install_lock_view", {"view": view.to_json()}, timeout=timeout)
+
+    def _name(self, table_id: int) -> str:
+        try:
+            return self.coordinator.catalog.table_by_id(table_id).name
+        except TallyError:
+            return f"id {table_id}"
+
+    def close(self) -> None:
+        self.delivery.close()
