@@ -112,7 +112,7 @@ class CoordinatorLocks:
             raise InvalidInputError(f"ttl must be a number of seconds, not {ttl!r}")
         lease = self.locks.acquire(
             target, field(body, "owner_id", str), field(body, "columns", list), ttl,
-            lambda: self.coordinator.list_offsets(target.name))
+            lambda: self.coordinator.list_offsets(target.name, settle=True))
         return lease.to_json()
 
     def renew(self, body: dict) -> dict:
@@ -168,7 +168,7 @@ class CoordinatorLocks:
         lease = self.lease(body)
         offsets = self.commits.epoch_baseline(
             lease, field(body, "epoch", int),
-            lambda: self.coordinator.list_offsets(lease.table))
+            lambda: self.coordinator.list_offsets(lease.table, settle=True))
         return offsets_to_json(offsets)
 
     def epoch_begin(self, body: dict) -> dict:
@@ -196,7 +196,7 @@ class CoordinatorLocks:
         else:
             guard = None
         attempts = self.locks.register_attempts(lease, buckets, guard=guard)
-        offsets = self.coordinator.list_offsets(lease.table)
+        offsets = self.coordinator.list_offsets(lease.table, settle=True)
         baseline = self.commits.epoch_baseline(lease, epoch, lambda: offsets)
         return {"baseline": offsets_to_json(baseline), "offsets": offsets_to_json(offsets),
                 "attempts": [[b, n] for b, n in sorted(attempts.items())],

@@ -4,6 +4,9 @@ DEFAULT_MAX_BATCH_BYTES = 64 << 20   # largest write request a tablet server acc
 DEFAULT_MEMORY_BUDGET = "1gb"       # write memory of all buckets of a tablet server (MemoryBudget)
 SESSION_TIMEOUT = 6.0                # seconds of silence before a tablet server counts as gone
 HEARTBEAT_INTERVAL = 1.0             # seconds between a tablet server's heartbeats
+# a leader lease lasts this share of the session timeout from its heartbeat's send time: the
+# rest is the margin for clocks that run at different rates (leader_lease)
+LEASE_FRACTION = 0.75
 STORAGE_PROBE_INTERVAL = 1.0         # seconds between looks for buckets to reopen (disk full)
 DEFAULT_SCAN_BATCH_ROWS = 65536        # rows per batch of a scan that names no batch_size
 
