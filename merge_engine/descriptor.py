@@ -57,6 +57,7 @@ KNOWN_TABLE_OPTIONS = {
     CONSUMER_RETENTION,
     "table.agg.remove-record-on-empty",
     "table.replication.factor",  # read by the coordinator's placement, not by the tablet
+    "table.replication.lag-time-ms",  # read by the coordinator, sent to bucket leaders
     *LAKE_OPTIONS,  # read by the tiering service
 }
 

@@ -35,7 +35,9 @@ def cmd_tables(args: argparse.Namespace) -> int:
 def cmd_describe(args: argparse.Namespace) -> int:
     with open_connection(args) as conn:
         info = conn.admin.describe_table(args.table)
+        replicas = conn.admin.bucket_replicas(args.table)
     described = describe(info)
+    described["under_replicated"] = under_replicated(replicas)
     if args.format == "json":
         print(json.dumps(described, indent=2))
         return 0
@@ -54,7 +56,24 @@ def cmd_describe(args: argparse.Namespace) -> int:
     options = described["options"]
     print("options:       " + (", ".join(f"{k}={v}" for k, v in sorted(options.items()))
                                or "(none)"))
+    lagging = described["under_replicated"]
+    print("in sync:       " + ("every copy of every bucket" if not lagging else
+                               "UNDER-REPLICATED " + "; ".join(
+                                   f"{b['bucket']}: out of sync {', '.join(b['out_of_sync'])}"
+                                   for b in lagging)))
     return 0
+
+
+def under_replicated(replicas: dict) -> list[dict]:
+    """The buckets with copies out of their in-sync set: which bucket, which servers."""
+    out = []
+    for (partition, bucket), r in sorted(replicas.items(),
+                                         key=lambda kv: (kv[0][0] or "", kv[0][1])):
+        lagging = [s for s in r["replicas"] if s not in r["isr"]]
+        if lagging:
+            where = f"bucket {bucket}" + (f" of partition {partition}" if partition else "")
+            out.append({"bucket": where, "out_of_sync": lagging})
+    return out
 
 
 def describe(info) -> dict:

@@ -15,15 +15,18 @@ from tally.errors import InvalidOptionError
 
 def cmd_servers(args: argparse.Namespace) -> int:
     """Print the tablet servers a coordinator knows: liveness, address, and for a live server
-    that reports problems (a bucket whose disk is full, ...) UNHEALTHY and each problem."""
+    that reports problems (a bucket whose disk is full, ...) UNHEALTHY and each problem; and
+    the bucket copies on each server that are out of their in-sync set."""
     with open_connection(args) as conn:
         servers = conn.admin.list_servers()
     rows = [(s["server_id"], "DOWN" if not s["live"] else "live" if s["healthy"] else
-             "UNHEALTHY", s["address"] or "", "; ".join(s["problems"])) for s in servers]
+             "UNHEALTHY", s["address"] or "", "; ".join(s["problems"]),
+             "; ".join(s.get("out_of_sync", []))) for s in servers]
     if not rows and args.format == "table":
         print("no tablet servers")
         return 0
-    emit(header_for(("SERVER", "STATE", "ADDRESS", "PROBLEMS"), args.format), rows, args.format)
+    emit(header_for(("SERVER", "STATE", "ADDRESS", "PROBLEMS", "OUT OF SYNC"), args.format),
+         rows, args.format)
     return 0
 
 

@@ -6,7 +6,7 @@ Layout in the metadata store (names are quoted with `tally.meta.node_name`):
     /databases/<db>/tables/<table>        {"name", "table_id", "descriptor", "created_at"}
     /tables/<table_id>                    {"name"}                  (the id's own subtree)
     /tables/<table_id>/partitions/<part>  {"name", "partition_id", "buckets": [replicas]}
-    /servers/<server_id>                  {"address"}               (every tablet server known)
+    /servers/<server_id>                  {"address", "incarnation"} (every tablet server known)
     /ids/<counter>                        {"next"}
 
 Each bucket's entry in "buckets" is its BucketReplicas: the servers holding a copy, the leader
@@ -319,3 +319,18 @@ class Catalog:
             if node is not None:
                 out[text_of(child)] = node.value["address"]
         return out
+
+    def server_incarnation(self, server_id: str) -> str | None:
+        """The process of `server_id` last heard (None: never, or before incarnations)."""
+        node = self.store.get(join_path("servers", node_name(server_id)))
+        return None if node is None else node.value.get("incarnation")
+
+    def set_server_incarnation(self, server_id: str, incarnation: str) -> bool:
+        """Record the process `server_id` now runs as; False when the server is not known yet
+        (its first heartbeat remembers it, and records this again)."""
+        try:
+            self.store.update(join_path("servers", node_name(server_id)),
+                              lambda v: {**v, "incarnation": incarnation})
+        except NotFoundError:
+            return False
+        return True

@@ -36,6 +36,7 @@ from tally.server.bucket_restore import BucketRestore
 from tally.server.replica_control import ReplicaControl
 from tally.server.snapshot_registry import SnapshotRegistry
 from tally.server.lake_registry import LakeRegistry
+from tally.server.leadership import REPLICA_LAG_TIME
 from tally.server.departure_probe import DepartureProbe
 from tally.server.membership import (COORDINATOR, EphemeralRegistration, HeartbeatLiveness,
                                      ZooKeeperLiveness)
@@ -63,13 +64,16 @@ class Coordinator:
                  session_timeout: float = SESSION_TIMEOUT, clock=time.time, tls=None,
                  metrics: ServerMetrics | None = None, default_replication_factor: int = 1,
                  replica_replace_after: float = 60.0, datalake_dir: str | None = None,
-                 tier_timeout: float = TIER_TIMEOUT) -> None:
+                 tier_timeout: float = TIER_TIMEOUT,
+                 replica_lag_time: float = REPLICA_LAG_TIME) -> None:
         """`clock`: the time lock expiry is judged by (tests move it; see server.clock).
         `metrics`: the process's (a registry of its own when None).
         `default_replication_factor`: copies of each bucket of a table that names none;
         `replica_replace_after`: seconds a server may be gone before its copies are made
         again on other servers; `datalake_dir`: the root of the lake tables (None: no lake);
-        `tier_timeout`: seconds a tiering process may miss heartbeats before its tables move."""
+        `tier_timeout`: seconds a tiering process may miss heartbeats before its tables move;
+        `replica_lag_time`: seconds a follower may go without catching up before it leaves
+        the in-sync set (tables may set their own)."""
         self.store = store
         self.metrics = metrics if metrics is not None else ServerMetrics()
         self.clock = clock
@@ -114,7 +118,7 @@ class Coordinator:
         # heartbeats arrive within a session; ZooKeeper's live nodes are read at once
         grace = session_timeout + 1.0 if not self._zookeeper else 1.0
         self.replicas = ReplicaControl(self, default_replication_factor, replica_replace_after,
-                                       grace)
+                                       grace, lag_time=replica_lag_time)
         # a server whose process died is gone at once, not after its session timeout
         self.departures = DepartureProbe(self.liveness, lambda sid: self.replicas.wake())
         self.snapshots = SnapshotRegistry(self)  # adds snapshot_register, bucket_snapshots
@@ -162,6 +166,7 @@ class Coordinator:
             if body.get("ignore_if_exists"):
                 return {"table_id": existing.table_id, "created": False}
             raise AlreadyExistsError(f"table '{name}' already exists")
+        self.replicas.validate(descriptor)  # partitioned tables place buckets later
         owners = None if descriptor.schema.partition_key else \
             self.assign(descriptor, descriptor.bucket_count, salt=0)
         try:
@@ -289,12 +294,13 @@ class Coordinator:
         its last heartbeat reported (such as a bucket whose disk is full)."""
         live = self.liveness.live()
         known = self.catalog.known_servers()
+        lagging = self.replicas.out_of_sync()
         out = []
         for sid in sorted(set(known) | set(live)):
             problems = self._problems.get(sid, []) if sid in live else []
             out.append({"server_id": sid, "address": live.get(sid, known.get(sid)),
                         "live": sid in live, "healthy": sid in live and not problems,
-                        "problems": problems})
+                        "problems": problems, "out_of_sync": lagging.get(sid, [])})
         return out
 
     def heartbeat(self, body: dict) -> dict:
@@ -304,6 +310,7 @@ class Coordinator:
         server_id, address = field(body, "server_id", str), field(body, "address", str)
         table_ids = int_items(field(body, "table_ids", list, []), "table_ids")
         problems = field(body, "problems", list, [])
+        incarnation = field(body, "incarnation", str, None)
         if not all(isinstance(p, str) for p in problems):
             raise InvalidInputError("malformed request: the field 'problems' must hold strings")
         reports = self.snapshots.check_reports(body.get("high_watermarks", []))
@@ -316,6 +323,8 @@ class Coordinator:
         self._refuse_address_hijack(server_id, address)
         self.catalog.remember_server(server_id, address)
         self._problems[server_id] = problems
+        # before it counts as live: a new process's copies leave the in-sync sets first
+        self.replicas.incarnations.heard(server_id, incarnation)
         self.liveness.heartbeat(server_id, address)
         self.departures.heard(server_id)
         self.snapshots.heartbeat(server_id, reports)

@@ -109,6 +109,13 @@ class ServerMetrics:
         self.truncated_records = Counter("tally_log_truncated_records",
                                          "Changelog records truncation dropped",
                                          ("table", "trigger"), registry=r)
+        self.isr_shrinks = Counter("tally_isr_shrinks",
+                                   "Followers that left the in-sync set of a bucket led here "
+                                   "(not caught up within the replica lag time, or lost data)",
+                                   ("table",), registry=r)
+        self.isr_expands = Counter("tally_isr_expands",
+                                   "Followers that joined the in-sync set of a bucket led here "
+                                   "once caught up", ("table",), registry=r)
         self._http = None
         # labels() validates its arguments on every call: a write finds its three children here
         self._write_children: dict[tuple[str, ...], tuple] = {}
@@ -188,6 +195,13 @@ class ServerMetrics:
             self.truncations.labels(table, trigger).inc()
             self.truncated_records.labels(table, trigger).inc(after - before)
 
+    def isr_changed(self, table: str, shrunk: int, expanded: int) -> None:
+        """A led bucket's in-sync set lost `shrunk` followers and gained `expanded`."""
+        if shrunk:
+            self.isr_shrinks.labels(table).inc(shrunk)
+        if expanded:
+            self.isr_expands.labels(table).inc(expanded)
+
     # --- read when scraped --------------------------------------------------------------
 
     def watch_memory(self, host) -> None:
@@ -197,6 +211,11 @@ class ServerMetrics:
     def watch_locks(self, holders: Callable[[], dict[str, tuple[int, int]]]) -> None:
         """Lock holders per table, `holders()` -> {table: (live, expired unreleased)}."""
         self.registry.register(_LockCollector(holders))
+
+    def watch_replication(self, led: Callable[[], Iterable[tuple[str, int, int]]]) -> None:
+        """In-sync copies of the buckets this server leads, `led()` -> [(table, in sync,
+        copies), ...], read at each scrape."""
+        self.registry.register(_ReplicationCollector(led))
 
     # --- the endpoint -------------------------------------------------------------------
 
@@ -267,3 +286,26 @@ class _LockCollector:
             family.add_metric([table, "live"], live)
             family.add_metric([table, "expired"], expired)
         yield family
+
+
+class _ReplicationCollector:
+    def __init__(self, led: Callable[[], Iterable[tuple[str, int, int]]]) -> None:
+        self._led = led
+
+    def collect(self):
+        in_sync = GaugeMetricFamily("tally_led_in_sync_replicas",
+                                    "In-sync copies (the leader's included) summed over the "
+                                    "buckets this server leads", labels=["table"])
+        under = GaugeMetricFamily("tally_under_replicated_buckets",
+                                  "Buckets led here with a copy out of the in-sync set",
+                                  labels=["table"])
+        sums: dict[str, list[int]] = {}
+        for table, isr, copies in self._led():
+            total = sums.setdefault(table, [0, 0])
+            total[0] += isr
+            total[1] += 1 if isr < copies else 0
+        for table, (isr, lagging) in sorted(sums.items()):
+            in_sync.add_metric([table], isr)
+            under.add_metric([table], lagging)
+        yield in_sync
+        yield under

@@ -147,6 +147,7 @@ class ServerProcess:
                 session_timeout=args.session_timeout,
                 default_replication_factor=args.default_replication_factor,
                 replica_replace_after=args.replica_replace_after,
+                replica_lag_time=args.replica_lag_time,
                 datalake_dir=args.datalake_dir, tier_timeout=args.tier_timeout)
             self.flight.attach(coordinator=self.coordinator)
         if args.role in ("all", "tablet"):

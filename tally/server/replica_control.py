@@ -7,7 +7,10 @@ Every bucket's BucketReplicas lives in its partition's metadata node (catalog). 
   which leader epoch) and `bucket_replicas` (the same facts per table, for people);
 - applies `alter_isr`, the leader's request to add a caught-up follower to its in-sync set or
   drop a lagging one, only while that leader still holds the epoch it names: a deposed leader
-  cannot shrink the set to acknowledge writes alone;
+  cannot shrink the set to acknowledge writes alone, and a leader that proposes from a set the
+  coordinator has changed since is answered with the current set instead;
+- takes a tablet server that comes back as a new process out of the in-sync sets its copies
+  may no longer deserve, before it gets any role (server_incarnations);
 - runs a loop that, whenever the live servers change (and every few seconds besides), elects a
   new leader for each bucket whose leader is gone, drops dead followers from in-sync sets, and
   re-creates on live servers the copies of a server gone longer than `replace_after`.
@@ -26,8 +29,11 @@ import uuid
 
 from tally.errors import InvalidInputError, NotFoundError, StaleMetadataError, TallyError
 from tally.server.catalog import BucketReplicas, PartitionRecord
+from tally.server.leadership import REPLICA_LAG_TIME
 from tally.server.replica_placement import (elect, min_insync_replicas, place, replace,
-                                            replication_factor, without_dead_followers)
+                                            replica_lag_time_ms, replication_factor,
+                                            without_dead_followers)
+from tally.server.server_incarnations import ServerIncarnations
 from tally.wire.messages import field
 
 log = logging.getLogger(__name__)
@@ -41,15 +47,19 @@ class ReplicaControl:
     """Added to a Coordinator; adds the replication actions to its action table."""
 
     def __init__(self, coordinator, default_factor: int = 1, replace_after: float = 60.0,
-                 grace: float = 0.0, clock=time.monotonic) -> None:
+                 grace: float = 0.0, clock=time.monotonic,
+                 lag_time: float = REPLICA_LAG_TIME) -> None:
         """`grace`: seconds after start before servers not seen live count as gone: a
         coordinator that has just started has heard no heartbeats yet, and electing then
         would depose every leader for nothing. It ends early once every known server has
-        been seen live."""
+        been seen live. `lag_time`: seconds a follower may go without catching up before
+        its leader takes it out of the in-sync set, for tables that set no
+        `table.replication.lag-time-ms`."""
         self.coordinator = coordinator
         self.catalog = coordinator.catalog
         self.default_factor = default_factor
         self.replace_after = replace_after
+        self.default_lag_ms = max(1, round(lag_time * 1000))
         self._clock = clock
         self._acting_from = clock() + grace
         self._instance = uuid.uuid4().hex[:8]
@@ -58,7 +68,9 @@ class ReplicaControl:
         self._dead_since: dict[str, float] = {}
         self._last_live: frozenset[str] | None = None
         self._last_full = 0.0
-        self._min_isr: dict[int, tuple[str, int]] = {}  # table id -> (descriptor, min isr)
+        # table id -> (descriptor, (min isr, lag time ms))
+        self._settings: dict[int, tuple[str, tuple[int, int]]] = {}
+        self.incarnations = ServerIncarnations(self)
         coordinator.actions.update({
             "bucket_replicas": self.bucket_replicas,
             "server_buckets": self.server_buckets,
@@ -79,9 +91,16 @@ class ReplicaControl:
 
     def place(self, descriptor, bucket_count: int, salt: int,
               live: list[str]) -> tuple[BucketReplicas, ...]:
-        factor = replication_factor(descriptor, self.default_factor)
-        min_insync_replicas(descriptor, factor)  # a bad value is refused at create
+        factor = self.validate(descriptor)
         return place(live, bucket_count, factor, salt)
+
+    def validate(self, descriptor) -> int:
+        """The table's replication factor, its replication options checked (a bad value is
+        refused at create, InvalidOptionError naming the option)."""
+        factor = replication_factor(descriptor, self.default_factor)
+        min_insync_replicas(descriptor, factor)
+        replica_lag_time_ms(descriptor, self.default_lag_ms)
+        return factor
 
     def created(self, buckets) -> None:
         """New buckets exist: their servers take their roles now."""
@@ -99,8 +118,10 @@ class ReplicaControl:
         return out
 
     def server_buckets(self, body: dict) -> dict:
-        """The buckets one tablet server holds a copy of, with its role in each."""
+        """The buckets one tablet server holds a copy of, with its role in each. A server
+        that asks as a new process (`incarnation`) leaves the in-sync sets first."""
         server_id = field(body, "server_id", str)
+        self.incarnations.heard(server_id, field(body, "incarnation", str, None))
         live = self.coordinator.liveness.live()
         out = []
         for table_id, p in self._all_partitions():
@@ -108,23 +129,28 @@ class ReplicaControl:
                 if server_id not in r.replicas:
                     continue
                 try:
-                    min_isr = self._table_min_isr(table_id, len(r.replicas))
+                    min_isr, lag_ms = self._table_settings(table_id, len(r.replicas))
                 except NotFoundError:
                     continue
                 out.append({"table_id": table_id, "partition_id": p.partition_id,
                             "partition": p.name, "bucket": b, "leader": r.leader,
                             "leader_address": live.get(r.leader) if r.leader else None,
                             "replicas": list(r.replicas), "isr": list(r.isr),
-                            "leader_epoch": r.leader_epoch, "min_isr": min_isr})
+                            "leader_epoch": r.leader_epoch, "min_isr": min_isr,
+                            "lag_time_ms": lag_ms})
         return {"version": self.version, "buckets": out}
 
     def alter_isr(self, body: dict) -> dict:
         """A leader changes its bucket's in-sync set; refused (StaleMetadataError) unless it
-        still leads under `leader_epoch`. The set must hold the leader and only replicas."""
+        still leads under `leader_epoch`. The set must hold the leader and only replicas.
+        With `current_isr` (the set the proposal was made from), a set the coordinator has
+        changed since is kept and returned: the leader proposes again from it, so it never
+        puts back a follower the coordinator took out (a restarted server)."""
         table_id, partition_id = field(body, "table_id", int), field(body, "partition_id", int)
         bucket, epoch = field(body, "bucket", int), field(body, "leader_epoch", int)
         leader = field(body, "leader", str)
         isr = field(body, "isr", list)
+        based_on = field(body, "current_isr", list, None)
         if not all(isinstance(s, str) for s in isr) or leader not in isr:
             raise InvalidInputError(f"an in-sync set must list server ids and hold the leader, "
                                     f"not {isr!r}")
@@ -140,6 +166,8 @@ class ReplicaControl:
                     f"server {leader} no longer leads bucket {bucket} of table id {table_id} "
                     f"under epoch {epoch} (leader {current.leader}, epoch "
                     f"{current.leader_epoch}): its in-sync change was refused")
+            if based_on is not None and set(based_on) != set(current.isr):
+                return buckets
             stray = [s for s in isr if s not in current.replicas]
             if stray:
                 raise InvalidInputError(f"servers {stray} hold no copy of bucket {bucket}")
@@ -327,15 +355,36 @@ class ReplicaControl:
             for p in partitions:
                 yield table_id, p
 
-    def _table_min_isr(self, table_id: int, factor: int) -> int:
+    def _table_settings(self, table_id: int, factor: int) -> tuple[int, int]:
+        """(min in-sync replicas, replica lag time in ms) of a table's buckets."""
         record = self.catalog.table_by_id(table_id)
-        cached = self._min_isr.get(table_id)
+        cached = self._settings.get(table_id)
         if cached is not None and cached[0] == record.descriptor:
             return cached[1]
         descriptor = self.coordinator.parse_descriptor(record.descriptor)
-        value = min(min_insync_replicas(descriptor, factor), factor)
-        self._min_isr[table_id] = (record.descriptor, value)
+        value = (min(min_insync_replicas(descriptor, factor), factor),
+                 replica_lag_time_ms(descriptor, self.default_lag_ms))
+        self._settings[table_id] = (record.descriptor, value)
         return value
+
+    def out_of_sync(self) -> dict[str, list[str]]:
+        """Per server, the buckets whose copy on it is out of the in-sync set (what `tally
+        servers` shows beside each server)."""
+        out: dict[str, list[str]] = {}
+        names: dict[int, str] = {}
+        for table_id, p in self._all_partitions():
+            for b, r in enumerate(p.buckets):
+                for sid in r.replicas:
+                    if sid in r.isr:
+                        continue
+                    if table_id not in names:
+                        try:
+                            names[table_id] = self.catalog.table_by_id(table_id).name
+                        except NotFoundError:
+                            names[table_id] = f"table id {table_id}"
+                    where = f" partition {p.name}" if p.name is not None else ""
+                    out.setdefault(sid, []).append(f"bucket {b}{where} of {names[table_id]}")
+        return out
 
     def close(self) -> None:
         self._stop.set()

@@ -4,7 +4,8 @@ Kept apart from the loop that applies them (replica_control) so the rules can be
 tested, without a cluster: placement spreads leaders and followers round robin over the live
 servers; an election picks the next leader from the in-sync replicas only (a replica outside
 them may lack acknowledged writes, so electing it would lose them); a replacement moves a long
-dead server's copies to the live server holding the fewest.
+dead server's copies to the live server holding the fewest; a server back under a new process
+leaves the in-sync sets its copy may no longer deserve.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from tally.server.catalog import BucketReplicas
 
 REPLICATION_FACTOR = "table.replication.factor"
 MIN_INSYNC_REPLICAS = "min.insync.replicas"
+LAG_TIME = "table.replication.lag-time-ms"
+MAX_LAG_TIME_MS = 24 * 3600 * 1000
 
 
 def replication_factor(descriptor, default: int) -> int:
@@ -49,6 +52,24 @@ def min_insync_replicas(descriptor, factor: int) -> int:
             f"{MIN_INSYNC_REPLICAS} must be a whole number from 1 to the replication factor "
             f"({factor}), not {value!r}")
     return wanted
+
+
+def replica_lag_time_ms(descriptor, default_ms: int) -> int:
+    """Milliseconds a follower may go without catching up with its leader before it leaves
+    the in-sync set: the table's `table.replication.lag-time-ms`, else the cluster's default
+    (`--replica-lag-time`)."""
+    value = descriptor.properties.get(LAG_TIME)
+    if value is None:
+        return default_ms
+    try:
+        ms = int(value)
+    except (TypeError, ValueError):
+        ms = 0
+    if not 1 <= ms <= MAX_LAG_TIME_MS or str(value).strip() != str(ms):
+        raise InvalidOptionError(
+            f"{LAG_TIME} must be a whole number of milliseconds from 1 to {MAX_LAG_TIME_MS} "
+            f"(a day), not {value!r}")
+    return ms
 
 
 def place(live: list[str], bucket_count: int, factor: int, salt: int) -> tuple[BucketReplicas, ...]:
@@ -108,3 +129,29 @@ def replace(current: BucketReplicas, gone: str, load: dict[str, int],
     replicas = tuple(chosen if r == gone else r for r in current.replicas)
     isr = tuple(r for r in current.isr if r != gone)
     return BucketReplicas(current.leader, replicas, isr, current.leader_epoch)
+
+
+def without_restarted(current: BucketReplicas, server: str, live: set[str]) -> BucketReplicas:
+    """The bucket after `server` came back under a new process: its copy may be older than
+    what it confirmed before (a data directory restored from a backup, writes an unsynced
+    crash lost), so it leaves the in-sync set wherever another in-sync replica is live, and a
+    bucket it led (or an offline one) is led by the first of those under the next epoch. It
+    rejoins by catching up, like any follower. Where no other in-sync replica is live it
+    stays: it is the last replica standing, and taking it out would leave no copy that may
+    ever lead (see `last_standing`)."""
+    if server not in current.isr:
+        return current
+    others = [r for r in current.isr if r != server and r in live]
+    if not others:
+        return current
+    isr = tuple(r for r in current.isr if r != server)
+    if current.leader in (server, None):
+        return BucketReplicas(others[0], current.replicas, isr, current.leader_epoch + 1)
+    return dataclasses.replace(current, isr=isr)
+
+
+def last_standing(current: BucketReplicas, server: str, live: set[str]) -> bool:
+    """Whether `server` is the only live in-sync replica of a bucket with other copies (what
+    `without_restarted` keeps in sync, and the coordinator warns about)."""
+    return len(current.replicas) > 1 and server in current.isr and \
+        not any(r != server and r in live for r in current.isr)

@@ -11,6 +11,11 @@ fails every write and read waiting on it. Following hands the bucket to the fetc
 leader's server (replica_fetcher). Role changes take the bucket's lock, so a write never lands
 between the check of the role and its apply under an epoch that has ended.
 
+Each process has an **incarnation**, a random id made when it starts and sent with every
+heartbeat and role request: a server that comes back under a new one may hold an older copy
+than it confirmed before (a restored backup, writes an unsynced crash lost), so the
+coordinator takes it out of the in-sync sets before it gives it any role (replica_control).
+
 It also answers the followers' calls: `replica_fetch` (changelog entries from an offset, waiting
 a little for new ones) and `replica_epoch_end` (where an epoch of ours ended).
 """
@@ -21,11 +26,12 @@ import json
 import logging
 import threading
 import time
+import uuid
 
 import pyarrow as pa
 
 from tally.errors import NotLeaderError, StaleMetadataError, TallyError
-from tally.server.leadership import Leadership
+from tally.server.leadership import REPLICA_LAG_TIME, Leadership
 from tally.server.replica_fetcher import Fetchers
 from tally.server.tablets import TabletKey
 from tally.wire.messages import field, int_items, table_to_ipc
@@ -49,6 +55,7 @@ class ReplicaRoles:
         """`peers`: a ChannelPool with the cluster credential, to reach other tablet servers."""
         self.server = server
         self.server_id = server.server_id
+        self.incarnation = uuid.uuid4().hex  # this process: a restart is a new one
         self.roles: dict[TabletKey, dict] = {}
         self.leading: dict[TabletKey, Leadership] = {}
         self._version: str | None = None
@@ -66,6 +73,7 @@ class ReplicaRoles:
         })
         server.binary_actions["replica_fetch"] = self.fetch
         self._thread = threading.Thread(target=self._run, name="replica roles", daemon=True)
+        server.metrics.watch_replication(self.replication_state)
 
     def start(self) -> None:
         try:
@@ -143,7 +151,8 @@ class ReplicaRoles:
                 log.exception("replica roles failed (retried)")
 
     def refresh(self) -> None:
-        answer = self.server.coordinator("server_buckets", {"server_id": self.server_id})
+        answer = self.server.coordinator("server_buckets", {"server_id": self.server_id,
+                                                            "incarnation": self.incarnation})
         roles = {bucket_key(item): item for item in answer["buckets"]}
         for key, role in roles.items():
             try:
@@ -167,7 +176,7 @@ class ReplicaRoles:
             if role["leader"] == self.server_id:
                 self.fetchers.unfollow(key)
                 if old is not None and old.epoch == role["leader_epoch"] and not old.ended:
-                    old.update(role["isr"], role["min_isr"], role["replicas"])
+                    old.update(role["isr"], role["min_isr"], role["replicas"], lag_time(role))
                     return
                 if old is not None:
                     old.end("a newer leader epoch began here")
@@ -178,7 +187,8 @@ class ReplicaRoles:
                     hosted.tablet.record_leader_epoch(role["leader_epoch"],
                                                       hosted.tablet.log_end_offset)
                 lead = Leadership(self.server_id, hosted, role["leader_epoch"],
-                                  role["replicas"], role["isr"], role["min_isr"])
+                                  role["replicas"], role["isr"], role["min_isr"],
+                                  lag_time(role))
                 with self._lock:
                     self.leading[key] = lead
                 log.info("leading %s under epoch %d (in sync: %s)", hosted.label,
@@ -219,17 +229,26 @@ class ReplicaRoles:
             wanted = lead.isr_proposal()
             if wanted is None:
                 continue
+            before = lead.isr
             try:
+                # `current_isr`: the set this proposal was made from; one the coordinator has
+                # changed since (a restarted follower taken out) is not overwritten by it
                 answer = self.server.coordinator("alter_isr", {
                     "table_id": key.table_id, "partition_id": key.partition_id,
                     "bucket": key.bucket, "leader": self.server_id,
-                    "leader_epoch": lead.epoch, "isr": list(wanted)})
+                    "leader_epoch": lead.epoch, "isr": list(wanted),
+                    "current_isr": sorted(before)})
             except StaleMetadataError as e:
                 lead.end(str(e))
                 self._wake.set()
                 continue
             lead.update(answer["isr"], lead.min_isr)
-            log.info("%s in sync: %s", lead.label, answer["isr"])
+            after = lead.isr
+            table = lead.hosted.routing.name
+            self.server.metrics.isr_changed(table, len(before - after), len(after - before))
+            level = log.warning if before - after else log.info
+            level("%s in sync: %s (left: %s, joined: %s)", lead.label, answer["isr"],
+                  sorted(before - after), sorted(after - before))
 
     # --- what followers call --------------------------------------------------------------
 
@@ -283,7 +302,11 @@ class ReplicaRoles:
                 # its offset must not count towards the high watermark
                 meta.append({"error": "diverged", "log_end": tablet.log_end_offset})
                 continue
-            lead.follower_fetched(follower, offset)
+            if lead.follower_fetched(follower, offset):
+                log.warning("%s: follower %s now fetches from %d, below what it confirmed "
+                            "before: it lost data and leaves the in-sync set", lead.label,
+                            follower, offset)
+                self._wake.set()  # propose the smaller in-sync set now, not in a second
             info = {"hw": lead.high_watermark(), "log_start": tablet.log_start_offset,
                     "log_end": tablet.log_end_offset,
                     "leader_epochs": [list(e) for e in tablet.leader_epochs]}
@@ -303,6 +326,13 @@ class ReplicaRoles:
                     max_bytes = max(max_bytes - sum(len(e.data) for e in entries), 1)
             meta.append(info)
         return tables, meta
+
+    def replication_state(self) -> list[tuple[str, int, int]]:
+        """(table, in-sync copies, copies) of each bucket this server leads (the metrics')."""
+        with self._lock:
+            leading = list(self.leading.values())
+        return [(lead.hosted.routing.name, len(lead.isr), len(lead.replicas))
+                for lead in leading if not lead.ended]
 
     @staticmethod
     def _encode(tables: list, meta: list) -> bytes:
@@ -325,3 +355,10 @@ class ReplicaRoles:
         with self._lock:
             for lead in self.leading.values():
                 lead.end("the server is shutting down")
+
+
+def lag_time(role: dict) -> float:
+    """The replica lag time of a role, in seconds (the coordinator sends the table's, or its
+    default; one from a coordinator that sends none is the built-in default)."""
+    value = role.get("lag_time_ms")
+    return REPLICA_LAG_TIME if value is None else int(value) / 1000

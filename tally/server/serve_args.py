@@ -109,6 +109,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                         metavar="SECONDS",
                         help="how long a tablet server may be gone before the coordinator "
                              "makes its bucket copies again on other servers (default 60)")
+    parser.add_argument("--replica-lag-time", type=_seconds, default=10.0, metavar="SECONDS",
+                        help="how long a follower may go without catching up with its leader "
+                             "before it leaves the in-sync set, for tables that set no "
+                             "table.replication.lag-time-ms (coordinator; default 10)")
     parser.add_argument("--session-timeout", type=_seconds, default=SESSION_TIMEOUT,
                         metavar="SECONDS",
                         help="without ZooKeeper: how long a tablet server may miss heartbeats "

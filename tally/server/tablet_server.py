@@ -153,7 +153,8 @@ class TabletServer:
 
     def send_heartbeat(self) -> None:
         body = {"server_id": self.server_id, "address": self.address,
-                "table_ids": self.host.table_ids(), "problems": self.problems()}
+                "table_ids": self.host.table_ids(), "problems": self.problems(),
+                "incarnation": self.replicas.incarnation}
         if self.snapshot_uploads is not None:  # what a restore would know was acknowledged
             body["high_watermarks"] = self.snapshot_uploads.high_watermarks()
         answer = self._coordinator("heartbeat", body)
