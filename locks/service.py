@@ -16,9 +16,10 @@ grows, whichever coordinator made the change. A guard may hold {} (the ZooKeeper
 it, as the parent of the lock node an acquisition creates, before that transaction): no token
 issued yet. Expiry is judged on the coordinator's clock (`clock`, `time.time` by default).
 
-`on_change(table_id, fencing)` runs after every change: `fencing` is False only for a renewal
-(which extends an expiry and fences nobody), True for everything that grants a token, registers
-an attempt or removes a lock.
+`on_change(table_id, fencing)` runs after every change: `fencing` is False for a renewal
+(which extends an expiry and fences nobody), the set of bucket numbers for an attempt
+registration (it fences writes to those buckets only), and True for everything that grants a
+token or removes a lock.
 
 A lock node lives from the acquisition that starts its tenure until its owner releases it (or
 an operator discards it): expiry alone does not end a tenure, because the tenure's writes since
@@ -61,7 +62,7 @@ def lock_path(table_id: int, owner_id: str) -> str:
 
 class ColumnLockService:
     def __init__(self, store: MetadataStore, clock: Callable[[], float] = time.time,
-                 on_change: Callable[[int, bool], None] | None = None):
+                 on_change: Callable[[int, "bool | frozenset[int]"], None] | None = None):
         self.store = store
         self.clock = clock
         self.on_change = on_change or (lambda table_id, fencing: None)
@@ -380,7 +381,7 @@ class ColumnLockService:
 
         numbers = self.store.transact(attempt, what=f"the lock of owner '{lease.owner_id}'",
                                       doing=f"register attempts on {lease.table}")
-        self.on_change(lease.table_id, True)
+        self.on_change(lease.table_id, frozenset(buckets))
         return numbers
 
     def release(self, lease: Lease) -> bool:

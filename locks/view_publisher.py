@@ -6,7 +6,8 @@ background (view_delivery). A renewal only moves an expiry later, which fences n
 waits for no one. Every other change (a new token, an attempt, a lock removed) answers its
 caller only once every server *leading a bucket of the table* has confirmed the view, so that
 what the caller does next (an undo reads the end offsets after its takeover or attempt) can
-rely on it: from then on no leader accepts a write under what the change superseded. A leader
+rely on it: from then on no leader accepts a write under what the change superseded (an
+attempt registration waits only for the leaders of the buckets it registers). A leader
 that does not confirm within `wait` seconds fails the call with a retryable UnavailableError
 naming it; the change stays stored, and a retry waits again. Servers that lead none of the
 table's buckets are never waited for; one that becomes a leader later fetches the view itself
@@ -36,33 +37,39 @@ class LockViewPublisher:
         version, records, tokens = self.locks.view_state(table_id)
         return view_from_records(table_id, records, tokens, version)
 
-    def leaders(self, table_id: int) -> dict[str, list[str]]:
-        """{server id: the buckets of the table it leads} by the catalog now."""
+    def leaders(self, table_id: int) -> dict[str, list[tuple[str | None, int]]]:
+        """{server id: the (partition, bucket)s of the table it leads} by the catalog now."""
         try:
             partitions = self.coordinator.catalog.partitions(table_id)
         except NotFoundError:  # dropped meanwhile: nobody writes to it any more
             return {}
-        out: dict[str, list[str]] = {}
+        out: dict[str, list[tuple[str | None, int]]] = {}
         for p in partitions:
             for bucket, replicas in enumerate(p.buckets):
                 if replicas.leader is not None:
-                    label = f"{bucket}" if p.name is None else f"{p.name}/{bucket}"
-                    out.setdefault(replicas.leader, []).append(label)
+                    out.setdefault(replicas.leader, []).append((p.name, bucket))
         return out
 
-    def changed(self, table_id: int, fencing: bool) -> None:
-        """Publish the table's view; for a fencing change, wait for its bucket leaders."""
+    def changed(self, table_id: int, fencing) -> None:
+        """Publish the table's view; for a fencing change, wait for the leaders of the buckets
+        it fences: every bucket of the table (`fencing` True), or those numbered in `fencing`
+        (a set: attempts registered for those buckets, in every partition). False: wait for
+        nobody."""
         view = self.view(table_id)
         leaders = self.leaders(table_id)
         self.delivery.publish(view, set(self.coordinator.liveness.live()) | set(leaders))
-        if not fencing or not leaders:
+        if fencing is False:
+            return
+        if fencing is not True:
+            leaders = {sid: kept for sid, led in leaders.items()
+                       if (kept := [(p, b) for p, b in led if b in fencing])}
+        if not leaders:
             return
         missing = self.delivery.wait(view, leaders, self.wait)
         if missing:
             raise UnavailableError(
                 f"the lock change on table {self._name(table_id)} is stored, but "
-                + "; ".join(f"tablet server {sid} (leader of bucket(s) "
-                            f"{', '.join(leaders[sid][:8])}{' ...' if len(leaders[sid]) > 8 else ''}) "
+                + "; ".join(f"tablet server {sid} (leader of bucket(s) {_buckets(leaders[sid])}) "
                             f"has not confirmed lock view version {view.version}: {why}"
                             for sid, why in sorted(missing.items()))
                 + ". Retry the call: it succeeds once that server answers or its buckets get "
@@ -84,3 +91,9 @@ class LockViewPublisher:
 
     def close(self) -> None:
         self.delivery.close()
+
+
+def _buckets(led: list[tuple[str | None, int]], shown: int = 8) -> str:
+    names = [str(b) if p is None else f"{p}/{b}" for p, b in led]
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown
+                                       else "")

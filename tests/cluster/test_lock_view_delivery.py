@@ -3,7 +3,7 @@
 Real processes: a coordinator and three tablet servers with credentials, one copy per bucket,
 so a one-bucket table has one leader and two servers that hold nothing of it. A paused server
 (SIGSTOP) that holds no copy of a table delays none of its lock calls, and gets the newest view
-once it runs again; a paused leader of the table fails only the calls that fence, naming it; an
+once it runs again; a paused leader fails only the calls that fence its buckets, naming it; an
 older view installed over a newer one (with the cluster credential, as the coordinator would)
 changes nothing, so a superseded lease stays refused whatever order views arrive in.
 """
@@ -143,25 +143,28 @@ def test_an_older_view_delivered_late_keeps_the_superseded_lease_refused(cluster
     assert conn.table(name).to_arrow().to_pylist() == [{"k": 1, "a": 11, "b": None}]
 
 
-def test_a_paused_leader_fails_only_fencing_calls_and_names_itself(cluster, conn):
-    name = make_table(conn)
+def test_a_paused_leader_fails_only_the_calls_that_fence_its_buckets(cluster, conn):
+    name = make_table(conn, buckets=2)
     table_id = conn.table_meta(name).table_id
-    [leader] = leaders(conn, name)
-    handle = handle_of(cluster, leader)
+    [partition] = conn.coordinator_action("table_info", {"name": name})["partitions"]
+    first, second = (b["leader"] for b in partition["buckets"])
+    assert first != second  # one copy per bucket, placed round robin
+    handle = handle_of(cluster, second)
     lease = unkept(conn, name, "job", ["a"])
     write(conn, name, lease)
     with client.connect(cluster.url, token=cluster.tokens["admin"], retry_timeout=0) as once:
         with paused(handle):
             lease = once.locks.renew(lease)  # an expiry moved later: waits for nobody
-            with pytest.raises(UnavailableError, match=f"tablet server {leader} .*leader of "
-                                                       r"bucket\(s\) 0.*not confirmed"):
-                once.locks.register_attempt(lease, 0)  # stored, but not yet fencing there
+            once.locks.register_attempt(lease, 0)  # bucket 0's leader runs: answered
+            with pytest.raises(UnavailableError, match=f"tablet server {second} \\(leader of "
+                                                       r"bucket\(s\) 1\).*not confirmed"):
+                once.locks.register_attempt(lease, 1)  # stored, but not yet fencing there
     stored = coordinator_view(cluster, table_id)
     wait_until(lambda: held_version(cluster, handle, table_id) >= stored["version"],
                "the resumed leader getting the attempt's lock view")
-    attempt = conn.locks.register_attempt(lease, 0)  # now it answers
+    attempts = conn.locks.register_attempts(lease, [0, 1])  # now it answers
     with pytest.raises(LeaseLostError, match="attempt"):
-        write(conn, name, lease, value=100, attempt=attempt - 1)
-    write(conn, name, lease, value=10, attempt=attempt)
+        write(conn, name, lease, value=100, attempt=min(attempts.values()) - 1)
+    write(conn, name, lease, value=10, attempt=max(attempts.values()))
     assert conn.table(name).to_arrow().to_pylist() == [{"k": 1, "a": 11, "b": None}]
     conn.locks.release(lease)
