@@ -37,11 +37,13 @@ class Sizes:
     spark_keys: int = 20_000
     latency_batches: int = 40
     read_rows: int = 1_000_000
+    fault_trials: int = 5
 
     @classmethod
     def scaled(cls, rows: int = 1_000_000, keys: int = 100_000, batch: int = 100_000,
-               repeat: int = 3, seed: int = 42) -> "Sizes":
+               repeat: int = 3, seed: int = 42, fault_trials: int = 5) -> "Sizes":
         return cls(rows=rows, keys=keys, batch=batch, repeat=repeat, seed=seed,
+                   fault_trials=fault_trials,
                    lookups=max(100, min(5_000, rows // 20)),
                    undo_tables=(rows, 4 * rows),
                    undo_batches=tuple(sorted({max(10, rows // 1000), max(10, rows // 100),
@@ -117,6 +119,13 @@ def _tiering(s: Sizes):
 
     return tiering.run(rows=max(10_000, s.rows * 3), keys=max(1_000, s.keys * 3),
                        batch=max(1_000, s.batch // 5), seed=s.seed)
+
+
+def _faults(s: Sizes):
+    from tally.bench import faults
+
+    return faults.run(trials=s.fault_trials, rows=max(10_000, s.rows // 5),
+                      keys=max(1_000, s.keys // 5), batch=max(1_000, s.batch // 5), seed=s.seed)
 
 
 def lazy(module: str, attribute: str) -> Callable:
@@ -216,6 +225,20 @@ BENCHMARKS = [
         "its end offsets to the lake reaching them (p50, p99); throughput is changelog records "
         "tiered per second. The lake is compared with the live table. See tally.bench.tiering.",
         _tiering, lambda r: r["ok"]),
+    Benchmark(
+        "faults", "Faults: failover and write unavailability per fault, RF 3 against RF 1",
+        "One 3-server LocalCluster at replication factor 3 (min in-sync replicas 2, the "
+        "default session timeout), tablet server 2 in its own network namespace; a probe writes "
+        "one key back to back. Per fault kind (kill -9, pause and partition of a leader, a "
+        "follower's disk full, a coordinator restart during a failover), --fault-trials "
+        "trials, each timed from the fault to the first acknowledged write begun after it "
+        "(recovery, target p99 <= 5 s) and the longest gap between acknowledged writes around "
+        "it (unavailability); p50 and p99. Then a fifth of the ingest workload (case a) at RF 1 "
+        "and RF 3 (target >= 0.6x). The probe key must count every acknowledged write and at "
+        "most the ambiguous ones besides. Needs root, ip and iptables. See tally.bench.faults "
+        "and docs/reliability.md.",
+        _faults, lazy("tally.bench.faults", "format_text"), lambda r: r["ok"],
+        lazy("tally.bench.faults", "markdown"), lazy("tally.bench.faults", "chart")),
 ]
 NAMES = [b.name for b in BENCHMARKS]
 

@@ -33,7 +33,8 @@ def positive_int(text: str) -> int:
 
 # The names `--only` takes, for its help: tally.bench.suite's list, which a test keeps these
 # equal to (the CLI must not import the bench package to print its help).
-BENCHMARK_NAMES = ("ingest", "cluster", "undo", "spark", "spark_read", "replication", "tiering")
+BENCHMARK_NAMES = ("ingest", "cluster", "undo", "spark", "spark_read", "replication", "tiering",
+                   "faults")
 
 
 def benchmark_name(text: str) -> str:
@@ -57,7 +58,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from tally.bench.suite import Sizes, run_suite
 
     sizes = Sizes.scaled(rows=args.rows, keys=args.keys, batch=args.batch, repeat=args.repeat,
-                         seed=args.seed)
+                         seed=args.seed, fault_trials=args.fault_trials)
     return run_suite(only=args.only, sizes=sizes, report=args.report,
                      command="tally " + shlex.join(args.argv))
 
@@ -85,12 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
     version = commands.add_parser("version", help="print the version")
     version.set_defaults(func=cmd_version)
 
-    bench = commands.add_parser("bench", help="run every benchmark (ingest, cluster, undo, Spark streaming and reads, replication, tiering); --report writes markdown + plots")
+    bench = commands.add_parser("bench", help="run every benchmark (ingest, cluster, undo, Spark streaming and reads, replication, tiering, faults); --report writes markdown + plots")
     bench.add_argument("--rows", type=positive_int, default=1_000_000, help="input rows per case (default 1,000,000)")
     bench.add_argument("--keys", type=positive_int, default=100_000, help="distinct keys of case (a) (default 100,000)")
     bench.add_argument("--batch", type=positive_int, default=100_000, help="rows per Arrow batch (default 100,000)")
     bench.add_argument("--repeat", type=positive_int, default=3, help="ingest runs per side, alternating the engine, the floor, DuckDB and the naive loop; the median counts (default 3)")
     bench.add_argument("--seed", type=int, default=42, help="seed of the generated data (default 42)")
+    bench.add_argument("--fault-trials", type=positive_int, default=5, help="trials per fault kind of the faults benchmark; its p50 and p99 are over these (default 5)")
     bench.add_argument("--only", action="append", type=benchmark_name, metavar="NAME", help="run only this benchmark (repeatable): " + ", ".join(BENCHMARK_NAMES))
     bench.add_argument("--report", metavar="FILE", help="also write the results as markdown to FILE, with PNG plots in the directory beside it named like FILE (docs/benchmarks.md -> docs/benchmarks/)")
     bench.set_defaults(func=cmd_bench)
