@@ -22,14 +22,15 @@ demo:
 	EXTRAS=spark bash scripts/setup.sh $(JAVA_PKG)
 	$(VENV)/bin/tally demo
 
-# The cluster tests run a real ZooKeeper: setup.sh installs Debian's package when missing (and
+# The cluster tests run a real ZooKeeper, the fault harness iptables (tests/faults: network
+# faults in namespaces of its own): setup.sh installs Debian's packages when missing (and
 # refreshes the venv), every time, so a machine that lacks it gets it. Idempotent and quick.
 # lint-imports checks the layer contracts of pyproject.toml first: a wrong arrow fails the run.
 # The suite runs in TEST_WORKERS pytest-xdist workers, one per core: the Spark tests on one
 # worker, in order, sharing its one SparkSession, the rest on the other (in a run with 3
 # workers on a loaded machine, Spark's Python workers timed out connecting back).
 test:
-	bash scripts/setup.sh zookeeper $(JAVA_PKG)
+	bash scripts/setup.sh zookeeper iptables $(JAVA_PKG)
 	touch $(VENV)/.installed
 	$(VENV)/bin/lint-imports --no-cache --no-logo
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadgroup tests
