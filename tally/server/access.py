@@ -97,6 +97,7 @@ REQUIRED_ROLE: dict[str, str] = {
     "enforce_retention": CLUSTER,
     "expire_rows": CLUSTER,
     "reopen_tablets": CLUSTER,
+    "resign_leadership": CLUSTER,  # the coordinator moves a bucket's leadership away
     "server_id": CLUSTER,
     "upload_snapshots": CLUSTER,
     "restore_bucket_copy": CLUSTER,

@@ -36,6 +36,7 @@ from tally.server.bucket_restore import BucketRestore
 from tally.server.replica_control import ReplicaControl
 from tally.server.snapshot_registry import SnapshotRegistry
 from tally.server.lake_registry import LakeRegistry
+from tally.server.lease_grants import LeaseGrants
 from tally.server.leadership import REPLICA_LAG_TIME
 from tally.server.departure_probe import DepartureProbe
 from tally.server.membership import (COORDINATOR, EphemeralRegistration, HeartbeatLiveness,
@@ -115,12 +116,15 @@ class Coordinator:
         ColumnAddition(self)  # adds add_column
         OptionChanges(self)  # adds set_table_options
         AdminTruncation(self)  # adds truncate_log
+        # every answered heartbeat grants a leader lease; elections wait for it to run out
+        self.leases = LeaseGrants(session_timeout)
+        self.actions["heartbeat"] = self._heartbeat_granting_lease
         # heartbeats arrive within a session; ZooKeeper's live nodes are read at once
         grace = session_timeout + 1.0 if not self._zookeeper else 1.0
         self.replicas = ReplicaControl(self, default_replication_factor, replica_replace_after,
                                        grace, lag_time=replica_lag_time)
         # a server whose process died is gone at once, not after its session timeout
-        self.departures = DepartureProbe(self.liveness, lambda sid: self.replicas.wake())
+        self.departures = DepartureProbe(self.liveness, self._departed)
         self.snapshots = SnapshotRegistry(self)  # adds snapshot_register, bucket_snapshots
         BucketRestore(self)  # adds restore_bucket
         self.lake = LakeRegistry(self, datalake_dir, tier_timeout)  # adds the tiering actions
@@ -329,6 +333,22 @@ class Coordinator:
         self.departures.heard(server_id)
         self.snapshots.heartbeat(server_id, reports)
         return {"dropped_table_ids": dropped, "replica_version": self.replicas.version}
+
+    def _heartbeat_granting_lease(self, body: dict) -> dict:
+        """A heartbeat, whose answer grants the server a leader lease from its send time
+        (lease_grants): the grant is recorded before the answer's replica version is read."""
+        received = self.leases.now()
+        answer = self.heartbeat(body)
+        with self.leases.granting(body["server_id"], received) as seconds:
+            answer["replica_version"] = self.replicas.version
+            answer["lease_seconds"] = seconds if seconds is not None else 0
+        return answer
+
+    def _departed(self, server_id: str) -> None:
+        """A live server's port refuses connections: its process, and so its lease, is gone;
+        its buckets get new leaders now."""
+        self.leases.end(server_id)
+        self.replicas.wake()
 
     def _refuse_address_hijack(self, server_id: str, address: str) -> None:
         """A live server's address moves only when the server itself has moved: if its current

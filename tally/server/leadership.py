@@ -176,9 +176,14 @@ class Leadership:
                         "not acknowledged, retry")
                 self._cond.wait(min(left, 1.0))
 
+    # set by the server's read and write paths: raises NotLeaderError outside its leader lease
+    guard = None
+
     def _check_leading(self) -> None:
         if self._ended is not None:
             raise NotLeaderError(f"{self.label}: {self._ended}")
+        if self.guard is not None:
+            self.guard(self)
 
     # --- changes ------------------------------------------------------------------------
 

@@ -27,8 +27,10 @@ import threading
 import time
 import uuid
 
-from tally.errors import InvalidInputError, NotFoundError, StaleMetadataError, TallyError
+from tally.errors import (InvalidInputError, NotFoundError, StaleMetadataError, TallyError,
+                          UnavailableError)
 from tally.server.catalog import BucketReplicas, PartitionRecord
+from tally.server.departure_probe import refuses_connections
 from tally.server.leadership import REPLICA_LAG_TIME
 from tally.server.replica_placement import (elect, min_insync_replicas, place, replace,
                                             replica_lag_time_ms, replication_factor,
@@ -41,6 +43,8 @@ log = logging.getLogger(__name__)
 CHECK_INTERVAL = 0.5        # seconds between looks for changes of the live servers
 FULL_CHECK_INTERVAL = 5.0   # seconds between checks of every bucket when nothing changed
 NUDGE_TIMEOUT = 2.0         # a `replicas_changed` nudge to a wedged server gives up after this
+# a leadership move is made within this long after the old leader was asked to resign, or not
+RESIGN_WITHIN = NUDGE_TIMEOUT + 1.0
 
 
 class ReplicaControl:
@@ -77,6 +81,7 @@ class ReplicaControl:
             "alter_isr": self.alter_isr,
             "move_leader": self.move_leader,
         })
+        self._lease_recheck: float | None = None  # when a leader's lease that kept it runs out
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="replica control", daemon=True)
@@ -122,6 +127,9 @@ class ReplicaControl:
         that asks as a new process (`incarnation`) leaves the in-sync sets first."""
         server_id = field(body, "server_id", str)
         self.incarnations.heard(server_id, field(body, "incarnation", str, None))
+        # read before the roles: a label never newer than what it labels (a leader lease
+        # renews only with roles at least as new as the heartbeat answer's version)
+        version = self.version
         live = self.coordinator.liveness.live()
         out = []
         for table_id, p in self._all_partitions():
@@ -138,7 +146,7 @@ class ReplicaControl:
                             "replicas": list(r.replicas), "isr": list(r.isr),
                             "leader_epoch": r.leader_epoch, "min_isr": min_isr,
                             "lag_time_ms": lag_ms})
-        return {"version": self.version, "buckets": out}
+        return {"version": version, "buckets": out}
 
     def alter_isr(self, body: dict) -> dict:
         """A leader changes its bucket's in-sync set; refused (StaleMetadataError) unless it
@@ -195,6 +203,13 @@ class ReplicaControl:
         if partition is None:
             raise NotFoundError(f"table '{record.name}' has no partition {name!r}")
         live = set(self.coordinator.liveness.live())
+        if not 0 <= bucket < len(partition.buckets):
+            raise NotFoundError(f"table '{record.name}' has no bucket {bucket}")
+        before = partition.buckets[bucket]
+        if (to or before.replicas[0]) == before.leader:
+            return before.to_json()
+        # the old leader stops serving before the new one starts (leader_lease)
+        asked = self._resign(record, partition.partition_id, bucket, before)
 
         def change(buckets):
             buckets = list(buckets)
@@ -208,18 +223,62 @@ class ReplicaControl:
                     f"live in-sync replica can (in sync: {list(current.isr)}); nothing changed")
             if target == current.leader:
                 return buckets
+            if (current.leader, current.leader_epoch) != (before.leader, before.leader_epoch):
+                raise UnavailableError(
+                    f"bucket {bucket} of '{record.name}' changed leader while it was being "
+                    "moved; nothing changed, retry")
             buckets[bucket] = BucketReplicas(target, current.replicas, current.isr,
                                              current.leader_epoch + 1)
             return buckets
 
-        updated = self.catalog.update_buckets(record.table_id, name, change)
-        if updated is None:
-            raise NotFoundError(f"table '{record.name}' has no partition {name!r}")
-        moved = updated.buckets[bucket]
-        self._changed(set(moved.replicas))
+        leases = self.coordinator.leases
+        with leases.deposing({before.leader} if before.leader else set()):
+            # leases granted from here on carry the new version; those granted before the
+            # resignation's hold began end within it, if the move is made in time
+            if asked is not None and leases.now() - asked > RESIGN_WITHIN:
+                raise UnavailableError(
+                    f"bucket {bucket} of '{record.name}': its move took too long after its "
+                    f"leader {before.leader} resigned; nothing changed (it leads again within "
+                    f"{self._resign_hold():g} s), retry")
+            updated = self.catalog.update_buckets(record.table_id, name, change)
+            if updated is None:
+                raise NotFoundError(f"table '{record.name}' has no partition {name!r}")
+            moved = updated.buckets[bucket]
+            self._changed(set(moved.replicas))
         log.info("bucket %d of %s partition %s: leader moved to %s (epoch %d)", bucket,
                  record.name, name, moved.leader, moved.leader_epoch)
         return moved.to_json()
+
+    def _resign_hold(self) -> float:
+        """How long a resigned leader serves its bucket no more: past every lease granted
+        before the move is made."""
+        return RESIGN_WITHIN + self.coordinator.leases.session_timeout
+
+    def _resign(self, record, partition_id: int, bucket: int,
+                current: BucketReplicas) -> float | None:
+        """Ask a bucket's leader to stop serving it under its epoch; when it was asked (the
+        lease clock), or None when it holds no lease that could still run. UnavailableError
+        (nothing changed) when it does not confirm."""
+        leases = self.coordinator.leases
+        leader = current.leader
+        if leader is None or not leases.held(leader):
+            return None
+        address = self.coordinator.liveness.live().get(leader) or \
+            self.catalog.known_servers().get(leader)
+        asked = leases.now()
+        try:
+            if address is None:
+                raise UnavailableError("its address is not known")
+            self.coordinator.channels.get(address).action("resign_leadership", {
+                "table_id": record.table_id, "partition_id": partition_id,
+                "bucket": bucket, "leader_epoch": current.leader_epoch,
+                "hold_ms": int(self._resign_hold() * 1000)}, timeout=NUDGE_TIMEOUT)
+        except TallyError as e:
+            raise UnavailableError(
+                f"bucket {bucket} of '{record.name}': its leader {leader} did not confirm that it "
+                f"stopped serving the bucket ({e}); nothing changed, retry (or wait until its "
+                "session ends)") from None
+        return asked
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -248,11 +307,34 @@ class ReplicaControl:
         live_set = frozenset(live)
         known = self.catalog.known_servers()
         if now < self._acting_from:
-            if not set(known) <= live_set:
+            if not set(known) <= live_set | self._refusing(known, live_set):
                 return 0
-            # every server this cluster knows has been heard: the grace has nothing left to
-            # wait for, and a departure noticed from now on is acted on at once
+            # every server this cluster knows has been heard (or its process is gone): the
+            # grace has nothing left to wait for, and a departure is acted on at once
             self._acting_from = now
+        # a leader that is not live may still hold a lease it was granted: it is deposed only
+        # once that has run out (lease_grants)
+        with self.coordinator.leases.deposing(set(known) - live_set) as free:
+            return self._check(now, live_set, known, (set(known) - live_set) - free, force)
+
+    def _refusing(self, known: dict[str, str], live: frozenset[str]) -> set[str]:
+        """Known servers not heard since this coordinator started whose port refuses
+        connections: their processes are gone, so the grace need not wait for them and they
+        hold no lease (a leader killed while the coordinator restarted fails over at once)."""
+        gone = set()
+        for sid in set(known) - live:
+            if refuses_connections(known[sid]):
+                self.coordinator.leases.end(sid)
+                gone.add(sid)
+        return gone
+
+    def _check(self, now: float, live_set: frozenset[str], known, held: set[str],
+               force: bool) -> int:
+        leases = self.coordinator.leases
+        if held:  # look again the moment the first of their leases has run out
+            self._lease_recheck = min(leases.held_until(sid) for sid in held)
+        elif self._lease_recheck is not None and leases.now() >= self._lease_recheck:
+            self._lease_recheck, force = None, True
         for sid in known:
             if sid in live_set:
                 self._dead_since.pop(sid, None)

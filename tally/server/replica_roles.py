@@ -163,6 +163,7 @@ class ReplicaRoles:
         for key in set(self.roles) - set(roles):
             self._leave(key)
         self._version = answer["version"]
+        self.server.leader_lease.applied(answer["version"])  # renews the lease it waited on
         with self._refreshed:
             self._refreshes += 1
             self._refreshed.notify_all()

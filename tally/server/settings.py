@@ -2,8 +2,8 @@
 
 DEFAULT_MAX_BATCH_BYTES = 64 << 20   # largest write request a tablet server accepts
 DEFAULT_MEMORY_BUDGET = "1gb"       # write memory of all buckets of a tablet server (MemoryBudget)
-SESSION_TIMEOUT = 6.0                # seconds of silence before a tablet server counts as gone
-HEARTBEAT_INTERVAL = 1.0             # seconds between a tablet server's heartbeats
+SESSION_TIMEOUT = 3.0                # seconds of silence before a tablet server counts as gone
+HEARTBEAT_INTERVAL = 0.5             # seconds between a tablet server's heartbeats
 # a leader lease lasts this share of the session timeout from its heartbeat's send time: the
 # rest is the margin for clocks that run at different rates (leader_lease)
 LEASE_FRACTION = 0.75

@@ -26,6 +26,7 @@ from locks.tablet_check import TabletLocks
 from merge_engine.row_snapshot import scan_schema
 from tally.errors import InvalidInputError, InvalidOptionError, NotFoundError, StaleMetadataError
 from tally.server.key_lookups import KeyLookups
+from tally.server.leader_lease import LeaderLease
 from tally.server.periodic import PeriodicDuty
 from tally.server.replica_digest import ReplicaDigest
 from tally.server.replica_roles import ReplicaRoles
@@ -113,8 +114,11 @@ class TabletServer:
         self.metrics.watch_memory(self.host)
         self._coordinator = coordinator
         self.write_checks: list[WriteCheck] = []
+        # leads replicated buckets only while the coordinator's last answer holds (see there)
+        self.leader_lease = LeaderLease(self.server_id)
         self.actions = {"offsets": self.offsets, "drop_tablets": self.drop_tablets,
                         "reopen_tablets": self.reopen_tablets,
+                        "resign_leadership": self.resign_leadership,
                         "server_id": lambda body: self.server_id}
         self.binary_actions: dict = {}
         self.raw_actions: dict = {}  # name -> handler(request bytes) -> bytes: reads its own
@@ -157,7 +161,9 @@ class TabletServer:
                 "incarnation": self.replicas.incarnation}
         if self.snapshot_uploads is not None:  # what a restore would know was acknowledged
             body["high_watermarks"] = self.snapshot_uploads.high_watermarks()
+        sent_at = self.leader_lease.now()  # the lease runs from the send, not the answer
         answer = self._coordinator("heartbeat", body)
+        self.leader_lease.answered(sent_at, answer)
         for table_id in answer["dropped_table_ids"]:
             self.drop_tablets({"table_id": int(table_id)})
         self.replicas.heartbeat_answer(answer)
@@ -231,8 +237,27 @@ class TabletServer:
         return {"end_offset": int(end)}
 
     def leadership(self, hosted: HostedTablet):
-        """This server's leadership of the bucket (NotLeaderError: the client re-routes)."""
-        return self.replicas.leadership(hosted.key, hosted.label)
+        """This server's leadership of the bucket (NotLeaderError: the client re-routes), for
+        a client's read or write: a bucket with followers only within the leader lease, and
+        every wait on it fails once the lease lapses."""
+        lead = self.replicas.leadership(hosted.key, hosted.label)
+        lead.guard = self._lease_guard
+        self._lease_guard(lead)
+        return lead
+
+    def _lease_guard(self, lead) -> None:
+        if not lead.single:
+            self.leader_lease.check(lead.hosted.key, lead.epoch, lead.label)
+
+    def resign_leadership(self, body: dict) -> None:
+        """The coordinator moves a bucket's leadership away from this server: it stops
+        serving the bucket under the epoch named before the new leader starts (for `hold_ms`
+        milliseconds, past every lease granted before the move)."""
+        key = TabletKey(field(body, "table_id", int), field(body, "partition_id", int),
+                        field(body, "bucket", int))
+        epoch, hold_ms = field(body, "leader_epoch", int), field(body, "hold_ms", int)
+        self.leader_lease.resign(key, epoch, hold_ms / 1000)
+        log.info("resigned the leadership of %s under epoch %d", key.describe(), epoch)
 
     def check_rows(self, hosted: HostedTablet, rows: pa.Table) -> None:
         """Every row must belong to the addressed partition and bucket."""
