@@ -360,7 +360,7 @@ class ReplicaControl:
                 out = []
                 for r in buckets:
                     new = r
-                    if new.leader not in live_set:
+                    if new.leader not in live_set and new.leader not in held:
                         new = elect(new, live_set)
                     new = without_dead_followers(new, live_set)
                     if new.leader is not None:
