@@ -5,6 +5,12 @@ policy: a call that fails because a server is unavailable or the cached metadata
 retried, with fresh metadata and growing pauses, until `retry_timeout` runs out. Writes carry
 the writer's (id, sequence), so a retry of a write that did land is not applied twice.
 
+Each attempt has its own deadline, well inside the retry budget: `request_timeout` for a unary
+call (a write, a lookup, a changelog read, a metadata action), `stream_idle_timeout` for each
+wait of a scan's stream. A server that does not answer in time (cut off, paused) thus costs one
+attempt, not the budget: its channel is replaced (the old connection may be dead), the table's
+routing is fetched again and the next attempt goes to whichever server leads the bucket by then.
+
 Writes and reads also carry the table id their handle resolved: the retry follows a bucket to
 its new server, never a name to a new table. A table dropped and re-created under the same
 name raises TableRecreatedError instead, and nothing reaches the new table.
@@ -22,13 +28,17 @@ import pyarrow as pa
 from locks.client import Locks
 from tally.client.admin import Admin
 from tally.client.metadata import Route, TableMeta
-from tally.errors import (AuthenticationError, StaleMetadataError, TableRecreatedError,
-                          UnavailableError)
-from tally.wire.channel import ChannelPool, FlightChannel, normalize_address
+from tally.errors import (AuthenticationError, InvalidOptionError, StaleMetadataError,
+                          TableRecreatedError, UnavailableError)
+from tally.wire.channel import (DEFAULT_STREAM_IDLE_TIMEOUT, ChannelPool, FlightChannel,
+                                normalize_address, timed_out)
 from tally.wire.tls import TlsFiles, is_tls
 
 T = TypeVar("T")
 RETRYABLE = (UnavailableError, StaleMetadataError)
+DEFAULT_RETRY_TIMEOUT = 60.0
+DEFAULT_REQUEST_TIMEOUT = 10.0
+DEFAULT_ADMIN_TIMEOUT = 30.0
 # How long a coordinator may keep closing new connections at once before the client concludes
 # that the transport is refused (see Connection._first_contact).
 TRANSPORT_REFUSAL_SECONDS = 5.0
@@ -43,9 +53,12 @@ log = logging.getLogger(__name__)
 class Connection:
     """A cluster connection: `admin`, `table(name)`, `close()`; usable as a context manager."""
 
-    def __init__(self, url: str, token: str | None = None, *, retry_timeout: float = 60.0,
-                 request_timeout: float = 60.0, tls: TlsFiles | None = None,
-                 connect_timeout: float = 1.0) -> None:
+    def __init__(self, url: str, token: str | None = None, *,
+                 retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
+                 request_timeout: float = DEFAULT_REQUEST_TIMEOUT, tls: TlsFiles | None = None,
+                 connect_timeout: float = 1.0,
+                 stream_idle_timeout: float = DEFAULT_STREAM_IDLE_TIMEOUT,
+                 admin_timeout: float = DEFAULT_ADMIN_TIMEOUT) -> None:
         """`tls`: for a `grpc+tls://` cluster, the CA that verifies its servers (None: the
         system's roots) and, for mutual TLS, this client's certificate and key. A connection
         to a TLS coordinator talks TLS to every server, never plaintext.
@@ -54,14 +67,33 @@ class Connection:
         connections before it raises UnavailableError naming the address. A wrong address is
         far more common than a coordinator restarting at that very moment, and a user waiting
         `retry_timeout` in silence cannot tell the two apart. Once connected, calls retry for
-        `retry_timeout`, logging each retry."""
+        `retry_timeout`, logging each retry.
+
+        `request_timeout`: the deadline of one attempt of a unary call (writes, lookups,
+        changelog reads, metadata calls); `stream_idle_timeout`: how long a scan's stream may
+        wait for its first answer or its next batch (a stream that makes progress may run
+        long); `admin_timeout`: one attempt of a catalog or lock call (they may wait on tablet
+        servers themselves). Each well below `retry_timeout`, so that a server that stopped
+        answering leaves time to retry elsewhere."""
+        for option, value in (("retry_timeout", retry_timeout),
+                              ("request_timeout", request_timeout),
+                              ("stream_idle_timeout", stream_idle_timeout),
+                              ("admin_timeout", admin_timeout)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise InvalidOptionError(f"connection option {option} must be a positive "
+                                         f"number of seconds, not {value!r}")
         self.url = normalize_address(url)
         self.token = token
         self.tls = tls if tls is not None else (TlsFiles() if is_tls(self.url) else None)
         self.retry_timeout = retry_timeout
         self.connect_timeout = connect_timeout
-        self._coordinator = FlightChannel(self.url, token, timeout=request_timeout, tls=self.tls)
-        self._servers = ChannelPool(token, timeout=request_timeout, tls=self.tls)
+        self.request_timeout = request_timeout
+        self.stream_idle_timeout = stream_idle_timeout
+        self.admin_timeout = admin_timeout
+        # the coordinator in a pool of its own: replaced like any channel that timed out
+        self._coordinators = ChannelPool(token, timeout=request_timeout, tls=self.tls)
+        self._servers = ChannelPool(token, timeout=request_timeout, tls=self.tls,
+                                    stream_idle_timeout=stream_idle_timeout)
         self._meta: dict[str, TableMeta] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -69,6 +101,10 @@ class Connection:
         self.admin = Admin(self)
         self.locks = Locks(self)
         self._first_contact()
+
+    @property
+    def _coordinator(self) -> FlightChannel:
+        return self._coordinators.get(self.url)
 
     def _first_contact(self) -> None:
         """Ping the coordinator: fail fast on a wrong URL or token.
@@ -107,7 +143,9 @@ class Connection:
     def coordinator_action(self, name: str, body: dict | None = None,
                            timeout: float | None = None):
         """`timeout`: this call's own per-attempt deadline, for the few calls that wait on
-        purpose (settled offsets wait for replication)."""
+        purpose (settled offsets wait for replication); `admin_timeout` otherwise (catalog and
+        lock calls may wait on tablet servers; routing lookups pass `request_timeout`)."""
+        timeout = self.admin_timeout if timeout is None else timeout
         return self.retry(lambda: self._coordinator.action(name, body or {}, timeout=timeout),
                           refresh=None, what=f"coordinator call '{name}'")
 
@@ -124,7 +162,8 @@ class Connection:
         if meta is not None and table_id is not None and meta.table_id != table_id:
             meta = None
         if meta is None:
-            meta = TableMeta.from_info(self.coordinator_action("table_info", {"name": name}))
+            meta = TableMeta.from_info(self.coordinator_action("table_info", {"name": name},
+                                                             timeout=self.request_timeout))
             with self._lock:
                 self._meta[name] = meta
         if table_id is not None and meta.table_id != table_id:
@@ -146,7 +185,7 @@ class Connection:
             if not meta.has_partition(partition) and create_partition:
                 self.coordinator_action("create_partition", {
                     "name": name, "partition": partition, "dynamic": True,
-                    "table_id": table_id})
+                    "table_id": table_id}, timeout=self.request_timeout)
                 meta = self.table_meta(name, refresh=True, table_id=table_id)
         return meta.route(partition, bucket)
 
@@ -181,6 +220,7 @@ class Connection:
             except TableRecreatedError:
                 raise
             except RETRYABLE as e:
+                self.forget_silent_server(e)
                 if self._closed or time.monotonic() + pause > deadline:
                     raise
                 # Stale metadata is routine (a bucket moved): refreshed silently.
@@ -194,6 +234,19 @@ class Connection:
             time.sleep(pause)
             pause = min(pause * 2, 1.0)
 
+    def forget_silent_server(self, error: Exception) -> None:
+        """After an attempt that timed out, the next one opens a new connection to that server
+        (if it still leads: the retry asks for fresh routing first). The old connection may be
+        one the kernel keeps retransmitting on after its peer vanished, where every later call
+        would wait out its whole deadline too."""
+        server = getattr(error, "server", None)
+        if server is None or not timed_out(error):
+            return
+        channel = getattr(error, "channel", None)
+        pool = self._coordinators if normalize_address(server) == self.url else self._servers
+        pool.retire(server, channel)
+        log.info("%s did not answer in time: its connection is replaced", server)
+
     # --- public API ---------------------------------------------------------------------
 
     def table(self, name: str):
@@ -202,6 +255,10 @@ class Connection:
         from tally.client.table import Table
 
         return Table(self, name, self.table_meta(name, refresh=True).table_id)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def on_close(self, callback: Callable[[], None]) -> None:
         """Run `callback` when the connection closes (writers' and lease keepers' cleanup)."""
@@ -217,7 +274,7 @@ class Connection:
         for callback in callbacks:
             callback()
         self._servers.close()
-        self._coordinator.close()
+        self._coordinators.close()
 
     def __enter__(self) -> "Connection":
         return self

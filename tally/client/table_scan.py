@@ -7,27 +7,35 @@ bucket (a scan streams the bucket's batches from a snapshot; a lookup request re
 under the bucket's lock), and `offsets` records those offsets as the parts are read. Different
 buckets are read at their own offsets: a scan is consistent per bucket, not across buckets.
 
-A part is retried (fresh routing, same table id) until its first batch arrives; a failure
-after that ends the scan with the error, since the batches already handed out cannot be taken
-back. Spark's reader (sink.batch_reader) sends the parts to its tasks, which read them without
-planning again.
+A part is retried (fresh routing, same table id) until its first batch arrives. A stream that
+fails after that (its server stopped answering for the connection's `stream_idle_timeout`, went
+away, or no longer leads the bucket) is resumed on the bucket's current leader, still as of the
+part's offset, without handing out a row twice (tally.client.scan_resume); it gives up once it
+has made no progress for the connection's `retry_timeout`. Spark's reader (sink.batch_reader)
+sends the parts to its tasks, which read them without planning again.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import logging
+import time
 from typing import Iterator
 
 import pyarrow as pa
 
 from merge_engine.hidden_columns import UNWRITTEN
 from tally.client import key_lookups
+from tally.client.changelog_reader import describe_bucket, read_range
 from tally.client.scan_filter import ScanFilter
-from tally.errors import InvalidInputError
+from tally.client.scan_resume import KeysSeen, resumed_batches
+from tally.errors import InvalidInputError, StaleMetadataError, TableRecreatedError, UnavailableError
 from tally.wire.messages import FOUND_COLUMN, MAX_SCAN_BATCH_ROWS, SCAN_OFFSET_KEY
 
 DEFAULT_BATCH_SIZE = 65536
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,18 +116,53 @@ class TableScan:
                 yield batch.select(self.output).cast(self.schema)
 
     def _stream(self, part: ScanPart) -> Iterator[pa.RecordBatch]:
+        """The part's stream; resumed as of its offset when it fails midway (the primary key
+        is read too, so that a resumed stream knows which rows were handed out)."""
         table = self.table
         conn = table.connection
-        header = {"op": "scan", "columns": self.read_columns, "batch_size": self.batch_size,
+        pk = list(table.routing.primary_key)
+        columns = self.read_columns + [c for c in pk if c not in self.read_columns]
+        header = {"op": "scan", "columns": columns, "batch_size": self.batch_size,
                   "unwritten": self.unwritten}
 
         def attempt():
             route = conn.route(table.name, part.partition, part.bucket, table.table_id)
-            return conn.server(route.address).stream({**header, **route.header()})
+            schema, batches = conn.server(route.address).stream({**header, **route.header()})
+            return int(schema.metadata[SCAN_OFFSET_KEY]), schema, batches
 
-        schema, batches = conn.retry(attempt, refresh=table.name)
-        self.offsets[(part.partition, part.bucket)] = int(schema.metadata[SCAN_OFFSET_KEY])
-        return batches
+        offset, schema, batches = conn.retry(attempt, refresh=table.name)
+        self.offsets[(part.partition, part.bucket)] = offset
+        return self._resumable(part, offset, schema.remove_metadata(), batches, attempt, pk)
+
+    def _resumable(self, part: ScanPart, offset: int, schema: pa.Schema, batches, attempt,
+                   pk: list[str]) -> Iterator[pa.RecordBatch]:
+        table = self.table
+        conn = table.connection
+        where = f"table '{table.name}' {describe_bucket(part.partition, part.bucket)}"
+        seen = KeysSeen(pk)
+        progressed = time.monotonic()
+
+        def changes(start: int, end: int) -> pa.Table:
+            return read_range(table, part.partition, part.bucket, start, end)
+
+        while True:
+            try:
+                for batch in batches:
+                    seen.add(batch)
+                    progressed = time.monotonic()
+                    yield batch
+                return
+            except TableRecreatedError:
+                raise
+            except (UnavailableError, StaleMetadataError) as e:
+                if conn.closed or time.monotonic() - progressed > conn.retry_timeout:
+                    raise
+                log.warning("scan of %s as of offset %d: %s; resuming on its current leader",
+                            where, offset, e)
+                conn.forget_silent_server(e)
+                conn.invalidate(table.name)
+            fresh_offset, _schema, fresh = conn.retry(attempt, refresh=table.name)
+            batches = resumed_batches(fresh, schema, seen, changes, offset, fresh_offset, where)
 
     def to_arrow(self, sort: bool = True) -> pa.Table:
         """Every batch as one table (its parts read in parallel), sorted by primary key when
