@@ -98,12 +98,15 @@ class ServerQueue:
                     queued = self._pending.get(view.table_id)
                     if queued is None or queued.version < view.version:
                         self._pending[view.table_id] = view
+                    first = self.last_error is None
                     self.last_error = str(e)
                     self._retry_at = time.monotonic() + pause
                     self._cond.notify_all()
-                log.info("lock view %d of table %d not delivered to tablet server %s (tried "
-                         "again in %.1fs): %s", view.version, view.table_id, self.server_id,
-                         pause, e)
+                # said once per streak of failures: a server gone for good is tried for ever
+                log.log(logging.INFO if first else logging.DEBUG,
+                        "lock view %d of table %d not delivered to tablet server %s (tried "
+                        "again in %.1fs): %s", view.version, view.table_id, self.server_id,
+                        pause, e)
                 pause = min(pause * 2, self._pauses[1])
                 continue
             except Exception:  # the worker must outlive anything, or the server never hears
@@ -150,6 +153,11 @@ class ViewDelivery:
                 if self._closed:
                     queue.close()
             return queue
+
+    def servers(self) -> set[str]:
+        """The servers that have a queue: every server sent a view since this process began."""
+        with self._lock:
+            return set(self._queues)
 
     def publish(self, view: LockView, server_ids) -> None:
         """Send `view` to each of `server_ids` in the background; returns at once."""

@@ -1,8 +1,8 @@
 """What the coordinator does after every lock change: send the table's new lock view to the
 tablet servers, and wait only where fencing needs it.
 
-Every live tablet server (and every server leading a bucket of the table) gets the view in the
-background (view_delivery). A renewal only moves an expiry later, which fences nobody, so it
+Every live tablet server (and every server leading a bucket of the table, or sent views before)
+gets the view in the background (view_delivery). A renewal only moves an expiry later, which fences nobody, so it
 waits for no one. Every other change (a new token, an attempt, a lock removed) answers its
 caller only once every server *leading a bucket of the table* has confirmed the view, so that
 what the caller does next (an undo reads the end offsets after its takeover or attempt) can
@@ -56,10 +56,14 @@ class LockViewPublisher:
         (a set: attempts registered for those buckets, in every partition). False: wait for
         nobody."""
         view = self.view(table_id)
-        leaders = self.leaders(table_id)
-        self.delivery.publish(view, set(self.coordinator.liveness.live()) | set(leaders))
+        # every live server, and every server sent views before (one away now gets this one
+        # when it is back); a renewal needs no catalog read
+        targets = set(self.coordinator.liveness.live()) | self.delivery.servers()
         if fencing is False:
+            self.delivery.publish(view, targets)
             return
+        leaders = self.leaders(table_id)
+        self.delivery.publish(view, targets | set(leaders))
         if fencing is not True:
             leaders = {sid: kept for sid, led in leaders.items()
                        if (kept := [(p, b) for p, b in led if b in fencing])}
