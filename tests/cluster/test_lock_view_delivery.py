@@ -176,3 +176,22 @@ def test_a_paused_leader_fails_only_the_calls_that_fence_its_buckets(cluster, co
     write(conn, name, lease, value=10, attempt=max(attempts.values()))
     assert conn.table(name).to_arrow().to_pylist() == [{"k": 1, "a": 11, "b": None}]
     conn.locks.release(lease)
+
+
+def test_versions_keep_growing_across_a_coordinator_restart(cluster, conn):
+    name = make_table(conn)
+    table_id = conn.table_meta(name).table_id
+    zombie = unkept(conn, name, "job", ["a"])
+    write(conn, name, zombie)
+    before = coordinator_view(cluster, table_id)
+    cluster.restart_coordinator(kill=True)  # its queues are gone; the versions are stored
+    current = unkept(conn, name, "job", ["a"])
+    after = coordinator_view(cluster, table_id)
+    assert after["version"] > before["version"]
+    for handle in cluster.tablet_servers:  # the first coordinator's last view, arriving late
+        with contextlib.closing(internal(cluster, handle.address)) as channel:
+            channel.action("install_lock_view", {"view": before})
+    with pytest.raises(LeaseLostError):
+        write(conn, name, zombie, value=100)
+    write(conn, name, current, value=10)
+    assert conn.table(name).to_arrow().to_pylist() == [{"k": 1, "a": 11, "b": None}]
