@@ -6,13 +6,15 @@ could not write past, so it stops catching up, and after the table's replica lag
 leader takes it out of the in-sync set. Every write meanwhile is acknowledged (min in-sync
 replicas is 2), the bucket shows the follower out of sync (`tally buckets`, `tally servers`,
 `tally describe`, the leader's metrics), and once the disk has room again the follower
-catches up and rejoins, holding the same rows as the others.
+catches up and rejoins, holding the same rows as the others. With both followers paused, a
+waiting write is refused rather than acknowledged on the leader's copy alone.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import urllib.request
 
 import pyarrow as pa
@@ -22,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from merge_engine import Schema, TableDescriptor
 from tally import client
 from tally.cli.main import main as tally_main
+from tally.errors import NotEnoughReplicasError
 from tally.server import LocalCluster
 from tests.cluster.replica_checks import leader_index, replica_rows_equal, wait_fully_in_sync
 from tests.small_disk import fill, small_filesystem
@@ -118,4 +121,35 @@ def test_a_follower_that_cannot_write_leaves_the_in_sync_set_and_rejoins(disks_c
     addresses = [cluster.tablet_servers[leader_index(cluster, s)].address
                  for s in replicas["replicas"]]
     replica_rows_equal(cluster, conn, TABLE, 0, addresses)
+    conn.close()
+
+
+def test_a_write_is_not_acknowledged_on_the_leader_alone(disks_cluster):
+    """Both followers stop fetching (paused): the in-sync set shrinks to the leader, and the
+    write that waited must fail, not be acknowledged on the one copy (min in-sync replicas 2).
+    Once they resume, they catch up and writes are acknowledged again."""
+    cluster, _ = disks_cluster
+    name = "default.alone"
+    conn = client.connect(cluster.url, retry_timeout=120)
+    conn.admin.create_table(name, TableDescriptor(SCHEMA, bucket_count=1, properties={
+        "table.replication.lag-time-ms": str(LAG_MS)}))
+    replicas = wait_fully_in_sync(conn, name, cluster)[(None, 0)]
+    followers = [cluster.tablet_servers[leader_index(cluster, s)].proc.pid
+                 for s in replicas["replicas"] if s != replicas["leader"]]
+    conn.table(name).bucket_writer(0).put(rows(0))
+    impatient = client.connect(cluster.url, retry_timeout=15)
+    for pid in followers:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(NotEnoughReplicasError):
+            impatient.table(name).bucket_writer(0).put(rows(ROWS))
+        assert conn.admin.bucket_replicas(name)[(None, 0)]["isr"] == [replicas["leader"]]
+    finally:
+        for pid in followers:
+            os.kill(pid, signal.SIGCONT)
+        impatient.close()
+    wait_fully_in_sync(conn, name, cluster)
+    conn.table(name).bucket_writer(0).put(rows(2 * ROWS))
+    stored = set(conn.table(name).to_arrow().column("k").to_pylist())
+    assert set(range(ROWS)) | set(range(2 * ROWS, 3 * ROWS)) <= stored
     conn.close()
