@@ -45,19 +45,13 @@ from tally.errors import (
     UnrecoveredLockError,
     VersionConflictError,
 )
+from locks.lock_nodes import (column_tokens, guard_path, lock_path, stored_locks,
+                              view_state)
 from tally.meta import MetadataStore, join_path, node_name
 
 
 def _when(timestamp: float) -> str:
     return time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(timestamp))
-
-
-def guard_path(table_id: int) -> str:
-    return join_path("locks", str(table_id))
-
-
-def lock_path(table_id: int, owner_id: str) -> str:
-    return join_path("locks", str(table_id), node_name(owner_id, "lock owner id"))
 
 
 class ColumnLockService:
@@ -71,12 +65,7 @@ class ColumnLockService:
 
     def records(self, table_id: int) -> dict[str, tuple[LockRecord, int]]:
         """{owner node name: (record, node version)} of every stored lock of a table."""
-        found = {}
-        for child in self.store.children(guard_path(table_id)):
-            node = self.store.get(join_path("locks", str(table_id), child))
-            if node is not None:
-                found[child] = (LockRecord.from_json(node.value), node.version)
-        return found
+        return stored_locks(self.store, table_id)
 
     def describe(self, target: LockTarget, include_expired: bool = False) -> list[dict]:
         now = self.clock()
@@ -98,24 +87,11 @@ class ColumnLockService:
 
     def column_tokens(self, table_id: int) -> dict[int, int]:
         node = self.store.get(guard_path(table_id))
-        return {} if node is None else _column_tokens(node)
+        return {} if node is None else column_tokens(node)
 
-    def view_state(self, table_id: int, tries: int = 5
-                   ) -> tuple[int, list[LockRecord], dict[int, int]]:
-        """(version, records, column tokens) of a table's locks, read as one state: the guard,
-        then the lock nodes, then the guard again, until the guard did not move in between
-        (every change bumps it, so nothing changed meanwhile). If it keeps moving, the last
-        read is used with its first guard's version: its contents are then at least as new as
-        that version (they were read after it), which is all a tablet server relies on."""
-        for _ in range(tries):
-            first = self.store.get(guard_path(table_id))
-            records = [r for r, _ in self.records(table_id).values()]
-            again = self.store.get(guard_path(table_id))
-            if (first is None) == (again is None) and \
-                    (first is None or first.version == again.version):
-                break
-        version = 0 if first is None else first.version + 1  # a guard not yet made: 0
-        return version, records, {} if again is None else _column_tokens(again)
+    def view_state(self, table_id: int) -> tuple[int, list[LockRecord], dict[int, int]]:
+        """(version, records, column tokens) of the table's locks as one state (lock_nodes)."""
+        return view_state(self.store, table_id)
 
     # --- acquiring ----------------------------------------------------------------------------
 
@@ -412,7 +388,3 @@ class ColumnLockService:
     def drop_table(self, table_id: int) -> None:
         """Forget every lock of a dropped table."""
         self.store.delete(guard_path(table_id), recursive=True)
-
-
-def _column_tokens(guard) -> dict[int, int]:
-    return {int(k): int(v) for k, v in guard.value.get("column_tokens", {}).items()}
