@@ -4,9 +4,11 @@ Every piece of column locking lives here, each in the process that runs it:
 
 - coordinator: `ColumnLockService` grants, renews and releases locks; `CommitLog` records each
   owner's last committed epoch and epoch baselines; `coordinator_actions.CoordinatorLocks`
-  serves both as DoActions and pushes lock views to the tablet servers;
-- tablet server: `LockView` is what writes are checked against, `tablet_check.TabletLocks` the
-  check itself, run before a write touches a tablet;
+  serves both as DoActions; `view_publisher.LockViewPublisher` sends every change's lock view
+  to the tablet servers (`view_delivery`: a queue per server) and waits where fencing needs it;
+- tablet server: `LockView` (versioned) is what writes are checked against,
+  `tablet_check.TabletLocks` keeps the newest view per table and runs the check itself, before
+  a write touches a tablet;
 - client: `client.Locks` is `conn.locks`, whose leases a `keeper.LeaseKeeper` renews.
 
 The server and the client assemble these pieces; nothing here imports them (the coordinator,
