@@ -17,7 +17,9 @@ machine sees) cut it:
 Nothing else of the machine is touched: no real interface, no firewall rule outside the
 namespace, no sysctl. `close()` (and the context manager) kills what still runs inside the
 namespace, deletes it (which deletes the veth pair) and is safe to call twice; `leftovers()`
-lists any namespace or veth of this module that a killed run left behind.
+lists any namespace or veth of this module that still exists, and `sweep()` (run before each
+new namespace is made) removes those of runs whose process is gone, such as one killed by
+SIGKILL, which no `finally` survives.
 
 Needs root, `ip` (iproute2) and `iptables`; `available()` says why not, for a skip.
 """
@@ -67,6 +69,28 @@ def leftovers() -> list[str]:
     return found
 
 
+def sweep() -> list[str]:
+    """Remove the namespaces of runs of this module whose process is gone (a run killed with
+    SIGKILL cannot clean up after itself): what ran inside is killed, the namespace and its veth
+    pair deleted. A namespace is named after the pid that made it, so a live run's are kept.
+    Returns the names removed."""
+    removed = []
+    for name in leftovers():
+        owner = name[len(PREFIX):].partition("p")[2]
+        if not owner.isdigit() or os.path.exists(f"/proc/{owner}"):
+            continue
+        done = _run("ip", "netns", "pids", name, check=False)
+        for pid in done.stdout.split():
+            try:
+                os.kill(int(pid), signal.SIGCONT)
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _run("ip", "netns", "del", name, check=False)
+        removed.append(name)
+    return removed
+
+
 def _used_subnets() -> set[int]:
     used = set()
     for line in _run("ip", "-o", "-4", "addr", "show").stdout.splitlines():
@@ -83,14 +107,15 @@ class IsolatedHost:
         reason = available()
         if reason:
             raise NetworkFaultError(reason)
+        sweep()
         used = _used_subnets()
         start = os.getpid() % 250
         k = next((1 + (start + i) % 250 for i in range(250) if 1 + (start + i) % 250 not in used),
                  None)
         if k is None:
             raise NetworkFaultError(f"every {SUBNET}.K.0/30 is taken on this machine")
+        self.namespace = f"{PREFIX}{k}p{os.getpid()}"
         tag = f"{k}p{os.getpid() % 10000}"   # device names hold at most 15 characters
-        self.namespace = f"{PREFIX}{tag}"
         self.root_device = f"{PREFIX}{tag}a"
         self.inner_device = f"{PREFIX}{tag}b"
         self.root_address = f"{SUBNET}.{k}.1"

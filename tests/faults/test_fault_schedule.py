@@ -13,11 +13,15 @@ copy of every bucket equal at the end.
 
 from __future__ import annotations
 
-from hypothesis import Phase, given, settings
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from tests.faults.steps import SCHEDULED
 from tests.faults.trial import Trial
+
+# One worker runs this module (one fault cluster, one network namespace).
+pytestmark = pytest.mark.xdist_group("faults")
 
 
 def run_trial(faults, steps, seed: int) -> None:
@@ -36,8 +40,7 @@ def test_every_fault_once(faults):
 
 
 @settings(max_examples=3, deadline=None, derandomize=True, database=None,
-          phases=[Phase.explicit, Phase.generate], suppress_health_check=list(__import__(
-              "hypothesis").HealthCheck))
+          phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
 @given(steps=st.lists(st.sampled_from(SCHEDULED), min_size=2, max_size=3))
 def test_fault_schedule(faults, steps):
     run_trial(faults, steps, seed=len(steps))

@@ -71,3 +71,14 @@ def test_close_is_idempotent_and_bounded(host):
     host.close()
     assert host.namespace not in fault_network.leftovers()
     assert host.rules() == []
+
+
+def test_sweep_removes_what_a_killed_run_left_and_keeps_live_runs(host):
+    dead = f"{fault_network.PREFIX}9p999999999"   # no such pid: a run killed by SIGKILL
+    subprocess.run(["ip", "netns", "add", dead], check=True)
+    try:
+        assert dead in fault_network.sweep()
+        assert dead not in fault_network.leftovers()
+        assert host.namespace in fault_network.leftovers()   # this run's own is kept
+    finally:
+        subprocess.run(["ip", "netns", "del", dead], capture_output=True)

@@ -224,7 +224,7 @@ class LockOwners(Worker):
         conn.locks.commit(lease, self.epoch, conn.admin.list_offsets(self.table))
         self.epoch += 1
         self.commits += 1
-        self.stopping.wait(0.05)
+        self.stopping.wait(0.1)
 
     def _crash_on_purpose(self, order: str) -> None:
         self._drop()
