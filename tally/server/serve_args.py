@@ -10,6 +10,7 @@ import argparse
 import os
 
 from tally.errors import InvalidOptionError
+from tally.server.leadership import REPLICA_LAG_TIME
 from tally.server.settings import (DEFAULT_MAX_BATCH_BYTES, DEFAULT_MEMORY_BUDGET,
                                    SEGMENT_INTERVAL, SESSION_TIMEOUT, SNAPSHOT_INTERVAL,
                                    SNAPSHOT_KEEP, TIER_TIMEOUT)
@@ -109,14 +110,17 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                         metavar="SECONDS",
                         help="how long a tablet server may be gone before the coordinator "
                              "makes its bucket copies again on other servers (default 60)")
-    parser.add_argument("--replica-lag-time", type=_seconds, default=10.0, metavar="SECONDS",
+    parser.add_argument("--replica-lag-time", type=_seconds, default=REPLICA_LAG_TIME,
+                        metavar="SECONDS",
                         help="how long a follower may go without catching up with its leader "
                              "before it leaves the in-sync set, for tables that set no "
-                             "table.replication.lag-time-ms (coordinator; default 10)")
+                             "table.replication.lag-time-ms (coordinator; default "
+                             f"{REPLICA_LAG_TIME:g})")
     parser.add_argument("--session-timeout", type=_seconds, default=SESSION_TIMEOUT,
                         metavar="SECONDS",
                         help="without ZooKeeper: how long a tablet server may miss heartbeats "
-                             "before it counts as gone and its buckets' leadership moves "
+                             "before it counts as gone and its buckets' leadership moves; with "
+                             "either store: a leader lease lasts three quarters of it "
                              f"(coordinator; default {SESSION_TIMEOUT:g})")
     parser.add_argument("--datalake-dir", metavar="URI",
                         help="the root of the lake tables that `tally tier` writes (coordinator; "
