@@ -64,8 +64,11 @@ class CoordinatorLink:
         try:
             return channel.action(action, body)
         except UnavailableError:
-            if self._url is None:
-                with self._lock:
+            # a fresh channel next time: the coordinator may have moved (ZooKeeper), and a
+            # channel that failed reconnects only after gRPC's growing backoff, seconds after
+            # a restarted coordinator is back, while the leader leases of its servers lapse
+            with self._lock:
+                if self._channel is channel:
                     self._channel = None
             raise
 
