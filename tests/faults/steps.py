@@ -16,6 +16,8 @@ import dataclasses
 from typing import Callable
 
 from tally.bench.fault_cluster import ISOLATED
+from tests.faults import oracle
+from tests.waiting import wait_until
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +124,42 @@ def coordinator_restart_in_failover(t) -> None:
     t.faults.start_server(victim)
 
 
+def owner_restart_in_partition(t) -> None:
+    """The lock owner crashes while its bucket's leader is cut off: its writes in flight there
+    are ambiguous (in the old leader's log, never acknowledged); it restarts, recovers and
+    replays on the new leader, and the old leader's copies must never count."""
+    t.make_leader(ISOLATED)
+    before = t.owners.restarts
+    t.faults.net.partition()
+    t.owners.crash()
+    t.wait_owner("restarts", before, "the lock owner restarted and committed during a partition")
+    t.faults.net.heal()
+
+
+def followers_stop_fetching(t) -> None:
+    """Both followers of bucket 0 paused: the leader may drop them from its in-sync set after
+    the lag time, but no write begun after the pause may be acknowledged (min in-sync 2),
+    neither while it waits nor at the moment the set shrinks (the issue's 'acknowledged on
+    one copy')."""
+    leader = t.leader(0)
+    others = [i for i in range(len(t.faults.servers)) if i != leader]
+    for i in others:
+        t.faults.pause(i)
+    since = t.mark()   # writes[since:] all began after both followers stopped
+    me = t.faults.server_id(leader)
+    first_done = lambda: len(t.history) > since and \
+        t.history.writes[since].outcome != oracle.PENDING  # noqa: E731
+    wait_until(lambda: first_done() or t.replicas()[(None, 0)]["isr"] == [me],
+               "the leader alone in sync, or a write's outcome", deadline=90)
+    wait_until(first_done, "the outcome of a write begun while no follower fetches",
+               deadline=90)
+    acked = [w for w in t.history.writes[since:] if w.outcome == oracle.ACKED]
+    assert not acked, f"{len(acked)} writes acknowledged while neither follower of bucket 0 " \
+                      f"could hold them (min in-sync replicas 2): e.g. {acked[0]}"
+    for i in others:
+        t.faults.resume(i)
+
+
 def owner_restart(t) -> None:
     before = t.owners.restarts
     t.owners.crash()
@@ -137,7 +175,8 @@ def takeover(t) -> None:
 STEPS = {s.name: s for s in (Step(f.__name__, f) for f in (
     kill_leader, kill_follower, pause_leader, partition_leader, cut_leader_inbound,
     partition_follower, packet_loss, follower_disk_full, restored_copy,
-    coordinator_restart_in_failover, owner_restart, takeover))}
+    coordinator_restart_in_failover, followers_stop_fetching, owner_restart,
+    owner_restart_in_partition, takeover))}
 
 # Steps whose fixes have not landed (issue 37): out of the schedule until they pass.
 PENDING: set[str] = set()

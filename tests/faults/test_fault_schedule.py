@@ -2,8 +2,9 @@
 column locks, restarts and takeovers, on one shared fault cluster, judged by the oracle.
 
 - `test_every_fault_once`: one trial that runs every scheduled step once, in a fixed order.
-- `test_fault_schedule`: hypothesis draws short lists of steps (derandomized, no example
-  database, no shrinking: a run is deterministic and bounded; a failure prints its steps).
+- `test_fault_schedule`: hypothesis draws short lists of distinct steps (a fixed seed, no
+  example database, no shrinking: a run is deterministic and bounded; a failure prints its
+  steps). Its first example is the simplest list, the others random.
 
 Each trial creates its own table; the cluster is healed after every step. The promises
 checked: no acknowledged write lost, an ambiguous write counted at most once, committed epochs
@@ -14,7 +15,7 @@ copy of every bucket equal at the end.
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
 from tests.faults.steps import SCHEDULED
@@ -39,8 +40,9 @@ def test_every_fault_once(faults):
     run_trial(faults, SCHEDULED, seed=37)
 
 
-@settings(max_examples=3, deadline=None, derandomize=True, database=None,
+@seed(37)
+@settings(max_examples=4, deadline=None, database=None,
           phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
-@given(steps=st.lists(st.sampled_from(SCHEDULED), min_size=2, max_size=3))
+@given(steps=st.lists(st.sampled_from(SCHEDULED), min_size=2, max_size=3, unique=True))
 def test_fault_schedule(faults, steps):
     run_trial(faults, steps, seed=len(steps))
