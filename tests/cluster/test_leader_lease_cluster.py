@@ -24,6 +24,7 @@ from tally.wire.channel import FlightChannel
 from tally.wire.messages import FOUND_COLUMN
 from tests.cluster.replica_checks import (leader_index, restart_stopped_servers,
                                           wait_fully_in_sync)
+from tests.conftest import zookeeper_chroot
 from tests.waiting import wait_until
 
 QUEUED = 8  # requests sent to the paused leader, served when it resumes
@@ -104,7 +105,23 @@ def either_refused_or(expected: dict, call) -> str:
 
 
 def test_a_resumed_deposed_leader_never_answers_from_its_stale_copy(trio, conn):
-    name = "default.lease_paused"
+    paused_and_resumed(trio, conn, "default.lease_paused")
+
+
+def test_with_zookeeper_a_resumed_deposed_leader_never_answers_from_its_stale_copy(
+        tmp_path, zookeeper):
+    """With ZooKeeper the paused leader's /live node goes with its session, and the
+    coordinator still deposes it only once its lease grant has run out."""
+    with LocalCluster(str(tmp_path), tablet_servers=3,
+                      zookeeper=zookeeper_chroot(zookeeper)) as cluster, \
+            tally.connect(cluster.url, retry_timeout=120) as c:
+        try:
+            paused_and_resumed(cluster, c, "default.lease_paused_zk")
+        finally:
+            restart_stopped_servers(cluster)
+
+
+def paused_and_resumed(trio, conn, name: str) -> None:
     make_table(conn, name)
     old_keys, new_keys = list(range(20)), list(range(20, 40))
     write(conn, name, old_keys, 1)
