@@ -16,6 +16,7 @@ import dataclasses
 from typing import Callable
 
 from tally.bench.fault_cluster import ISOLATED
+from tests.faults.trial import LIVENESS_S
 from tests.faults import oracle
 from tests.waiting import wait_until
 
@@ -160,6 +161,57 @@ def followers_stop_fetching(t) -> None:
         t.faults.resume(i)
 
 
+def followers_full_owner_retries(t) -> None:
+    """The double count of issue 37: one server leads every bucket and both others' disks are
+    full, so the lock owner's writes are applied by the leader but cannot be acknowledged
+    (ambiguous); the owner fails, restarts, recovers and replays while they sit in the
+    leader's log. Once the disks have room, each epoch must still count exactly once."""
+    leader = t.leader(0)
+    for bucket in range(1, 3):
+        t.make_leader(leader, bucket)
+    errors, writes = len(t.owners.errors), t.mark()
+    others = [i for i in range(len(t.faults.servers)) if i != leader]
+    for i in others:
+        t.faults.fill_disk(i)
+    wait_until(lambda: len(t.owners.errors) > errors, "the lock owner's write failing while "
+               "no follower can write", deadline=LIVENESS_S)
+    wait_until(lambda: len(t.history) > writes and
+               t.history.writes[writes].outcome != oracle.PENDING,
+               "a lock-free write's outcome while no follower can write", deadline=LIVENESS_S)
+    commits = t.owners.commits
+    for i in others:
+        t.faults.free_disk(i)
+    wait_until(lambda: t.owners.commits > commits, "the lock owner committing again once the "
+               "disks have room", deadline=LIVENESS_S)
+
+
+def pause_server_without_copy(t) -> None:
+    """A server holding no copy of a table is paused: that table's lock holder still renews,
+    writes and releases (no lock call waits on a server it does not need)."""
+    from tally import client
+    from tests.faults.workload import LOCK_TTL, LOCKED, descriptor
+
+    side = f"{t.name}_side"
+    spec = descriptor()
+    spec.bucket_count = 1
+    spec.properties["table.replication.factor"] = "1"
+    t.conn.admin.create_table(side, spec)
+    host = t.faults.index_of(wait_until(lambda: t.conn.admin.bucket_replicas(side)[(None, 0)]
+                                        ["leader"], f"{side} has a leader"))
+    victim = next(i for i in range(len(t.faults.servers)) if i != host)
+    with client.connect(t.faults.url, retry_timeout=60) as conn:
+        lease = conn.locks.acquire(side, "side-owner", LOCKED, ttl=LOCK_TTL)
+        t.faults.pause(victim)
+        for n in range(3):
+            lease = conn.locks.renew(lease)
+            with conn.table(side).upsert_writer(target_columns=["k", *LOCKED], lease=lease) as w:
+                w.upsert([{"k": n, "locked": 1, "locked_n": 1}])
+                w.flush()
+        assert conn.locks.release(lease) is True
+    t.faults.resume(victim)
+    t.conn.admin.drop_table(side)
+
+
 def owner_restart(t) -> None:
     before = t.owners.restarts
     t.owners.crash()
@@ -175,7 +227,9 @@ def takeover(t) -> None:
 STEPS = {s.name: s for s in (Step(f.__name__, f) for f in (
     kill_leader, kill_follower, pause_leader, partition_leader, cut_leader_inbound,
     partition_follower, packet_loss, follower_disk_full, restored_copy,
-    coordinator_restart_in_failover, followers_stop_fetching, owner_restart,
+    coordinator_restart_in_failover, followers_stop_fetching, followers_full_owner_retries,
+    pause_server_without_copy,
+    owner_restart,
     owner_restart_in_partition, takeover))}
 
 # Steps whose fixes have not landed (issue 37): out of the schedule until they pass.
