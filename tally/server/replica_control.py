@@ -192,9 +192,9 @@ class ReplicaControl:
 
     def move_leader(self, body: dict) -> dict:
         """Hand a bucket's leadership to another live in-sync replica (default: its first
-        replica, the preferred leader) under the next epoch. The old leader's writes in
-        flight fail and are retried on the new one; its unreplicated tail is cut when it
-        follows."""
+        replica, the preferred leader) under the next epoch. The old leader resigns the
+        bucket first, so it serves nothing once the new one does; its writes in flight fail
+        and are retried on the new one; its unreplicated tail is cut when it follows."""
         record = self.coordinator.named_table(body)
         name = None if body.get("partition") is None else field(body, "partition", str)
         bucket = field(body, "bucket", int)
@@ -208,6 +208,7 @@ class ReplicaControl:
         before = partition.buckets[bucket]
         if (to or before.replicas[0]) == before.leader:
             return before.to_json()
+        self._check_target(record.name, bucket, before, to or before.replicas[0], live)
         # the old leader stops serving before the new one starts (leader_lease)
         asked = self._resign(record, partition.partition_id, bucket, before)
 
@@ -217,10 +218,7 @@ class ReplicaControl:
                 raise NotFoundError(f"table '{record.name}' has no bucket {bucket}")
             current = buckets[bucket]
             target = to or current.replicas[0]
-            if target not in current.isr or target not in live:
-                raise InvalidInputError(
-                    f"server {target} cannot lead bucket {bucket} of '{record.name}': only a "
-                    f"live in-sync replica can (in sync: {list(current.isr)}); nothing changed")
+            self._check_target(record.name, bucket, current, target, live)
             if target == current.leader:
                 return buckets
             if (current.leader, current.leader_epoch) != (before.leader, before.leader_epoch):
@@ -248,6 +246,14 @@ class ReplicaControl:
         log.info("bucket %d of %s partition %s: leader moved to %s (epoch %d)", bucket,
                  record.name, name, moved.leader, moved.leader_epoch)
         return moved.to_json()
+
+    @staticmethod
+    def _check_target(table: str, bucket: int, current: BucketReplicas, target: str,
+                      live: set[str]) -> None:
+        if target not in current.isr or target not in live:
+            raise InvalidInputError(
+                f"server {target} cannot lead bucket {bucket} of '{table}': only a live "
+                f"in-sync replica can (in sync: {list(current.isr)}); nothing changed")
 
     def _resign_hold(self) -> float:
         """How long a resigned leader serves its bucket no more: past every lease granted

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 
 import tally
-from tally.errors import NotLeaderError
+from tally.errors import InvalidInputError, NotLeaderError
 from tally.server import LocalCluster
 from tally.wire.channel import FlightChannel
 from tally.wire.messages import FOUND_COLUMN
@@ -178,6 +178,9 @@ def test_a_moved_leadership_is_refused_by_the_old_leader_before_the_new_one_serv
     before = wait_fully_in_sync(conn, name, trio)[(None, 0)]
     old = Direct(conn, name)
     target = next(s for s in before["replicas"] if s != before["leader"])
+    with pytest.raises(InvalidInputError):
+        conn.admin.move_leader(name, 0, to="ts-nobody")
+    assert old.lookup(keys) == {k: 1 for k in keys}  # a refused move resigns nothing
     conn.admin.move_leader(name, 0, to=target)
     # the old leader resigned before the move was made: refused at once, whatever it heard
     with pytest.raises(NotLeaderError):
