@@ -16,8 +16,8 @@ from tally import client
 from tally.errors import TallyError
 from tests.cluster.replica_checks import replica_rows_equal
 from tests.faults import oracle
-from tests.faults.workload import BUCKETS, LOCKED, KEYS, LeaderWatcher, LockFreeWriter, \
-    LockOwners, Reader, descriptor
+from tests.faults.workload import BUCKETS, KEYS, LeaderWatcher, LockFreeWriter, LockOwners, \
+    Reader, descriptor
 from tests.waiting import wait_until
 
 _tables = itertools.count()
@@ -171,5 +171,3 @@ class Trial:
             worker.stopping.set()
         self.conn.close()
 
-
-__all__ = ["Trial", "LOCKED"]
