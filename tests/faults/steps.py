@@ -112,6 +112,11 @@ def restored_copy(t) -> None:
     others = [i for i in range(len(t.faults.servers)) if i != victim]
     for i in others:
         t.faults.kill(i)
+    # it is in sync, so it must take over (and hold every acknowledged write) before the
+    # others are back
+    me = t.faults.server_id(victim)
+    wait_until(lambda: t.replicas()[(None, 0)]["leader"] == me,
+               "the restored copy leading bucket 0 once the others died", deadline=LIVENESS_S)
     for i in others:
         t.faults.start_server(i)
 
