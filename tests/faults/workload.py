@@ -6,7 +6,8 @@ and `locked`, `locked_n` (the column-lock owners').
 
 - `LockFreeWriter`: a write adds its own distinct value and 1 to four random keys; recorded as
   acknowledged, refused or ambiguous.
-- `Reader`: point lookups of random keys, each checked against what was acknowledged before it.
+- `Reader`: point lookups of random keys and, every twentieth read, a scan of the table, each
+  key checked against what was acknowledged before the read began.
 - `LeaderWatcher`: `bucket_replicas` over and over, for the one-leader-per-epoch check.
 - `LockOwners`: two owners, A and B, writing epochs the way the Spark sink does under a column
   lock on (`locked`, `locked_n`): begin the epoch (a new task attempt, the baseline), write it in
@@ -19,6 +20,7 @@ and `locked`, `locked_n` (the column-lock owners').
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 
@@ -117,17 +119,37 @@ class Reader(Worker):
     def work(self) -> None:
         with client.connect(self.url, retry_timeout=5.0) as conn:
             table = conn.table(self.table)
-            while not self.stopping.is_set():
-                key = self.rng.randrange(KEYS)
-                floor = self.history.floor(key)
-                try:
-                    row = table.lookup({"k": key})
-                except TallyError:
-                    self.errors += 1
+            for n in itertools.count():
+                if self.stopping.is_set():
+                    return
+                if n % 20 == 19:
+                    self._scan(table)
                 else:
-                    value = None if row is None else (row["free"] or 0, row["free_n"] or 0)
-                    self.watch.saw(key, value, floor)
+                    self._lookup(table)
                 self.stopping.wait(0.02)
+
+    def _lookup(self, table) -> None:
+        key = self.rng.randrange(KEYS)
+        floor = self.history.floor(key)
+        try:
+            row = table.lookup({"k": key})
+        except TallyError:
+            self.errors += 1
+        else:
+            self.watch.saw(key, None if row is None else (row["free"] or 0, row["free_n"] or 0),
+                           floor)
+
+    def _scan(self, table) -> None:
+        """A whole-table scan: every key checked as a lookup would be."""
+        floors = {k: self.history.floor(k) for k in range(KEYS)}
+        try:
+            rows = {r["k"]: (r["free"] or 0, r["free_n"] or 0)
+                    for r in table.to_arrow().to_pylist()}
+        except TallyError:
+            self.errors += 1
+            return
+        for k in range(KEYS):
+            self.watch.saw(k, rows.get(k), floors[k])
 
 
 class LeaderWatcher(Worker):
