@@ -53,6 +53,7 @@ class Prober(threading.Thread):
         self.url, self.key = url, key
         self.acks: list[tuple[float, float]] = []   # (began, acknowledged), monotonic
         self.ambiguous = 0
+        self.errors: dict[str, int] = {}   # the kinds of error the ambiguous writes met
         self.stopping = threading.Event()
         self._lock = threading.Lock()
 
@@ -70,8 +71,10 @@ class Prober(threading.Thread):
                     writer.flush()
                     with self._lock:
                         self.acks.append((began, time.monotonic()))
-                except TallyError:
+                except TallyError as e:
                     self.ambiguous += 1
+                    what = f"{type(e).__name__}: {str(e)[:100]}"
+                    self.errors[what] = self.errors.get(what, 0) + 1
                 finally:
                     writer.close()
                 self.stopping.wait(0.01)
@@ -164,6 +167,7 @@ def _fault_trials(fc, conn, kind: str, trials: int, prober: Prober, faults: Faul
                   progress: Progress) -> dict:
     progress.step(f"{trials} x {kind}")
     recovery, unavailable, given_up = [], [], 0
+    ambiguous, errors = prober.ambiguous, dict(prober.errors)
     for i in range(trials):
         inject, undo = faults.prepare(kind)
         _wait(lambda: prober.first_ack_begun_after(time.monotonic() - 0.5) is not None,
@@ -185,7 +189,11 @@ def _fault_trials(fc, conn, kind: str, trials: int, prober: Prober, faults: Faul
         unavailable.append(prober.longest_gap(before, back))
         faults.in_sync()
         progress.rows(i + 1, trials)
+    met = {what: n - errors.get(what, 0) for what, n in prober.errors.items()
+           if n > errors.get(what, 0)}
     result = {"kind": kind, "trials": trials, "recovery_s": recovery,
+              "ambiguous": prober.ambiguous - ambiguous,
+              "errors": sorted(met.items(), key=lambda kv: -kv[1])[:3],
               "unavailable_s": unavailable, "given_up": given_up,
               "recovery_p50_s": _percentile(recovery, 0.5),
               "recovery_p99_s": _percentile(recovery, 0.99),
@@ -194,7 +202,9 @@ def _fault_trials(fc, conn, kind: str, trials: int, prober: Prober, faults: Faul
     progress.done(f"recovery p50 {result['recovery_p50_s']:.2f} s, p99 "
                   f"{result['recovery_p99_s']:.2f} s; unavailable p50 "
                   f"{result['unavailable_p50_s']:.2f} s, p99 {result['unavailable_p99_s']:.2f} s"
-                  + (f"; {given_up} never recovered within {GIVE_UP_S:.0f} s" if given_up else ""))
+                  + (f"; {given_up} never recovered within {GIVE_UP_S:.0f} s" if given_up else "")
+                  + (f"; {result['ambiguous']} writes failed, most with "
+                     f"{result['errors'][0][0]}" if result["ambiguous"] else ""))
     return result
 
 
@@ -253,6 +263,7 @@ def run(trials: int = 5, rows: int = 200_000, keys: int = 20_000, batch: int = 2
             shutil.rmtree(root, ignore_errors=True)
     ratio = sides[3]["rows_per_s"] / sides[1]["rows_per_s"]
     verify = {"acknowledged": acked, "ambiguous": prober.ambiguous, "counted": counted,
+              "errors": sorted(prober.errors.items(), key=lambda kv: -kv[1])[:5],
               "ok": acked <= counted <= acked + prober.ambiguous}
     return {"workload": workload.label, "rf1": sides[1], "rf3": sides[3], "ratio": ratio,
             "ratio_target": RATIO_TARGET, "rounds": rounds, "faults": results,
@@ -263,11 +274,12 @@ def run(trials: int = 5, rows: int = 200_000, keys: int = 20_000, batch: int = 2
 def _rows(result: dict) -> list[list[str]]:
     return [[f["kind"], str(f["trials"]), f"{f['recovery_p50_s']:.2f}",
              f"{f['recovery_p99_s']:.2f}", f"{f['unavailable_p50_s']:.2f}",
-             f"{f['unavailable_p99_s']:.2f}", str(f["given_up"])] for f in result["faults"]]
+             f"{f['unavailable_p99_s']:.2f}", str(f["given_up"]), f"{f.get('ambiguous', 0):,}"]
+            for f in result["faults"]]
 
 
 HEADERS = ["fault", "trials", "recovery p50 s", "recovery p99 s", "unavailable p50 s",
-           "unavailable p99 s", "not back in 120 s"]
+           "unavailable p99 s", "not back in 120 s", "failed writes"]
 
 
 def _verification(result: dict) -> str:
@@ -284,7 +296,7 @@ def format_text(result: dict) -> str:
         f"fault benchmark: 3 tablet servers at RF 3 (min in-sync 2), {result['trials']} "
         "trials per fault, one probe key written back to back",
         tabulate(_rows(result), HEADERS, disable_numparse=True,
-                 colalign=["left"] + ["right"] * 6),
+                 colalign=["left"] + ["right"] * 7),
         f"  recovery p99 target <= {result['recovery_target_s']:g} s",
         f"  ingest {result['workload']}: RF 1 {result['rf1']['rows_per_s']:,.0f} rows/s, RF 3 "
         f"{result['rf3']['rows_per_s']:,.0f} rows/s: {result['ratio']:.2f}x "
@@ -313,7 +325,8 @@ def markdown(result: dict) -> str:
         f"rows/s, **{result['ratio']:.2f}x** (target >= {result['ratio_target']}x: "
         f"{mark(result['ratio'] >= result['ratio_target'])}).",
         _verification(result).capitalize() + ".",
-    ])
+    ] + [f"{f['kind']}: {f['ambiguous']:,} probe writes failed (each retried as a new write), "
+         f"most with `{f['errors'][0][0]}`" for f in result["faults"] if f.get("errors")])
 
 
 def chart(result: dict, directory: Path) -> list[Path]:
