@@ -145,7 +145,8 @@ def remote_error(exc: flight.FlightError | pa.ArrowException, where: str) -> Tal
         return AuthenticationError(f"{where} rejected the request: {_first_line(exc)} (give a "
                                    "token the server's auth file names)")
     text = _first_line(exc)
-    if any(sign in text.lower() for sign in _TLS_FAILURES):
+    # gRPC's "tcp handshaker shutdown" is a TCP connect that timed out (a host cut off), no TLS
+    if any(sign in text.lower() for sign in _TLS_FAILURES) and "tcp handshaker" not in text:
         # A handshake that fails will fail again: not a server that is briefly away.
         return AuthenticationError(f"TLS with {where} failed: {text}")
     if isinstance(exc, (flight.FlightUnavailableError, flight.FlightTimedOutError,

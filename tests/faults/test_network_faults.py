@@ -82,3 +82,27 @@ def test_sweep_removes_what_a_killed_run_left_and_keeps_live_runs(host):
         assert host.namespace in fault_network.leftovers()   # this run's own is kept
     finally:
         subprocess.run(["ip", "netns", "del", dead], capture_output=True)
+
+
+def test_a_connect_to_a_cut_off_host_is_unavailable_not_a_tls_failure(host):
+    """gRPC reports a TCP connect that timed out as "tcp handshaker shutdown": a host cut off,
+    which a client must retry (it was taken for a failed TLS handshake, never retried, so
+    writes to a partitioned leader failed at once for 30 s instead of finding the new one)."""
+    import pyarrow.flight as flight
+
+    from tally.errors import AuthenticationError, UnavailableError
+    from tally.wire.channel import FlightChannel
+    from tally.wire.messages import remote_error
+
+    text = ("failed to connect to all addresses; last error: UNKNOWN: ipv4:10.237.1.2:7777: "
+            "tcp handshaker shutdown")
+    assert type(remote_error(flight.FlightUnavailableError(text), "x")) is UnavailableError
+    host.partition()
+    for _ in range(3):   # each a new channel: a fresh connect to a host that answers nothing
+        channel = FlightChannel(f"grpc://{host.address}:7777", None, timeout=2)
+        try:
+            with pytest.raises(UnavailableError) as raised:
+                channel.action("ping", {})
+            assert not isinstance(raised.value, AuthenticationError), raised.value
+        finally:
+            channel.close()
