@@ -53,8 +53,8 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StructField, StructType
 
 from aggfuncs import AggFunction, hll_sketch_estimate, kll_sketch_quantile, theta_sketch_estimate
-from sink.options import (TABLE, TOKEN, TOKEN_FILE, TLS_CA, TLS_CERT, TLS_KEY, URL,
-                          connection_options, lowered)
+from sink.options import (CLIENT_TIMEOUTS, TABLE, TOKEN, TOKEN_FILE, TLS_CA, TLS_CERT,
+                          TLS_KEY, URL, client_timeouts, connection_options, lowered)
 from sink.types import arrow_to_spark, spark_to_arrow
 from merge_engine.hidden_columns import UNWRITTEN
 from tally.errors import InvalidOptionError
@@ -68,7 +68,7 @@ SNAPSHOT, LIVE, LAKE, UNION = "snapshot", "live", "lake", "union"
 SNAPSHOTS = (LIVE, LAKE, UNION)
 READ_KEYS = {URL, TABLE, TOKEN, TOKEN_FILE, TLS_CA, TLS_CERT, TLS_KEY, COLUMNS, FILTER,
              UNWRITTEN_OPTION, BATCH_SIZE, SKETCH_ESTIMATES, KLL_QUANTILE, SNAPSHOT,
-             SPARK_PARTITIONS}
+             SPARK_PARTITIONS, *CLIENT_TIMEOUTS}
 SPARK_KEYS = {"path"}
 ESTIMATED_FUNCTIONS = (AggFunction.HLL_SKETCH, AggFunction.THETA_SKETCH, AggFunction.KLL_SKETCH)
 
@@ -114,6 +114,7 @@ class ReadOptions:
     kll_rank: float = 0.5
     snapshot: str = LIVE
     spark_partitions: int | None = None  # None: one per bucket
+    timeouts: tuple = ()  # the client.*-timeout options: (tally.connect keyword, seconds)
 
     @classmethod
     def parse(cls, options) -> "ReadOptions":
@@ -153,7 +154,8 @@ class ReadOptions:
         return cls(url=url, table=table, token=token, tls=tls, columns=columns, filter=where,
                    unwritten=unwritten, batch_size=batch_size, estimates=estimates,
                    kll_rank=_kll_rank(raw.get(KLL_QUANTILE), estimates), snapshot=snapshot,
-                   spark_partitions=_spark_partitions(raw.get(SPARK_PARTITIONS), snapshot))
+                   spark_partitions=_spark_partitions(raw.get(SPARK_PARTITIONS), snapshot),
+                   timeouts=client_timeouts(raw))
 
 
 def _open_table(options: ReadOptions, table_id: int | None = None):
@@ -162,7 +164,8 @@ def _open_table(options: ReadOptions, table_id: int | None = None):
     from sink import remote
     from tally.client.table import Table
 
-    conn = remote.shared_connection(options.url, options.token, options.tls)
+    conn = remote.shared_connection(options.url, options.token, options.tls,
+                                     options.timeouts)
     if table_id is None:
         return conn.table(options.table)
     return Table(conn, options.table, table_id)
@@ -222,7 +225,8 @@ def estimated_columns(options: ReadOptions) -> dict[str, SketchEstimate]:
         return {}
     from sink import remote
 
-    conn = remote.shared_connection(options.url, options.token, options.tls)
+    conn = remote.shared_connection(options.url, options.token, options.tls,
+                                     options.timeouts)
     descriptor = conn.admin.describe_table(options.table).descriptor
     return {agg.column: SketchEstimate(agg.function, agg.params.get("items"), options.kll_rank)
             for agg in descriptor.schema.aggregators(descriptor.is_aggregation)

@@ -35,6 +35,11 @@ FAIL_HOOK = "fail-hook"
 DELIVERY = "delivery"
 DRIVER_MAX_BYTES = "delivery.driver-max-bytes"
 TLS_CA, TLS_CERT, TLS_KEY = "tls.ca", "tls.cert", "tls.key"  # PEM paths on every executor
+# A read's client deadlines (tally.connect's options of the same names, in seconds or with a
+# unit): read options of the data source, not sink options
+CLIENT_TIMEOUTS = {"client.request-timeout": "request_timeout",
+                   "client.retry-timeout": "retry_timeout",
+                   "client.stream-idle-timeout": "stream_idle_timeout"}
 
 DEFAULT_TTL = 60.0
 
@@ -76,6 +81,30 @@ def token_option(raw: dict) -> str | None:
                                      "line")
         return token
     return raw.get(TOKEN) or os.environ.get("TALLY_TOKEN") or None
+
+
+def client_timeouts(raw: dict) -> tuple[tuple[str, float], ...]:
+    """The `client.*-timeout` options of lowered options, as (tally.connect keyword, seconds)
+    pairs (picklable, hashable: a worker's shared connection is keyed by them)."""
+    return tuple(sorted((keyword, _duration(key, raw[key]))
+                        for key, keyword in CLIENT_TIMEOUTS.items() if raw.get(key) is not None))
+
+
+def _duration(key: str, value) -> float:
+    text = str(value).strip().lower()
+    scale = 1.0
+    for suffix, factor in (("ms", 0.001), ("min", 60.0), ("s", 1.0)):
+        if text.endswith(suffix):
+            text, scale = text[: -len(suffix)].strip(), factor
+            break
+    try:
+        seconds = float(text) * scale
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0 or seconds == float("inf"):
+        raise InvalidOptionError(f"Option '{key}' must be a positive duration in seconds (e.g. "
+                                 f"10, 10s, 500ms, 1min), got {value!r}")
+    return seconds
 
 
 def lowered(options) -> dict:

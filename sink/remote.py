@@ -15,21 +15,22 @@ _connections: dict[tuple, object] = {}
 _connections_lock = threading.Lock()
 
 
-def connect(url: str, token: str | None, tls=None):
-    """A fresh connection (the driver owns and closes its own)."""
+def connect(url: str, token: str | None, tls=None, timeouts=()):
+    """A fresh connection (the driver owns and closes its own); `timeouts`: (tally.connect
+    keyword, seconds) pairs of a read's `client.*-timeout` options."""
     from tally import client
 
-    return client.connect(url, token, tls=tls)
+    return client.connect(url, token, tls=tls, **dict(timeouts))
 
 
-def shared_connection(url: str, token: str | None, tls=None):
+def shared_connection(url: str, token: str | None, tls=None, timeouts=()):
     """One connection per Python worker process and cluster, reused by every task it runs
     (Spark reuses Python workers), so a task does not pay for a new connection."""
-    key = (url, token, tls)
+    key = (url, token, tls, tuple(timeouts))
     with _connections_lock:
         conn = _connections.get(key)
         if conn is None or getattr(conn, "_closed", False):
-            conn = connect(url, token, tls)
+            conn = connect(url, token, tls, timeouts)
             _connections[key] = conn
         return conn
 

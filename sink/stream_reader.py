@@ -34,7 +34,7 @@ from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from merge_engine.option_values import parse_bool_option
 from merge_engine.hidden_columns import CHANGE_TYPE
-from sink.options import connection_options, lowered
+from sink.options import CLIENT_TIMEOUTS, client_timeouts, connection_options, lowered
 from tally.errors import InvalidOptionError
 from tally.wire.tls import TlsFiles
 
@@ -46,7 +46,7 @@ CONSUMER = "consumer"
 MAX_RECORDS = "maxrecordspertrigger"
 READ_STEP = 10_000  # records per changelog request of a task
 _KEYS = {"url", "table", "token", "token-file", "tls.ca", "tls.cert", "tls.key", CHANGELOG,
-         STARTING_OFFSETS, CONSUMER, MAX_RECORDS, "path", "checkpointlocation"}
+         STARTING_OFFSETS, CONSUMER, MAX_RECORDS, "path", "checkpointlocation", *CLIENT_TIMEOUTS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +60,7 @@ class StreamOptions:
     starting_offsets: str = "latest"
     consumer: str | None = None
     max_records: int | None = None   # per micro-batch, split evenly over the buckets
+    timeouts: tuple = ()             # the client.*-timeout options: (keyword, seconds)
 
     @classmethod
     def parse(cls, options: dict) -> "StreamOptions":
@@ -70,7 +71,8 @@ class StreamOptions:
                 f"Unknown option(s) {unknown} for a changelog stream of the tally data source. "
                 "Known options: url, table, token, token-file, tls.*, changelog, "
                 "startingOffsets (earliest, latest or per-bucket JSON), consumer, "
-                "maxRecordsPerTrigger")
+                "maxRecordsPerTrigger, client.request-timeout, client.retry-timeout, "
+                "client.stream-idle-timeout")
         url, table, token, tls = connection_options(
             raw, "A changelog stream of the tally data source")
         consumer = raw.get(CONSUMER)
@@ -86,7 +88,8 @@ class StreamOptions:
         return cls(url, table, token, tls,
                    start.lower() if start.lower() in ("earliest", "latest") else start,
                    None if consumer is None else str(consumer).strip(),
-                   None if limit is None else int(str(limit).strip()))
+                   None if limit is None else int(str(limit).strip()),
+                   client_timeouts(raw))
 
 
 def wants_changelog(options: dict) -> bool:
@@ -99,7 +102,7 @@ def wants_changelog(options: dict) -> bool:
 def _connect(options: StreamOptions):
     from sink import remote
 
-    return remote.connect(options.url, options.token, options.tls)
+    return remote.connect(options.url, options.token, options.tls, options.timeouts)
 
 
 def changelog_arrow_schema(options: StreamOptions) -> pa.Schema:
@@ -259,7 +262,7 @@ def read_bucket_range(options: StreamOptions, table_id: int, spark_schema, parti
     from tally.client import Table
     from tally.client.changelog_reader import read_range, shape_records
 
-    conn = remote.shared_connection(options.url, options.token, options.tls)
+    conn = remote.shared_connection(options.url, options.token, options.tls, options.timeouts)
     table = Table(conn, options.table, table_id)
     arrow = pa.schema([pa.field(f.name, _spark_arrow(f.dataType), f.nullable)
                        for f in spark_schema.fields])
