@@ -231,9 +231,9 @@ BENCHMARKS = [
         "default session timeout), tablet server 2 in its own network namespace; a probe writes "
         "one key back to back. Per fault kind (kill -9, pause and partition of a leader, a "
         "follower's disk full, a coordinator restart during a failover), --fault-trials "
-        "trials, each timed from the fault to the first acknowledged write begun after it "
-        "(recovery, target p99 <= 5 s) and the longest gap between acknowledged writes around "
-        "it (unavailability); p50 and p99. Then a fifth of the ingest workload (case a) at RF 1 "
+        "trials, each timed from the fault to the acknowledgement of the first write begun once "
+        "it is in force (recovery, target p99 <= 5 s after a leader's fault) and the longest "
+        "gap between acknowledged writes around it (unavailability); p50 and p99. Then a fifth of the ingest workload (case a) at RF 1 "
         "and RF 3 (target >= 0.6x). The probe key must count every acknowledged write and at "
         "most the ambiguous ones besides. Needs root, ip and iptables. See tally.bench.faults "
         "and docs/reliability.md.",
