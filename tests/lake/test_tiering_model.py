@@ -264,7 +264,10 @@ def run_machine(cluster, **options) -> None:
 
 def test_tiering_fixed_seed_share(lake_cluster):
     SEEN.clear()
-    run_machine(lake_cluster, max_examples=10, stateful_step_count=30, derandomize=True)
+    # no example database: the suite's other state machines share its key, and examples
+    # replayed from them took this share's place (it then missed the cases below)
+    run_machine(lake_cluster, max_examples=10, stateful_step_count=30, derandomize=True,
+                database=None)
     # the share must reach the cases the guarantee is about
     assert SEEN["uncommitted round"] and SEEN["crash with uncommitted writes"] and \
         SEEN["restart"], SEEN
