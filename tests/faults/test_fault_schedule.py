@@ -42,10 +42,13 @@ def test_every_fault_once(faults):
     run_trial(faults, SCHEDULED, seed=37)
 
 
-@seed(37)
 # two examples in the suite's time budget (every step already ran once above); more with
 # TALLY_SLOW_TESTS=1
-@settings(max_examples=8 if os.environ.get("TALLY_SLOW_TESTS") == "1" else 2, deadline=None, database=None,
+EXAMPLES = 8 if os.environ.get("TALLY_SLOW_TESTS") == "1" else 2
+
+
+@seed(37)
+@settings(max_examples=EXAMPLES, deadline=None, database=None,
           phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
 @given(steps=st.lists(st.sampled_from(SCHEDULED), min_size=2, max_size=3, unique=True))
 def test_fault_schedule(faults, steps):
