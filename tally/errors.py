@@ -21,6 +21,11 @@ class InvalidOptionError(SchemaError):
     """A table option or connector option is unknown or has a bad value."""
 
 
+class LakeSetupError(InvalidOptionError):
+    """The lake cannot be turned on for a table as the cluster is set up: the coordinator has
+    no lake directory, or no tiering process can import deltalake. Nothing was changed."""
+
+
 class InvalidAggFunctionError(SchemaError):
     """An aggregate function name, its parameters or its column type is invalid."""
 

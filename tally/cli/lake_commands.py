@@ -1,5 +1,6 @@
 """The `tally` commands of the lake: `tier` (a tiering process), `lake` (how far each lake
-table is) and `set-options` (turn a live table's lake on or off)."""
+table is) and `set-options` (turn a live table's lake on or off; refused, naming the fix, where nothing could
+tier it)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,18 @@ from tally.errors import InvalidOptionError
 
 
 def cmd_tier(args: argparse.Namespace) -> int:
-    """Run a tiering process until SIGTERM or Ctrl-C."""
+    """Run a tiering process until SIGTERM or Ctrl-C; without deltalake it refuses at once, in
+    one line naming the extra to install (before it reaches the cluster)."""
     import json
     import logging
     import signal
     import threading
 
     from tally.lake import TierService
+    from tally.lake.delta_table import deltalake
     from tally.server.process import READY
 
+    deltalake()  # MissingDependencyError: status 1, `tally: ... pip install ...`
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stop = threading.Event()
@@ -39,10 +43,20 @@ def cmd_tier(args: argparse.Namespace) -> int:
 def cmd_lake(args: argparse.Namespace) -> int:
     """Print per table: the lake version, how many records and seconds it is behind, its last
     round, who tiers it, and its state: ERROR where the last round failed, ALERT where the lake
-    lags further than the table's retention allows, and a holder that stopped heartbeating."""
+    lags further than the table's retention allows, and a holder that stopped heartbeating.
+    In the table format, first what tiering needs (lake_setup); `--setup` prints only that,
+    in any format."""
+    from tally.cli.lake_setup import emit_setup, setup_lines
+
     with open_connection(args) as conn:
+        setup = conn.coordinator_action("lake_setup")
+        if args.setup:
+            emit_setup(setup, args.format)
+            return 0
         statuses = [conn.admin.lake_status(args.table)] if args.table else \
             conn.admin.lake_statuses()
+    if args.format == "table":
+        print("\n".join(setup_lines(setup)), flush=True)
     rows = []
     for s in statuses:
         last = s.last_round or {}
@@ -103,6 +117,9 @@ def add_commands(commands, common: argparse.ArgumentParser) -> None:
                                     "round")
     lake.add_argument("table", nargs="?", help="only this table")
     lake.add_argument("--format", choices=FORMATS, default="table")
+    lake.add_argument("--setup", action="store_true",
+                      help="only what tiering needs: the lake directory, deltalake, the "
+                           "tiering processes")
     add_connection_arguments(lake)
     lake.set_defaults(func=cmd_lake)
 

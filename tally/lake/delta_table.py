@@ -34,8 +34,9 @@ def deltalake():
     try:
         import deltalake as module
     except ImportError:
-        raise MissingDependencyError("the lake needs the deltalake package: pip install "
-                                     "'tally-aggregates[lake]'") from None
+        raise MissingDependencyError("the lake needs the deltalake package, which this Python "
+                                     "cannot import: pip install 'tally-aggregates[lake]' "
+                                     "(in a clone: pip install -e '.[lake]')") from None
     return module
 
 

@@ -17,6 +17,7 @@ import time
 import uuid
 
 from tally.errors import TallyError, TieringFencedError
+from tally.lake.delta_table import deltalake
 from tally.lake.tier_round import Assignment, crash_point, run_round
 
 log = logging.getLogger(__name__)
@@ -41,10 +42,15 @@ class Holding:
 
 
 class TierService:
-    """One tiering process over a client connection (which needs an admin credential)."""
+    """One tiering process over a client connection (which needs an admin credential).
+    MissingDependencyError at once where deltalake cannot be imported: such a process would
+    take tables and fail every round."""
 
     def __init__(self, conn, tier_id: str | None = None,
                  heartbeat_interval: float = HEARTBEAT_INTERVAL) -> None:
+        # told to the coordinator with each heartbeat: it turns a lake on only when a live
+        # process can write it
+        self.deltalake = str(getattr(deltalake(), "__version__", "unknown"))
         self.conn = conn
         self.tier_id = tier_id or f"tier-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.heartbeat_interval = heartbeat_interval
@@ -58,7 +64,8 @@ class TierService:
 
     def heartbeat(self) -> None:
         """Ask the coordinator which tables this process holds now."""
-        answer = self.conn.coordinator_action("tier_heartbeat", {"tier_id": self.tier_id})
+        answer = self.conn.coordinator_action("tier_heartbeat", {"tier_id": self.tier_id,
+                                                                 "deltalake": self.deltalake})
         given = {a.table_id: a for a in map(Assignment.from_json, answer["tables"])}
         with self._lock:
             for table_id in list(self.holdings):

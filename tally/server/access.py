@@ -68,6 +68,7 @@ REQUIRED_ROLE: dict[str, str] = {
     # the coordinator: the lake
     "lake_status": READ,
     "lake_stable_offsets": READ,
+    "lake_setup": READ,  # the lake directory, deltalake and the tiering processes heard from
     "set_table_options": ADMIN,
     # a tiering process decides what the lake shows and holds retention for it: operators'
     "tier_heartbeat": ADMIN,

@@ -171,6 +171,8 @@ class Coordinator:
                 return {"table_id": existing.table_id, "created": False}
             raise AlreadyExistsError(f"table '{name}' already exists")
         self.replicas.validate(descriptor)  # partitioned tables place buckets later
+        if descriptor.lake.enabled:
+            self.lake.check_enable(name)  # a lake nothing could tier is refused at once
         owners = None if descriptor.schema.partition_key else \
             self.assign(descriptor, descriptor.bucket_count, salt=0)
         try:

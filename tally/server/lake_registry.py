@@ -11,7 +11,8 @@ lake commit conflicts or finds a newer epoch in the lake, and its report here is
 restart the holders keep their tables by heartbeating again.
 
 After each lake commit the holder reports its version and per-bucket offsets (`tier_report`):
-`lake_snapshot`, `tally lake` and retention read them. Retention keeps every bucket's changelog
+`lake_snapshot`, `tally lake` and retention read them. Turning a table's lake on is refused
+when nothing could tier it (lake_readiness); `lake_setup` shows what tiering needs. Retention keeps every bucket's changelog
 from the lake's offset on while the lake is enabled (from 0 before the first round), unless the
 table sets `table.log.retention.ignore-lake`. `lake_status` adds each table's lag and retention
 alert (lake_health), and the coordinator's metrics count the reports and read the same status
@@ -34,6 +35,8 @@ from tally.errors import InvalidInputError, NotFoundError, TallyError, TieringFe
 from tally.meta import join_path
 from tally.server.lake_health import LakeWatch
 from tally.server.lake_metrics import LakeMetrics
+from tally.server.lake_readiness import (UNKNOWN, TierProcesses, check_can_tier,
+                                         deltalake_version, unready)
 from tally.server.settings import TIER_TIMEOUT
 from tally.wire.messages import field
 
@@ -62,7 +65,7 @@ class LakeRegistry:
         self.store = coordinator.store
         self.root = datalake_dir
         self.tier_timeout = tier_timeout
-        self._seen: dict[str, float] = {}  # tiering process -> its last heartbeat (clock)
+        self.processes = TierProcesses(coordinator.clock, tier_timeout)
         # a coordinator that has just started has heard no heartbeats yet: the holders keep
         # their tables for one timeout, time to heartbeat again
         self._started = coordinator.clock()
@@ -74,6 +77,7 @@ class LakeRegistry:
             "tier_report": self.report,
             "lake_status": self.status,
             "lake_stable_offsets": self.stable_offsets,
+            "lake_setup": self.setup,
         })
 
     # --- which tables are tiered, and by whom ---------------------------------------------
@@ -119,10 +123,10 @@ class LakeRegistry:
         tier_id = self._tier_id(body)
         if self.root is None:
             raise InvalidInputError("the coordinator has no lake: start it with --datalake-dir")
+        self.processes.heard(tier_id, body.get("deltalake", UNKNOWN))
         with self._lock:
             now = self.coordinator.clock()
-            self._seen[tier_id] = now
-            live = {t for t, seen in self._seen.items() if now - seen <= self.tier_timeout}
+            live = self.processes.live(now) | {tier_id}
             tables = self.lake_tables()
             share = math.ceil(len(tables) / len(live)) if tables else 0
             records = {r.table_id: self._record(r.table_id) for r, _ in tables}
@@ -190,10 +194,31 @@ class LakeRegistry:
             return value
 
         with self._lock:
-            self._seen[tier_id] = now
+            self.processes.heard(tier_id)
             value = self._update(table_id, change)
         self.metrics.reported(record.name, round_info, error, bool(advanced and advanced[0]))
         return value
+
+    # --- set-up ----------------------------------------------------------------------------
+
+    def check_enable(self, name: str) -> None:
+        """Before the lake of table `name` is turned on: LakeSetupError when nothing could tier
+        it (no lake directory, no tiering process able to import deltalake)."""
+        check_can_tier(self.root, self.processes, name)
+
+    def setup(self, body: dict) -> dict:
+        """What tiering needs, as it is now (`tally lake`): the lake directory, the
+        coordinator's own deltalake, and the tiering processes heard from with their tables."""
+        held: dict[str, int] = {}
+        for record, _ in self.lake_tables():
+            holder = self._record(record.table_id).get("tier_id")
+            if holder is not None:
+                held[holder] = held.get(holder, 0) + 1
+        return {"root": self.root, "tier_timeout": self.tier_timeout,
+                "deltalake": deltalake_version(),
+                "tier_processes": [{**p, "tables": held.get(p["tier_id"], 0)}
+                                   for p in self.processes.listing()],
+                "unready": unready(self.root, self.processes)}
 
     # --- reads -----------------------------------------------------------------------------
 
@@ -227,10 +252,7 @@ class LakeRegistry:
         value = self._record(record.table_id)
         ends = self.coordinator.log_offsets(record)
         health = self._assess(record, settings, value, ends)
-        holder = value.get("tier_id")
-        with self._lock:
-            seen = self._seen.get(holder) if holder is not None else None
-        live = seen is not None and self.coordinator.clock() - seen <= self.tier_timeout
+        live = self.processes.is_live(value.get("tier_id"))
         return {**value, "name": record.name, "table_id": record.table_id,
                 "freshness_ms": settings.freshness_ms,
                 "retention_ignores_lake": settings.retention_ignores_lake,

@@ -47,6 +47,8 @@ class OptionChanges:
             else:
                 properties[key] = str(value).lower() if isinstance(value, bool) else str(value)
         new = TableDescriptor(old.schema, old.bucket_count, properties)
+        if new.lake.enabled and not old.lake.enabled:
+            coordinator.lake.check_enable(record.name)
         coordinator.catalog.set_descriptor(record.name, record.table_id, record.descriptor,
                                            new.to_json())
         log.info("table %s (id %d): options %s", record.name, record.table_id, changes)
