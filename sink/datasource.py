@@ -20,6 +20,10 @@ tasks), so a replayed micro-batch is skipped or undone and rewritten. Only `appe
 the Append output mode (streaming) are supported.
 
 Streams read the table's changelog (sink.stream_reader), asked for with the `changelog` option.
+
+Every check of the options, the table and the DataFrame's columns runs in the methods Spark
+calls while it plans (schema, reader, writer and their streaming forms), before any job: a
+Tally error raised there reaches the user as its one line (sink.spark_errors).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from pyspark.sql.datasource import (
 
 from sink.options import SinkOptions
 from sink.owner import batch_owner_id, streaming_owner_id
+from sink.spark_errors import one_line
 from tally.errors import InvalidOptionError
 
 log = logging.getLogger("tally.sink")
@@ -66,6 +71,7 @@ class TallyDataSource(DataSource):
                 "The tally data source only appends (aggregates into the table): use "
                 "mode('append') for batch writes and the Append output mode for streams")
 
+    @one_line
     def schema(self):
         """The table's schema as Spark reads it (sink.batch_reader), or with the `changelog`
         option the changelog's: Spark gives schema() no hint of whether a batch or a stream
@@ -78,6 +84,7 @@ class TallyDataSource(DataSource):
 
         return read_schema(self.options)
 
+    @one_line
     def reader(self, schema):
         from sink.stream_reader import ChangelogBatchReader, wants_changelog
 
@@ -91,15 +98,18 @@ class TallyDataSource(DataSource):
             return LakeBatchReader(dict(self.options), schema)
         return TallyBatchReader(dict(self.options), schema)
 
+    @one_line
     def streamReader(self, schema):
         from sink.stream_reader import TallyStreamReader
 
         return TallyStreamReader(dict(self.options), schema)
 
+    @one_line
     def writer(self, schema, overwrite: bool):
         self._refuse_overwrite(overwrite)
         return TallyBatchWriter(dict(self.options), schema, self._app_id)
 
+    @one_line
     def streamWriter(self, schema, overwrite: bool):
         self._refuse_overwrite(overwrite)
         return TallyStreamWriter(dict(self.options), schema)
@@ -175,6 +185,14 @@ def _parse(options: dict) -> SinkOptions:
             f"Option(s) {given} are TallySink's: the tally data source always writes through "
             "its commit process (docs/spark.md); drop them, or write with TallySink")
     return SinkOptions.parse(options)
+
+
+def check_write(df, options: dict):
+    """The checks this source makes when Spark plans a write of `df` (the options, the table,
+    every column, the key, the types), made now in this process, raising the Tally error
+    itself: for a stream, whose write Spark plans only at its first micro-batch, before
+    `start()`. Returns the checked plan."""
+    return _plan(_parse(options), df.schema)
 
 
 class TallyBatchWriter(_TaskSide, DataSourceArrowWriter):

@@ -114,3 +114,15 @@ def epoch_failed(failure: BaseException, *, label: str, table: str, owner_id: st
                    f"before it writes again. Cause: {cause}")
     return error_class(cause_class)(message, epoch=epoch, table=table, owner_id=owner_id,
                                     rolled_back=rolled_back, buckets_undone=buckets_undone)
+
+
+_UNDONE = re.compile(r"\((\d+) bucket\(s\) written before the failure were undone")
+
+
+def epoch_failed_again(cls: type[EpochFailedError], message: str) -> EpochFailedError:
+    """An epoch's error rebuilt from its message alone (all a Spark exception hands back of
+    the data source's commit): `rolled_back` and `buckets_undone` as `epoch_failed` wrote
+    them into it; the epoch, table and owner are in the message only."""
+    undone = _UNDONE.search(message)
+    return cls(message, rolled_back=" failed and was rolled back: " in message,
+               buckets_undone=int(undone.group(1)) if undone else 0)
