@@ -63,7 +63,7 @@ def overflow(what: str, arrow_type: pa.DataType, value) -> AggregateOverflowErro
         reason = f"is outside [{low}, {high}]"
     return AggregateOverflowError(
         f"{what} overflows {arrow_type}: the running result {value} {reason}. "
-        "The whole write was rejected.")
+        "Nothing of the write was applied to the bucket.")
 
 
 def check_result(value, arrow_type: pa.DataType, what: str) -> None:

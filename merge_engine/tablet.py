@@ -47,7 +47,9 @@ from merge_engine.tablet_reads import TabletReads
 from merge_engine.tablet_replica import TabletReplica
 from merge_engine.visible_row import VisibleRows, flat
 from merge_engine.write_slices import SLICE_ROWS, key_slices
-from tally.errors import DeleteDisabledError, InvalidInputError, StorageError, StorageWriteError
+from merge_engine.write_undo import WriteUndo, plan_write_undo
+from tally.errors import (DeleteDisabledError, InvalidInputError, OffsetOutOfRangeError,
+                          StorageError, StorageWriteError)
 
 
 class KvTablet(TabletReads, TabletLog, TabletExpiry, TabletReplica, TabletEpochs):
@@ -169,14 +171,19 @@ class KvTablet(TabletReads, TabletLog, TabletExpiry, TabletReplica, TabletEpochs
         return end
 
     def _put(self, rows, mode, target_columns, writer) -> int:
-        """Under the lock, not a replay: merge the rows (a slice of keys at a time, see
-        merge_engine.write_slices) and commit them all at once."""
+        """Under the lock, not a replay: merge the rows and commit them all at once."""
+        pending = self._pending()
+        self._merge_into(pending, rows, mode, target_columns)
+        return self._commit(pending, writer)
+
+    def _merge_into(self, pending: PendingWrite, rows, mode, target_columns) -> None:
+        """Merge the rows into `pending` (a slice of keys at a time, see
+        merge_engine.write_slices)."""
         write = prepare_write(rows, self.schema, self.aggregators, target_columns,
                               allow_unwritten=mode is MergeMode.OVERWRITE,
                               allow_retractions=mode is not MergeMode.OVERWRITE)
-        pending = self._pending()
         if write.rows == 0:
-            return self._commit(pending, writer)
+            return
         merger = self._overwrite if mode is MergeMode.OVERWRITE else self._engine
         slices = key_slices(write, *self._group(write), size=self.slice_rows)
         for keys, part, group_ids, firsts in slices:
@@ -198,10 +205,14 @@ class KvTablet(TabletReads, TabletLog, TabletExpiry, TabletReplica, TabletEpochs
                 outcome, expired = self._ttl.expire_merged(after, outcome, present,
                                                            pending.now_ms)
             pending.add(keys, before, after, outcome, expired)
-        return self._commit(pending, writer)
 
     def _delete(self, keys, mode, target_columns, writer) -> int:
         """Under the lock, not a replay: apply the table's delete behavior, then commit."""
+        pending = self._pending()
+        self._delete_into(pending, keys, mode, target_columns)
+        return self._commit(pending, writer)
+
+    def _delete_into(self, pending: PendingWrite, keys, mode, target_columns) -> None:
         behavior = DeleteBehavior.ALLOW if mode is MergeMode.OVERWRITE \
             else self.descriptor.delete_behavior
         if behavior is DeleteBehavior.DISABLE:
@@ -211,9 +222,8 @@ class KvTablet(TabletReads, TabletLog, TabletExpiry, TabletReplica, TabletEpochs
             )
         write = prepare_write(keys, self.schema, self.aggregators, target_columns,
                               keys_only=True)
-        pending = self._pending()
         if behavior is DeleteBehavior.IGNORE or write.rows == 0:
-            return self._commit(pending, writer)
+            return
         unique, _, firsts = self._group(write)
         before, present = self._load(unique, write, firsts)
         if self._ttl is not None:
@@ -227,7 +237,38 @@ class KvTablet(TabletReads, TabletLog, TabletExpiry, TabletReplica, TabletEpochs
         outcome = np.select([present & removed, present & changed], [log.REMOVED, log.UPDATED],
                             log.UNCHANGED).astype(np.int8)
         pending.add(unique, before, after, outcome)
-        return self._commit(pending, writer)
+
+    def undo_writes(self, ranges: list[tuple[int, int]], target_columns=None,
+                    writer: tuple[str, int] | None = None) -> tuple[int, WriteUndo]:
+        """Take back the writes applied at offsets in `ranges` (one writer's, see
+        merge_engine.write_undo) in one commit; or, if another writer changed one of their keys
+        since, nothing. The end offset after it, and what was planned (its conflicts)."""
+        with self._lock:
+            self._check_open()
+            end = self._replayed(writer)
+            if end is not None:  # a retried undo that was applied
+                return end, WriteUndo()
+            low = min(start for start, _ in ranges)
+            if not (self._start <= low and all(s <= e <= self._end for s, e in ranges)):
+                raise OffsetOutOfRangeError(
+                    f"cannot undo writes at {ranges}: the log of {self.name} holds "
+                    f"[{self._start}, {self._end}). Nothing was changed.")
+            undo = plan_write_undo(self.changelog(low, self._end), ranges, self.schema,
+                                   target_columns)
+            if undo.conflicts:
+                return self._end, undo
+            pending = self._pending()
+            if undo.restore is not None:
+                self._merge_into(pending, undo.restore, MergeMode.OVERWRITE, target_columns)
+            if undo.delete is not None:
+                self._delete_into(pending, undo.delete, MergeMode.OVERWRITE, target_columns)
+            return self._commit(pending, writer), undo
+
+    def applied_end(self, writer: tuple[str, int] | None) -> int | None:
+        """The end offset recorded for this (writer id, sequence) if it was applied already:
+        a retry, which must not be applied again."""
+        with self._lock:
+            return self._replayed(writer)
 
     def _remove_empty(self, after: StateBatch, outcome: np.ndarray, present: np.ndarray) -> np.ndarray:
         """`table.agg.remove-record-on-empty`: a row whose every aggregate is back to its empty

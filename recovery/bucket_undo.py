@@ -16,14 +16,14 @@ expires when it would have without the undone writes (merge_engine.row_ttl).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pyarrow as pa
 
-from merge_engine.changelog import DELETE, INSERT, UPDATE_AFTER, UPDATE_BEFORE, with_states
-from merge_engine.hidden_columns import CHANGE_TYPE, CONTRIBUTIONS, EXPIRED, UNWRITTEN, WRITTEN_MS
+from merge_engine.hidden_columns import CHANGE_TYPE, EXPIRED
 from merge_engine.keys import encode_keys
 from merge_engine.modes import MergeMode
+from merge_engine.write_undo import FirstChanges, first_change, restore_rows
 from tally.errors import RecoveryError
 from tally.timestamps import duration
 
@@ -52,14 +52,6 @@ class UndoResult:
                 f" {self.records_scanned} records scanned, {self.keys_restored} keys restored, "
                 f"{self.keys_deleted} deleted, end after {self.end_after}, "
                 f"{duration(self.seconds)})")
-
-
-@dataclass
-class _Pending:
-    """Images to write back and keys to delete, collected from one changelog batch."""
-
-    restore: list[int] = field(default_factory=list)
-    delete: list[int] = field(default_factory=list)
 
 
 class BucketUndo:
@@ -118,36 +110,21 @@ class BucketUndo:
         result.seconds = time.monotonic() - started
         return result
 
-    def _first_changes(self, records: pa.Table, seen: set[bytes]) -> _Pending:
+    def _first_changes(self, records: pa.Table, seen: set[bytes]) -> FirstChanges:
         keys = encode_keys([records.column(k).combine_chunks() for k in self.schema.primary_key])
-        pending = _Pending()
+        found = FirstChanges()
         expired = records.column(EXPIRED).to_pylist() if EXPIRED in records.column_names \
             else [False] * records.num_rows
         for i, (key, change) in enumerate(zip(keys, records.column(CHANGE_TYPE).to_pylist())):
-            if key in seen or change == UPDATE_AFTER or expired[i]:
-                continue
-            seen.add(key)
-            if change == INSERT:
-                pending.delete.append(i)
-            elif change in (UPDATE_BEFORE, DELETE):
-                pending.restore.append(i)
-            else:
-                raise RecoveryError(f"Unknown change type {change!r} in the changelog")
-        return pending
+            if key not in seen and not expired[i] and first_change(change, i, found):
+                seen.add(key)
+        return found
 
-    def _apply(self, records: pa.Table, pending: _Pending, result: UndoResult) -> None:
+    def _apply(self, records: pa.Table, pending: FirstChanges, result: UndoResult) -> None:
         if pending.restore:
             images = records.take(pa.array(pending.restore, type=pa.int64()))
-            rows = with_states(images.select(self.restored_names), images)
-            unwritten = [
-                [name for name in names if name in self.restored_names]
-                for names in images.column(UNWRITTEN).to_pylist()
-            ]
-            rows = rows.append_column(UNWRITTEN, pa.array(unwritten, type=pa.list_(pa.string())))
-            rows = rows.append_column(CONTRIBUTIONS, images.column(CONTRIBUTIONS))
-            if WRITTEN_MS in images.column_names:
-                rows = rows.append_column(WRITTEN_MS, images.column(WRITTEN_MS))
-            self.bucket.put(rows, mode=MergeMode.OVERWRITE, target_columns=self.target_columns)
+            self.bucket.put(restore_rows(images, self.restored_names), mode=MergeMode.OVERWRITE,
+                            target_columns=self.target_columns)
             result.keys_restored += len(pending.restore)
         if pending.delete:
             keys = records.take(pa.array(pending.delete, type=pa.int64()))

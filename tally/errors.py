@@ -181,6 +181,25 @@ class RecoveryError(TallyError):
     """Undo recovery cannot run safely (truncated log, re-created table, bad baseline)."""
 
 
+class WriteUndoConflictError(TallyError):
+    """A refused flush's applied part could not be taken back in a bucket: another writer
+    changed one of its keys since. Nothing was undone there; the part stays applied."""
+
+
+class PartialWriteError(TallyError):
+    """A flush was refused in some buckets and stays applied in others.
+
+    `applied` maps each (partition, bucket) whose part stays applied to its end offset;
+    `refused` maps each (partition, bucket) that refused its part (or whose undo failed) to
+    the error. Sending the whole batch again would apply the `applied` part twice."""
+
+    def __init__(self, message: str, applied: dict | None = None,
+                 refused: dict | None = None) -> None:
+        super().__init__(message)
+        self.applied = dict(applied or {})
+        self.refused = dict(refused or {})
+
+
 class TieringFencedError(TallyError):
     """A tiering process no longer holds a table (another one took it under a newer tiering
     epoch): its lake commit or report is refused; nothing of it was recorded."""

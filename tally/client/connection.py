@@ -198,10 +198,17 @@ class Connection:
         partition is created on the way. The request names the table id, so a server refuses
         it once that table is dropped; the retry then finds the name re-created and raises
         TableRecreatedError rather than follow it."""
-        def attempt() -> int:
+        return self.put_range(table, table_id, partition, bucket, header, rows)[1]
+
+    def put_range(self, table: str, table_id: int, partition: str | None, bucket: int,
+                  header: dict, rows: pa.Table) -> tuple[int | None, int]:
+        """`put`, answering the bucket's offsets before and after the write: the range its
+        records took (the start is None when a retry found the write applied already)."""
+        def attempt() -> tuple[int | None, int]:
             route = self.route(table, partition, bucket, table_id, create_partition=True)
             ack = self.server(route.address).put({**header, **route.header()}, rows)
-            return int(ack["end_offset"])
+            start = ack.get("start_offset")
+            return (None if start is None else int(start)), int(ack["end_offset"])
 
         return self.retry(attempt, refresh=table, what=f"write to {table} "
                           f"{partition + '/' if partition else ''}bucket {bucket}")

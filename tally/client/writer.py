@@ -16,6 +16,14 @@ instead of following the name into the new table.
 `flush()` waits until everything queued is acknowledged and returns the end offset of every
 (partition, bucket) written since the previous flush; a request that failed for good (bad
 input the client could not see, a server down past the retry timeout) raises there.
+
+A flush is all or nothing by default: once one bucket refuses its part, nothing more of the
+flush is sent, and the parts other buckets applied are taken back (each bucket's server writes
+back the images from before this writer's records) before the refusal is
+raised, saying so. A part that cannot be taken back (another writer changed its keys since, or
+its server is away) makes the flush raise PartialWriteError, naming what stays applied. With
+`atomic=False` nothing is taken back: a flush refused in some buckets and applied in others
+raises PartialWriteError at once.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import pyarrow as pa
 
 from tally.client.bucket_writer import DEFAULT_MAX_REQUEST_BYTES, rows_per_request, write_header
 from tally.client.write_tables import write_table
+from tally.client.flush_outcome import FlushOutcome
 from tally.errors import TallyError
 from tally.wire.routing import group_rows
 
@@ -54,7 +63,7 @@ class UpsertWriter:
     """Writes to one table; see the module docstring. Thread-safe; use one per producer."""
 
     def __init__(self, table, target_columns=None, mode=None, *, lease=None, attempt=None,
-                 workers: int = 8,
+                 atomic: bool = True, workers: int = 8,
                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                  max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES) -> None:
         from merge_engine import MergeMode
@@ -72,8 +81,8 @@ class UpsertWriter:
         self._max_pending_bytes = max_pending_bytes
         self._pending_bytes = 0
         self._queues: dict[tuple[str | None, int], BucketQueue] = {}
-        self._written: dict[tuple[str | None, int], int] = {}
-        self._errors: list[TallyError] = []
+        self.atomic = bool(atomic)
+        self._outcome = FlushOutcome()      # what this flush applied and what refused it
         self._cond = threading.Condition()
         self._pool = concurrent.futures.ThreadPoolExecutor(workers,
                                                            thread_name_prefix="tally-writer")
@@ -110,12 +119,11 @@ class UpsertWriter:
         with self._cond:
             while any(q.parts or q.sending for q in self._queues.values()):
                 self._cond.wait()
-            errors, self._errors = self._errors, []
-            written, self._written = self._written, {}
-        if errors:
-            raise errors[0]
+            outcome, self._outcome = self._outcome, FlushOutcome()
+        if outcome.refused:
+            raise outcome.failure(self._undo if self.atomic else None)
         self._check_lease()
-        return written
+        return outcome.ends()
 
     def _check_lease(self) -> None:
         if self.lease is not None:
@@ -148,7 +156,9 @@ class UpsertWriter:
         groups = group_rows(meta.routing, table)
         size = sum(g.rows.nbytes for g in groups)
         with self._cond:
-            while self._pending_bytes > self._max_pending_bytes and not self._errors:
+            if self.atomic and self._outcome.refused:
+                return  # the flush is refused already: nothing more of it is sent
+            while self._pending_bytes > self._max_pending_bytes and not self._outcome.refused:
                 self._cond.wait()
             self._pending_bytes += size
             for g in groups:
@@ -194,6 +204,9 @@ class UpsertWriter:
         """Send one bucket's queue in order until it is empty (runs on the pool)."""
         while True:
             with self._cond:
+                if self.atomic and self._outcome.refused:
+                    self._pending_bytes -= sum(p.rows.nbytes for p in queue.parts)
+                    queue.parts.clear()  # the flush is refused: the rest is not sent
                 request = self._next_request(queue)
                 if request is None:
                     queue.sending = False
@@ -203,7 +216,7 @@ class UpsertWriter:
                     return
             op, rows, sequence, size = request
             try:
-                end = self._send(key, op, rows, sequence)
+                applied = self._send(key, op, rows, sequence)
                 failure = None
             except TallyError as e:
                 failure = e
@@ -212,13 +225,29 @@ class UpsertWriter:
             with self._cond:
                 self._pending_bytes -= size
                 if failure is None:
-                    self._written[key] = end
+                    self._outcome.applied(key, *applied)
                 else:
-                    self._errors.append(failure)
+                    self._outcome.refuse(key, failure)
                 self._cond.notify_all()
 
-    def _send(self, key: tuple[str | None, int], op: str, rows: pa.Table, sequence: int) -> int:
+    def _send(self, key: tuple[str | None, int], op: str, rows: pa.Table,
+              sequence: int) -> tuple[int | None, int]:
         partition, bucket = key
         header = write_header(self._table.name, op, self.mode, self.target_columns,
                               (self.writer_id, sequence), self.lease, self.attempt)
-        return self._conn.put(self._table.name, self.table_id, partition, bucket, header, rows)
+        return self._conn.put_range(self._table.name, self.table_id, partition, bucket, header,
+                                    rows)
+
+    def _undo(self, key: tuple[str | None, int], ranges: list[tuple[int, int]]) -> int:
+        """Take back this writer's records at `ranges` of one bucket (its server refuses if
+        another writer changed their keys since); the bucket's end offset after."""
+        partition, bucket = key
+        with self._cond:
+            self._sequence += 1
+            sequence = self._sequence
+        header = write_header(self._table.name, "undo", self.mode, self.target_columns,
+                              (self.writer_id, sequence), self.lease, self.attempt)
+        header["ranges"] = [list(r) for r in ranges]
+        keys = self._table.meta.routing.arrow_schema.empty_table().select(
+            list(self._table.meta.routing.primary_key))
+        return self._conn.put(self._table.name, self.table_id, partition, bucket, header, keys)

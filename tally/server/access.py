@@ -90,6 +90,7 @@ REQUIRED_ROLE: dict[str, str] = {
     "do_get:changelog": READ,
     "do_put:put": WRITE,
     "do_put:delete": WRITE,
+    "do_put:undo": WRITE,  # a refused flush takes back its own applied parts
     # tablet servers: asked by the coordinator only
     "offsets": CLUSTER,
     "drop_tablets": CLUSTER,

@@ -24,7 +24,8 @@ import pyarrow as pa
 
 from locks.tablet_check import TabletLocks
 from merge_engine.row_snapshot import scan_schema
-from tally.errors import InvalidInputError, InvalidOptionError, NotFoundError, StaleMetadataError
+from tally.errors import (InvalidInputError, InvalidOptionError, NotFoundError, StaleMetadataError,
+                          WriteUndoConflictError)
 from tally.server.key_lookups import KeyLookups
 from tally.server.leader_lease import LeaderLease
 from tally.server.periodic import PeriodicDuty
@@ -50,6 +51,18 @@ from tally.wire.routing import TableRouting, partition_names
 log = logging.getLogger(__name__)
 
 WriteCheck = Callable[[HostedTablet, dict, pa.Table], None]
+
+
+def undo_ranges(header: dict) -> list[tuple[int, int]]:
+    """The [start, end) offset ranges an undo names: a non-empty list of integer pairs."""
+    ranges = header.get("ranges")
+    if not (isinstance(ranges, list) and ranges and all(
+            isinstance(r, list) and len(r) == 2 and all(
+                isinstance(o, int) and not isinstance(o, bool) and 0 <= o < 2**63 for o in r)
+            and r[0] <= r[1] for r in ranges)):
+        raise InvalidInputError(f"an undo's ranges must be a list of [start, end] offset pairs, "
+                                f"not {ranges!r}")
+    return [(r[0], r[1]) for r in ranges]
 
 
 def write_options(header: dict) -> tuple[list[str] | None, tuple[str, int] | None]:
@@ -209,16 +222,19 @@ class TabletServer:
         return read_put(reader, self.max_batch_bytes)
 
     def write(self, header: dict, rows: pa.Table) -> dict:
-        """Apply one put or delete to one bucket; the tablet's end offset after it."""
+        """Apply one put, delete or undo to one bucket: the tablet's offsets before and after
+        it (no start for a retried write that was applied already: its range is not known)."""
         from merge_engine import MergeMode
 
         op = header.get("op")
-        if op not in ("put", "delete"):
-            raise InvalidInputError(f"unknown write operation {op!r}; expected put or delete")
+        if op not in ("put", "delete", "undo"):
+            raise InvalidInputError(
+                f"unknown write operation {op!r}; expected put, delete or undo")
         hosted = self.addressed(header)
         self.check_rows(hosted, rows)
         mode = MergeMode.parse(header.get("mode", "AGGREGATE"))
         targets, writer = write_options(header)
+        ranges = undo_ranges(header) if op == "undo" else None
         lead = self.leadership(hosted)
         lead.check_insync()
         with hosted.lock:
@@ -227,14 +243,28 @@ class TabletServer:
             # passes through this lock) cannot land between a write's check and its apply.
             for check in self.write_checks:
                 check(hosted, header, rows)
+            start = None if hosted.tablet.applied_end(writer) is not None \
+                else hosted.tablet.log_end_offset
             if op == "put":
                 end = hosted.tablet.put(rows, mode=mode, target_columns=targets, writer=writer)
-            else:
+            elif op == "delete":
                 end = hosted.tablet.delete(rows, mode=mode, target_columns=targets, writer=writer)
+            else:
+                end = self._undo(hosted, ranges, targets, writer)
         self.replicas.appended()
         lead.wait_replicated(end)
         self.metrics.written(hosted, op, rows)
-        return {"end_offset": int(end)}
+        return {"end_offset": int(end), "start_offset": start}
+
+    @staticmethod
+    def _undo(hosted: HostedTablet, ranges, targets, writer) -> int:
+        end, undo = hosted.tablet.undo_writes(ranges, targets, writer)
+        if undo.conflicts:
+            raise WriteUndoConflictError(
+                f"{hosted.label}: the writes at offsets {ranges} cannot be taken back: another "
+                f"writer changed {undo.conflict_count} of their key(s) since (first "
+                f"{undo.conflicts[0]}). Nothing was undone; they stay applied")
+        return end
 
     def leadership(self, hosted: HostedTablet):
         """This server's leadership of the bucket (NotLeaderError: the client re-routes), for

@@ -125,8 +125,8 @@ def break_header(draw, ctx: Context, header: dict, why: list[str], call: str) ->
         header[field] = value
         why[-1] += f" ({field})"
     elif way == "bad op":
-        header["op"] = draw(texts.filter(lambda s: s not in ("put", "delete", "scan",
-                                                             "changelog")))
+        header["op"] = draw(texts.filter(lambda s: s not in ("put", "delete", "undo",
+                                                             "scan", "changelog")))
     elif way == "unknown table id":
         header["table_id"] = draw(st.integers(10**6, 2**62))
     elif way == "unknown partition id":
