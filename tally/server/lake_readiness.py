@@ -40,6 +40,14 @@ def deltalake_version() -> str | None:
     return _imported
 
 
+def require_deltalake(who: str) -> None:
+    """MissingDependencyError, naming the extra, unless this process can import deltalake."""
+    if deltalake_version() is None:
+        raise MissingDependencyError(f"{who} need the deltalake package, which this Python "
+                                     f"cannot import: {LAKE_INSTALL} (in a clone: pip install "
+                                     "-e '.[lake]')")
+
+
 class TierProcesses:
     """The tiering processes heard from: when each last heartbeated, and its deltalake."""
 

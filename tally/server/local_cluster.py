@@ -260,6 +260,11 @@ class LocalCluster:
         return self.coordinator.address
 
     def start(self) -> "LocalCluster":
+        if self.tier_processes:
+            # they run in this Python: say why at once, not as a process that died at start
+            from tally.server.lake_readiness import require_deltalake
+
+            require_deltalake("LocalCluster(tiering=...) starts `tally tier` processes, which")
         try:
             self.start_coordinator()
             for i in range(len(self.tablet_servers)):

@@ -122,6 +122,17 @@ def test_tally_tier_without_deltalake_refuses_in_one_line(no_lake_dir, without_d
          "except Exception as e:\n    print(type(e).__name__)\n"],
         capture_output=True, text=True, env=env, cwd=PROJECT, timeout=120)
     assert probe.stdout.strip() == MissingDependencyError.__name__, probe.stderr
+    # and so does a local cluster that would start tiering processes, before starting anything
+    data_dir = os.path.join(without_deltalake, "local-cluster")
+    probe = subprocess.run(
+        [sys.executable, "-c", "import sys\nfrom tally.server import LocalCluster\n"
+         "try:\n    LocalCluster(sys.argv[1], tablet_servers=1, datalake_dir=sys.argv[1] + "
+         "'/lake', tiering=True).start()\n"
+         "except Exception as e:\n    print(type(e).__name__, e)\n", data_dir],
+        capture_output=True, text=True, env=env, cwd=PROJECT, timeout=120)
+    assert probe.stdout.startswith(MissingDependencyError.__name__), probe.stderr
+    assert "pip install 'tally-aggregates[lake]'" in probe.stdout
+    assert not os.path.exists(os.path.join(data_dir, "coordinator"))
     with client.connect(no_lake_dir.url, retry_timeout=60) as conn:
         assert setup_of(conn)["tier_processes"] == []
 
