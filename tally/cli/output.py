@@ -1,8 +1,15 @@
-"""How the `tally` commands print rows: a rich table for people, CSV or JSON Lines for scripts.
+"""How the `tally` commands print rows: aligned tables for people, CSV or JSON Lines for scripts.
 
-Every listing command goes through `emit`, so `--format` means the same everywhere: `table`
-(aligned, for a terminal), `csv` (a header line, then one line per row) and `json` (one JSON
-object per row and line, so a long scan streams and `jq` reads it line by line).
+Every listing command goes through `emit` (rows of Python values) or `emit_arrow` (Arrow record
+batches, as a scan or a changelog read hands them out), so `--format` means the same everywhere:
+`table` (aligned, for a terminal), `csv` (a header line, then one line per row) and `json` (one
+JSON object per row and line, so `jq` reads it line by line).
+
+Both stream: rows are printed as they come, never gathered first. CSV and JSON Lines are written
+and flushed batch by batch; a table is drawn a page at a time (tally.cli.table_pages), a page
+being `page_rows` rows (each page with its own header and column widths), or fewer when rows
+have waited PAGE_WAIT_SECONDS for the page to fill, so a slow read still shows what it has.
+What is held is one batch and one page, never the listing.
 """
 
 from __future__ import annotations
@@ -13,20 +20,14 @@ import datetime
 import decimal
 import json
 import sys
+import time
 from typing import Iterable, Sequence
 
+from tally.cli.table_pages import PagePrinter
+
 FORMATS = ("table", "csv", "json")
-
-
-def console(stream=None):
-    """A rich console on stdout (or `stream`). Off a terminal it does not wrap at 80 columns:
-    a table piped to a file keeps one line per row."""
-    from rich.console import Console
-
-    stream = stream or sys.stdout
-    terminal = getattr(stream, "isatty", lambda: False)()
-    return Console(file=stream, width=None if terminal else 100_000, highlight=False,
-                   soft_wrap=not terminal)
+DEFAULT_PAGE_ROWS = 1000
+PAGE_WAIT_SECONDS = 1.0
 
 
 def text(value) -> str:
@@ -60,55 +61,134 @@ def _json_value(value):
     raise TypeError(f"cannot write {type(value).__name__} as JSON")
 
 
+def column_texts(column) -> list[str]:
+    """An Arrow column's cells as `text` writes them. Where Arrow's own cast to string reads
+    the same (integers, strings, booleans, dates, times, decimals), the column is cast in one
+    call, not converted value by value."""
+    import pyarrow as pa
+
+    kind = column.type
+    if pa.types.is_string(kind):
+        strings = column.to_pylist()
+    elif (pa.types.is_integer(kind) or pa.types.is_boolean(kind) or pa.types.is_date(kind)
+          or pa.types.is_time(kind) or pa.types.is_large_string(kind)
+          or (pa.types.is_decimal(kind) and kind.scale >= 0)):
+        import pyarrow.compute as pc
+
+        strings = pc.cast(column, pa.string()).to_pylist()
+    else:
+        return [text(v) for v in column.to_pylist()]
+    return ["null" if s is None else s for s in strings] if column.null_count else strings
+
+
 def header_for(names: Sequence[str], fmt: str) -> list[str]:
     """Upper-case titles for people; snake_case keys for CSV and JSON readers."""
     return list(names) if fmt == "table" else [n.lower().replace(" ", "_") for n in names]
 
 
 def emit(header: Sequence[str], rows: Iterable[Sequence], fmt: str = "table",
-         title: str | None = None, stream=None) -> int:
-    """Print rows (sequences of values in `header` order) in `fmt`; the number printed."""
+         title: str | None = None, stream=None, page_rows: int = DEFAULT_PAGE_ROWS) -> int:
+    """Print rows (sequences of values in `header` order) in `fmt` as they come; the number
+    printed."""
     stream = stream or sys.stdout
+    header = list(header)
+    if fmt == "table":
+        printer = PagePrinter(stream, header, title)
+        count = 0
+        for page in _pages(rows, page_rows):
+            printer.page([[text(v) for v in column] for column in zip(*page)]
+                         if page else [[] for _ in header])
+            count += len(page)
+        return count
     count = 0
-    if fmt == "json":
-        for row in rows:
-            stream.write(json.dumps(dict(zip(header, row)), default=_json_value,
-                                    ensure_ascii=False) + "\n")
-            count += 1
-    elif fmt == "csv":
-        writer = csv.writer(stream, lineterminator="\n")
+    writer = csv.writer(stream, lineterminator="\n")
+    if fmt == "csv":
         writer.writerow(header)
-        for row in rows:
-            writer.writerow([text(v) for v in row])
-            count += 1
-    else:
-        from rich.table import Table
-
-        table = Table(title=title, show_edge=False, header_style="bold", title_justify="left")
-        for name in header:
-            table.add_column(name, overflow="fold")
-        for row in rows:
-            table.add_row(*(_cell(v) for v in row))
-            count += 1
-        console(stream).print(table)
+    for page in _pages(rows, page_rows):
+        if fmt == "csv":
+            writer.writerows([text(v) for v in row] for row in page)
+        else:
+            stream.write("".join(_json_line(header, row) for row in page))
+        count += len(page)
+        stream.flush()
     stream.flush()
     return count
 
 
-def emit_arrow(schema, batches, fmt: str = "table", title: str | None = None,
-               stream=None) -> int:
-    """Print Arrow record batches (or tables) of `schema` in `fmt`, converting one batch at a
-    time; the number of rows printed."""
-
-    def rows():
-        for batch in batches:
-            columns = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
-            yield from zip(*columns)
-
-    return emit(list(schema.names), rows(), fmt, title, stream)
+def _json_line(header: list[str], row: Sequence) -> str:
+    return json.dumps(dict(zip(header, row)), default=_json_value, ensure_ascii=False) + "\n"
 
 
-def _cell(value):
-    from rich.text import Text
+def _pages(rows: Iterable[Sequence], page_rows: int):
+    """Lists of at most `page_rows` rows; one empty list when there are no rows (a table of
+    none still prints its header)."""
+    page: list = []
+    started = None
+    printed = False
+    for row in rows:
+        page.append(row)
+        if started is None:
+            started = time.monotonic()
+        if len(page) >= page_rows or time.monotonic() - started >= PAGE_WAIT_SECONDS:
+            yield page
+            printed, page, started = True, [], None
+    if page or not printed:
+        yield page
 
-    return Text("null", style="dim") if value is None else Text(text(value))
+
+def emit_arrow(schema, batches, fmt: str = "table", title: str | None = None, stream=None,
+               page_rows: int = DEFAULT_PAGE_ROWS) -> int:
+    """Print Arrow record batches of `schema` in `fmt`, each as it comes (CSV and JSON Lines
+    flushed per batch, a table per page of `page_rows` rows); the number of rows printed."""
+    stream = stream or sys.stdout
+    header = list(schema.names)
+    if fmt == "table":
+        printer = PagePrinter(stream, header, title)
+        count = 0
+        for page in table_pages(batches, page_rows):
+            printer.page([[cell for part in page for cell in column_texts(part.column(i))]
+                          for i in range(len(header))])
+            count += sum(part.num_rows for part in page)
+        return count
+    writer = csv.writer(stream, lineterminator="\n")
+    if fmt == "csv":
+        writer.writerow(header)
+        stream.flush()
+    count = 0
+    for batch in batches:
+        if fmt == "csv":
+            writer.writerows(zip(*(column_texts(column) for column in batch.columns)))
+        else:
+            stream.write("".join(_json_line(header, row) for row in
+                                 zip(*(column.to_pylist() for column in batch.columns))))
+        count += batch.num_rows
+        stream.flush()
+    return count
+
+
+def table_pages(batches, page_rows: int):
+    """The pages of a stream of record batches: each page a list of batch slices holding
+    `page_rows` rows in all, or fewer: the rest at the end, or what has waited
+    PAGE_WAIT_SECONDS when the next batch comes. One empty page when there are no rows. Only
+    the current batch and the page are held: a page is handed out before the next batch is
+    asked for."""
+    page: list = []
+    rows = 0
+    started = None
+    printed = False
+    for batch in batches:
+        if rows and time.monotonic() - started >= PAGE_WAIT_SECONDS:
+            yield page
+            printed, page, rows, started = True, [], 0, None
+        while batch.num_rows:
+            take = min(batch.num_rows, page_rows - rows)
+            page.append(batch.slice(0, take))
+            rows += take
+            batch = batch.slice(take)
+            if started is None:
+                started = time.monotonic()
+            if rows == page_rows:
+                yield page
+                printed, page, rows, started = True, [], 0, None
+    if rows or not printed:
+        yield page

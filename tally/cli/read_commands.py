@@ -1,7 +1,9 @@
 """The `tally` commands that read a table: `lookup`, `scan`, `changelog`, `offsets`.
 
 Each command's data access is one small function (`scan_batches`, `changelog_batches`), the
-only place that knows which client calls fetch the rows.
+only place that knows which client calls fetch the rows. Both hand out record batches as they
+are read, and the rows are printed as they come (tally.cli.output): the first page of a scan
+is on the screen while the rest of the table is still being read.
 """
 
 from __future__ import annotations
@@ -13,11 +15,14 @@ import sys
 
 from tally.cli.connect_args import add_connection_arguments, open_connection
 from tally.cli.exit_codes import NoRowError
-from tally.cli.output import FORMATS, emit, emit_arrow, header_for
+from tally.cli.output import DEFAULT_PAGE_ROWS, FORMATS, emit, emit_arrow, header_for
 from tally.errors import InvalidInputError, InvalidOptionError
 
 # The changelog's row-state columns a reader rarely wants (`--hidden` shows them).
 HIDDEN = ("_unwritten", "_contributions", "_tokens")
+# Records per changelog read: a bucket is read in ranges of this many offsets, so that its first
+# records are printed while the rest are read, and only one range is held at a time.
+CHANGELOG_READ_RECORDS = 10_000
 
 
 def cmd_lookup(args: argparse.Namespace) -> int:
@@ -63,9 +68,10 @@ def cmd_scan(args: argparse.Namespace) -> int:
         schema = table.meta.routing.arrow_schema
         columns = _columns(args.columns, schema.names, args.table)
         filter = parse_filter(args.table, schema, args.filter or [])
+        out = sys.stdout
         with _activity(f"reading {args.table}"):
             schema, batches = scan_batches(table, columns, filter or None, args.limit)
-            emit_arrow(schema, batches, args.format)
+            emit_arrow(schema, batches, args.format, stream=out, page_rows=args.page_rows)
     return 0
 
 
@@ -81,11 +87,13 @@ def _columns(text: str | None, names: list[str], table: str) -> list[str] | None
     return columns
 
 
-def changelog_batches(table, buckets, start: int | None, limit: int | None, on_bucket=None):
+def changelog_batches(table, buckets, start: int | None, limit: int | None, on_bucket=None,
+                      read_records: int = CHANGELOG_READ_RECORDS):
     """Record batches of the changelog of each (partition, bucket) in `buckets`, in order,
     from offset `start` (default: each bucket's log start) to its end, `limit` records in all;
-    each with `partition` (partitioned tables) and `bucket` columns in front."""
-    import pyarrow as pa
+    each with `partition` (partitioned tables) and `bucket` columns in front. A bucket is read
+    `read_records` offsets at a time, each range handed out before the next is read."""
+    from tally.client.changelog_reader import read_range
 
     partitioned = table.meta.routing.partitioned
     log = table.connection.admin.list_log_offsets(table.name, table.table_id)
@@ -94,23 +102,39 @@ def changelog_batches(table, buckets, start: int | None, limit: int | None, on_b
         if remaining is not None and remaining <= 0:
             return
         log_start, log_end = log[(partition, bucket)]
-        first = log_start if start is None else start
-        end = log_end if remaining is None else min(log_end, first + remaining)
-        records = table.changelog(bucket, first, end, partition=partition) \
-            if first < end else None
+        position = log_start if start is None else start
+        end = log_end if remaining is None else min(log_end, position + remaining)
+        while position < end and (remaining is None or remaining > 0):
+            upto = min(end, position + read_records)
+            records = read_range(table, partition, bucket, position, upto)
+            position = upto
+            if remaining is not None:
+                records = records.slice(0, remaining)
+                remaining -= records.num_rows
+            if not records.num_rows:
+                continue
+            records = records.add_column(0, "bucket", _repeated(bucket, records.num_rows))
+            if partitioned:
+                records = records.add_column(0, "partition",
+                                             _repeated(partition, records.num_rows))
+            yield from records.to_batches()
         if on_bucket is not None:
             on_bucket()
-        if records is None or not records.num_rows:
-            continue
-        if remaining is not None:
-            records = records.slice(0, remaining)
-            remaining -= records.num_rows
-        records = records.add_column(0, "bucket", pa.array([bucket] * records.num_rows,
-                                                           pa.int32()))
-        if partitioned:
-            records = records.add_column(0, "partition",
-                                         pa.array([partition] * records.num_rows, pa.string()))
-        yield from records.to_batches()
+
+
+def _repeated(value: int | str, n: int):
+    """`value` n times, as an int32 (a bucket) or string (a partition) Arrow array, built from
+    its buffers: pa.array of a Python list imports pandas (half a second of start-up)."""
+    import numpy as np
+    import pyarrow as pa
+
+    if isinstance(value, int):
+        return pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(
+            np.full(n, value, np.int32))])
+    data = value.encode()
+    offsets = np.arange(n + 1, dtype=np.int32) * len(data)
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets),
+                                                  pa.py_buffer(data * n)])
 
 
 def cmd_changelog(args: argparse.Namespace) -> int:
@@ -122,6 +146,7 @@ def cmd_changelog(args: argparse.Namespace) -> int:
         table = conn.table(args.table)
         meta = table.meta
         buckets = _buckets(meta, args.table, args.bucket, args.partition)
+        out = sys.stdout
         with _progress(len(buckets), f"reading {args.table}'s changelog") as advance:
             batches = (b if args.hidden else b.drop_columns([c for c in HIDDEN
                                                              if c in b.schema.names])
@@ -137,8 +162,9 @@ def cmd_changelog(args: argparse.Namespace) -> int:
                 names = (["partition"] if meta.routing.partitioned else []) + \
                     ["bucket", "_offset", "_change_type"] + list(meta.routing.arrow_schema.names)
                 schema = pa.schema([pa.field(n, pa.null()) for n in names])
-            # Streamed: a bucket's records are printed before the next bucket is read.
-            emit_arrow(schema, itertools.chain([first] if first else [], batches), args.format)
+            # Streamed: each range's records are printed before the next range is read.
+            emit_arrow(schema, itertools.chain([first] if first else [], batches), args.format,
+                       stream=out, page_rows=args.page_rows)
     return 0
 
 
@@ -206,8 +232,9 @@ def _consumer_rows(consumers, log, order, partitioned: bool) -> list[list]:
 
 @contextlib.contextmanager
 def _activity(label: str):
-    """A spinner on a terminal's stderr while one long call runs (nothing in a pipe or log)."""
-    if not sys.stderr.isatty():
+    """A spinner on a terminal's stderr while a scan runs and its rows go to a file or a pipe
+    (nothing in a log; on the terminal itself the rows, printed as they come, show it)."""
+    if not sys.stderr.isatty() or sys.stdout.isatty():
         yield
         return
     from rich.console import Console
@@ -243,6 +270,22 @@ def _positive(text: str) -> int:
     return value
 
 
+def _page_rows(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _add_page_rows(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--page-rows", type=_page_rows, default=DEFAULT_PAGE_ROWS, metavar="N",
+                        help="--format table: rows per printed table, each with its own header "
+                             f"and column widths (default {DEFAULT_PAGE_ROWS:,})")
+
+
 def add_commands(commands, common: argparse.ArgumentParser) -> None:
     """Add the read commands to `tally`'s subparsers (`common`: the shared --verbose)."""
     lookup = commands.add_parser("lookup", parents=[common],
@@ -263,6 +306,7 @@ def add_commands(commands, common: argparse.ArgumentParser) -> None:
                            "matches either value); on the key or partition key it prunes")
     scan.add_argument("--limit", type=_positive, metavar="N", help="at most N rows")
     scan.add_argument("--format", choices=FORMATS, default="table")
+    _add_page_rows(scan)
     add_connection_arguments(scan)
     scan.set_defaults(func=cmd_scan)
 
@@ -279,6 +323,7 @@ def add_commands(commands, common: argparse.ArgumentParser) -> None:
     changelog.add_argument("--hidden", action="store_true",
                            help="also the row-state columns (_unwritten, _contributions, ...)")
     changelog.add_argument("--format", choices=FORMATS, default="table")
+    _add_page_rows(changelog)
     add_connection_arguments(changelog)
     changelog.set_defaults(func=cmd_changelog)
 
