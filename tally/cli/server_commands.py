@@ -54,7 +54,7 @@ def add_commands(commands) -> None:
     local = commands.add_parser("local-cluster",
                                 help="run a coordinator and N tablet servers as local processes")
     local.add_argument("--data-dir", required=True)
-    local.add_argument("--tablet-servers", type=int, default=2)
+    local.add_argument("--tablet-servers", type=_at_least_one, default=2, metavar="N")
     local.add_argument("--zookeeper", metavar="HOST:PORT[/CHROOT]")
     local.add_argument("--authenticate", action="store_true",
                        help="make an auth file in the data dir (a cluster credential and a "
@@ -62,4 +62,16 @@ def add_commands(commands) -> None:
     local.add_argument("--metrics", action="store_true",
                        help="give every server a Prometheus endpoint on a free loopback port "
                             "(printed)")
+    local.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                       help="on a failure to start, print the traceback too")
     local.set_defaults(func=cmd_local_cluster)
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of at least 1, not {text!r}")
+    return value

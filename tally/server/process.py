@@ -18,11 +18,13 @@ import signal
 import sys
 import threading
 
-from tally.errors import UnavailableError
+from tally.errors import InvalidOptionError, TallyError, UnavailableError
 from tally.server.clock import lock_clock
 from tally.server.flight_service import TallyFlightServer
 from tally.server.metrics import ServerMetrics
 from tally.server.serve_args import add_serve_arguments
+from tally.server.startup_checks import (StartupError, check_port, check_tls, flight_refusal,
+                                         native_stderr, prepare_data_dir)
 from tally.server.tablet_server import TabletServer
 from tally.wire.channel import ChannelPool, FlightChannel
 from tally.wire.tls import TLS_SCHEME, TlsFiles
@@ -78,10 +80,15 @@ def tls_files(args: argparse.Namespace) -> TlsFiles | None:
     the cluster's other servers; None when it serves plaintext."""
     if not (args.tls_cert or args.tls_key):
         if args.tls_ca or args.tls_verify_clients:
-            raise SystemExit("--tls-ca and --tls-verify-clients need --tls-cert and --tls-key")
+            raise InvalidOptionError("--tls-ca and --tls-verify-clients need --tls-cert and "
+                                     "--tls-key")
         return None
-    return TlsFiles(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key,
-                    verify_clients=args.tls_verify_clients)
+    files = TlsFiles(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key,
+                     verify_clients=args.tls_verify_clients)
+    check_tls(files.cert, files.key, files.ca)
+    return files
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -94,16 +101,16 @@ def is_loopback(host: str) -> bool:
 def load_credentials(args: argparse.Namespace):
     """The server's Credentials, or None; a server without credentials that would be reachable
     beyond this machine is refused unless the operator said so explicitly."""
-    from tally.errors import InvalidOptionError
     from tally.server.credentials import Credentials
 
     if args.auth_file:
         try:
             return Credentials.load(args.auth_file)
-        except InvalidOptionError as e:
-            raise SystemExit(str(e)) from None
+        except OSError as e:  # a directory, a file it may not read
+            raise InvalidOptionError(f"--auth-file {args.auth_file}: cannot read it: "
+                                     f"{e.strerror or e}") from None
     if not is_loopback(args.host) and not args.allow_unauthenticated:
-        raise SystemExit(
+        raise InvalidOptionError(
             f"refusing to serve {args.host} without credentials: anyone who reaches the port "
             "could read, write and drop every table. Give --auth-file PATH (or "
             "$TALLY_AUTH_FILE), bind 127.0.0.1, or pass --allow-unauthenticated")
@@ -112,34 +119,61 @@ def load_credentials(args: argparse.Namespace):
 
 def serve_metrics(metrics: ServerMetrics, host: str, port: int) -> str:
     """The endpoint's URL; a port that cannot be bound ends the process with one line."""
+    check_port("metrics", host, port)
     try:
         return metrics.serve(host, port)
-    except OSError as e:
-        raise SystemExit(f"cannot serve metrics on {host}:{port}: {e.strerror or e}") from None
+    except OSError as e:  # taken since the check
+        raise InvalidOptionError(f"cannot serve metrics on {host}:{port}: "
+                                 f"{e.strerror or e}") from None
+
+
+def check_ports(args: argparse.Namespace) -> None:
+    """Every port the roles will bind, before any of them starts (a taken one is one line)."""
+    check_port("Flight", args.host, args.port)
+    if args.role in ("all", "tablet"):
+        check_port("part reads", args.host, args.part_read_port)
 
 
 class ServerProcess:
     """The roles of one process, started and stopped together."""
 
     def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.coordinator = self.tablet_server = self.registration = self.part_reads = None
+        self.metrics = self.flight = None
+        self._stores = []
+        try:
+            self._start(args)
+        except BaseException:
+            self.close()  # what had started, so an in-process caller is left with nothing
+            raise
+
+    def _start(self, args: argparse.Namespace) -> None:
         from tally.meta import open_store
 
-        self.args = args
+        if args.role == "tablet" and not (args.coordinator or args.zookeeper):
+            raise InvalidOptionError("a tablet server needs --coordinator URL or --zookeeper")
         credentials = load_credentials(args)
         cluster_token = credentials.cluster if credentials else None
-        os.makedirs(args.data_dir, exist_ok=True)
+        prepare_data_dir(args.data_dir)
         tls = tls_files(args)
+        check_ports(args)
         self.metrics = ServerMetrics(per_bucket=args.metrics_per_bucket)
         # first, so a port that is taken stops the process before anything else runs; the
         # roles register what they show as they start
         self.metrics_address = None if args.metrics_port is None else \
             serve_metrics(self.metrics, args.metrics_host, args.metrics_port)
         scheme = TLS_SCHEME if tls is not None else "grpc"
-        self.flight = TallyFlightServer(f"{scheme}://{args.host}:{args.port}",
-                                        credentials=credentials, tls=tls, metrics=self.metrics)
+        location = f"{scheme}://{args.host}:{args.port}"
+        try:
+            with native_stderr(replay=getattr(args, "verbose", False)) as held:
+                self.flight = TallyFlightServer(location, credentials=credentials, tls=tls,
+                                                metrics=self.metrics)
+        except TallyError:
+            raise
+        except Exception as e:  # pyarrow's "Server did not start properly": gRPC logged why
+            raise flight_refusal("Flight", f"{args.host}:{args.port}", held) from e
         self.address = f"{scheme}://{args.host}:{self.flight.port}"
-        self.coordinator = self.tablet_server = self.registration = self.part_reads = None
-        self._stores = []
         if args.role in ("all", "coordinator"):
             from tally.server.coordinator import Coordinator
 
@@ -160,7 +194,8 @@ class ServerProcess:
             elif args.coordinator or zk is not None:
                 link = CoordinatorLink(cluster_token, url=args.coordinator, store=zk, tls=tls)
             else:
-                raise SystemExit("a tablet server needs --coordinator URL or --zookeeper")
+                raise InvalidOptionError("a tablet server needs --coordinator URL or "
+                                         "--zookeeper")
             remote = None
             if args.remote_dir:
                 from tally.server.remote_snapshots import RemoteSnapshots
@@ -178,8 +213,12 @@ class ServerProcess:
             from tally.server.part_reads import PartReads
 
             # before attach: it adds the read_tickets action the Flight server then serves
-            self.part_reads = PartReads(self.tablet_server, args.host, args.part_read_port,
-                                        credentials, tls, self.metrics)
+            try:
+                self.part_reads = PartReads(self.tablet_server, args.host,
+                                            args.part_read_port, credentials, tls, self.metrics)
+            except OSError as e:  # taken since the check
+                raise StartupError(f"cannot serve part reads on {args.host}:"
+                                   f"{args.part_read_port}: {e.strerror or e}") from None
             self.flight.attach(tablet_server=self.tablet_server)
             if zk is not None:
                 from tally.server.membership import EphemeralRegistration, live_path
@@ -207,10 +246,12 @@ class ServerProcess:
             self.registration.close()
         if self.tablet_server is not None:
             self.tablet_server._heartbeat.close()
-        self.metrics.close()
+        if self.metrics is not None:
+            self.metrics.close()
         if self.part_reads is not None:
             self.part_reads.close()
-        self.flight.shutdown()
+        if self.flight is not None:
+            self.flight.shutdown()
         if self.tablet_server is not None:
             self.tablet_server.close()
         if self.coordinator is not None:
@@ -224,7 +265,10 @@ def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         stream=sys.stderr)
-    logging.getLogger("kazoo").setLevel(logging.WARNING)
+    kazoo = logging.getLogger("kazoo")
+    # While it starts, a ZooKeeper that cannot be reached is one line after the bounded wait,
+    # not a warning per retry; once serving, a dropped connection is worth its warning.
+    kazoo.setLevel(logging.WARNING if getattr(args, "verbose", False) else logging.CRITICAL)
     # A lookup waiting for the GIL behind a long write would wait the default 5 ms switch
     # interval; a shorter one bounds the tail latency of reads under concurrent writes.
     sys.setswitchinterval(0.001)
@@ -232,6 +276,7 @@ def serve(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     process = ServerProcess(args)
+    kazoo.setLevel(logging.WARNING)
     print(process.ready_line(), flush=True)
     log.info("serving %s on %s (data dir %s, metadata %s, metrics %s)", args.role,
              process.address, args.data_dir, args.zookeeper or "embedded",
@@ -243,6 +288,16 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`python -m tally.server`: a start-up failure is its one line on stderr (the last line of
+    a LocalCluster server's log) and status 1; `tally serve` gives the CLI's statuses."""
     parser = add_serve_arguments(argparse.ArgumentParser(prog="python -m tally.server",
                                                          description="Run a Tally server."))
-    return serve(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    try:
+        return serve(args)
+    except (TallyError, OSError) as e:
+        if getattr(args, "verbose", False):
+            raise
+        print(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__,
+              file=sys.stderr)
+        return 1

@@ -17,6 +17,7 @@ from tally.server.settings import (DEFAULT_MAX_BATCH_BYTES, DEFAULT_MEMORY_BUDGE
 from tally.sizes import parse_size
 
 ROLES = ("all", "coordinator", "tablet")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def _memory_budget(value: str) -> int:
@@ -59,8 +60,9 @@ def _port(value: str) -> int:
 def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--data-dir", required=True, help="where this server keeps its data")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=0, help="port to bind (default: a free one)")
-    parser.add_argument("--part-read-port", type=int, default=0, metavar="PORT",
+    parser.add_argument("--port", type=_port, default=0,
+                        help="port to bind (default: a free one)")
+    parser.add_argument("--part-read-port", type=_port, default=0, metavar="PORT",
                         help="port of the HTTP(S) part reads of JVM readers, on --host "
                              "(default: a free one; readers learn it when they plan)")
     parser.add_argument("--zookeeper", metavar="HOST:PORT[/CHROOT]",
@@ -85,7 +87,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("--tls-verify-clients", action="store_true",
                         help="mutual TLS: refuse callers without a certificate signed by "
                              "--tls-ca")
-    parser.add_argument("--max-batch-bytes", type=int, default=DEFAULT_MAX_BATCH_BYTES,
+    parser.add_argument("--max-batch-bytes", type=_positive, default=DEFAULT_MAX_BATCH_BYTES,
                         help="largest write request a tablet server accepts, as received and "
                              "as declared once decoded, both checked before decoding "
                              "(default 64 MiB)")
@@ -144,6 +146,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("--snapshot-keep", type=_positive, default=SNAPSHOT_KEEP, metavar="N",
                         help=f"with --remote-dir: snapshots kept per bucket (default "
                              f"{SNAPSHOT_KEEP})")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS,
+                        help="the server log's level (default INFO)")
+    # as every tally command takes it; SUPPRESS keeps `tally -v serve`'s value
+    parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="on a failure to start, print the traceback and gRPC's own log "
+                             "lines too")
     parser.add_argument("--lock-clock-file", metavar="PATH", help=argparse.SUPPRESS)  # tests
     return parser
