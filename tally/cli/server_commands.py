@@ -23,7 +23,9 @@ def cmd_local_cluster(args: argparse.Namespace) -> int:
     import threading
 
     from tally.server.local_cluster import LocalCluster
+    from tally.server.startup_checks import prepare_data_dir
 
+    prepare_data_dir(args.data_dir)  # a bad --data-dir is one line, before any server starts
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -85,7 +85,8 @@ class ServerHandle:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise ClusterError(f"{self.name} exited with {self.proc.returncode} before it "
-                                   f"was ready; see {self.data_dir}/server.log")
+                                   f"was ready: {self._last_log_line()}; see "
+                                   f"{self.data_dir}/server.log")
             ready, _, _ = select.select([self.proc.stdout], [], [], 0.1)
             if ready:
                 chunk = os.read(self.proc.stdout.fileno(), 4096)
@@ -98,6 +99,15 @@ class ServerHandle:
         self.kill()
         raise ClusterError(f"{self.name} was not ready within {timeout}s; "
                            f"see {self.data_dir}/server.log")
+
+    def _last_log_line(self) -> str:
+        """A server that fails to start ends its log with the one line saying why."""
+        try:
+            with open(os.path.join(self.data_dir, "server.log"), "rb") as f:
+                lines = f.read().decode(errors="replace").strip().splitlines()
+        except OSError:
+            lines = []
+        return lines[-1] if lines else "no log line"
 
     def kill(self) -> None:
         """SIGKILL: no shutdown code runs (the crash tests' failure)."""
