@@ -33,6 +33,7 @@ import pyarrow.flight as flight
 
 from tally.errors import (AuthenticationError, ClusterError, InvalidInputError, TallyError,
                           UnavailableError, error_class)
+from tally.wire.decoded_size import check_decoded_size, refuse_unbounded_encodings, stream_schema
 from tally.wire.ipc_guard import measure_stream, read_stream
 
 AUTH_HEADER = "authorization"
@@ -233,9 +234,11 @@ def unframe(data: bytes | pa.Buffer, what: str = "a request",
     header = loads(head, MAX_REQUEST_JSON_BYTES, what)
     if not sep:
         return header, None
-    return header, read_stream(pa.py_buffer(rest), max_rows=max_rows,
-                               max_bytes=MAX_FRAMED_BYTES,
-                               what=f"the key{'s' if max_rows > 1 else ''} of {what}")
+    stream, keys = pa.py_buffer(rest), f"the key{'s' if max_rows > 1 else ''} of {what}"
+    refuse_unbounded_encodings(stream_schema(stream), keys)
+    payload = read_stream(stream, max_rows=max_rows, max_bytes=MAX_FRAMED_BYTES, what=keys)
+    check_decoded_size(payload, MAX_FRAMED_BYTES, keys)
+    return header, payload
 
 
 def make_ticket(header: dict, payload: pa.Table | None = None) -> flight.Ticket:
@@ -279,7 +282,8 @@ def put_pieces(rows: pa.Table) -> Iterator[pa.Buffer]:
 def read_put(reader, max_bytes: int) -> pa.Table:
     """The rows of a DoPut stream. Refused as soon as the bytes received pass `max_bytes`, and
     before decoding when the stream declares more than `max_bytes` decoded (or more rows than
-    that: every row of a table takes at least a byte)."""
+    that: every row of a table takes at least a byte), holds an encoding whose decoded size is
+    unbounded, or decodes its dictionaries and nested columns to more than `max_bytes`."""
     if len(reader.schema):
         raise InvalidInputError(
             "a write carries its rows as Arrow IPC bytes in app metadata under an empty Flight "
@@ -302,8 +306,11 @@ def read_put(reader, max_bytes: int) -> pa.Table:
     if not data:
         raise InvalidInputError("a write carries no rows (an empty Arrow IPC stream)")
     stream = pa.py_buffer(data)
+    refuse_unbounded_encodings(stream_schema(stream), "write batch")
     measure_stream(stream, max_rows=max_bytes, max_bytes=max_bytes, what="write batch")
-    return ipc_to_table(stream)
+    rows = ipc_to_table(stream)
+    check_decoded_size(rows, max_bytes, "write batch")
+    return rows
 
 
 def ipc_to_table(data: bytes | pa.Buffer) -> pa.Table:
