@@ -123,3 +123,13 @@ def test_zookeeper_unreachable_at_start_is_one_line_after_a_bounded_wait(tmp_pat
         done = tally("serve", "--data-dir", str(tmp_path), "--zookeeper", f"127.0.0.1:{port}")
     one_line(done, UNREACHABLE, f"127.0.0.1:{port}", "ZooKeeper")
     assert "kazoo" not in done.stderr
+
+
+def test_local_cluster_names_why_its_coordinator_did_not_start(tmp_path):
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+        done = tally("local-cluster", "--data-dir", str(tmp_path), "--tablet-servers", "1",
+                     "--zookeeper", f"127.0.0.1:{port}")
+    one_line(done, UNREACHABLE, "coordinator", f"cannot reach ZooKeeper at 127.0.0.1:{port}",
+             "server.log")
