@@ -4,6 +4,10 @@ Scripts branch on the status: 2 (usage) means fix the command line, 3 (not found
 table, partition or key is absent, 4 (unreachable) that retrying later may help, 5 (denied)
 that the credentials are wrong. The traceback is for `--verbose` only: a user needs the
 message, a developer the stack.
+
+A `tally serve` that cannot start follows the same rule: 1 for a port another process holds
+(a conflict, like an existing table), 2 for a path or value it cannot use, 4 for a ZooKeeper it
+cannot reach.
 """
 
 from __future__ import annotations
