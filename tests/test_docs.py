@@ -1,7 +1,8 @@
 """Every Python block of README.md and docs/*.md runs as written, unless it says it is a fragment.
 
 A block whose first line is `# fragment` is shown, not run (it needs a cluster of yours, or a
-DataFrame it does not build); shell and other blocks are never run. The runnable blocks of one
+DataFrame it does not build); shell and other blocks are not run here (the CLI page's shell
+blocks have a test of their own, with the same fragment marker). The runnable blocks of one
 page run in order in one fresh interpreter, like a notebook (a later block may use an earlier
 one's names), in an empty working directory, with none of the Spark or Python path settings of
 this test run: a page must work for a reader who installed the project and nothing else, which
