@@ -8,7 +8,10 @@ line came after 12 to 26 lines of frames. `one_line` has a Tally error raised th
 as Spark's own `spark.sql.execution.pyspark.udf.hideTraceback.enabled` formats every error:
 the exception's line alone, so the first line of Spark's message reads
 
-    [PYTHON_DATA_SOURCE_ERROR] Failed to initialize Python data source writer: tally.errors.InvalidInputError: DataFrame column 'color' is not a column of table ...
+    [PYTHON_DATA_SOURCE_ERROR] Failed to initialize Python data source writer:
+    tally.errors.InvalidInputError: DataFrame column 'color' is not a column of table ...
+
+(one line; cut in two here).
 
 Other errors (a bug, not a refusal) keep their traceback. `tally_errors()` turns such a Spark
 exception back into the Tally error it carries: its class, its message as the whole of
