@@ -12,9 +12,19 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from tally.errors import PartialWriteError, TallyError
+from tally.errors import PartialWriteError, TallyError, UnavailableError
 
 Key = tuple  # (partition name or None, bucket)
+
+
+def uncertain(error: TallyError) -> bool:
+    """A refusal that may not be one: a server that did not answer in time may still apply
+    the request (it sits in the leader's log, not yet acknowledged by its followers)."""
+    return isinstance(error, UnavailableError)
+
+
+UNCERTAIN = ("{} did not answer in time: its part may yet be applied (read the bucket before "
+             "sending it again)")
 
 
 def label(key: Key) -> str:
@@ -82,7 +92,7 @@ class FlushOutcome:
             except TallyError as e:
                 kept[key] = bucket.end
                 refused.setdefault(key, e)
-        if not kept:
+        if not kept and not any(uncertain(e) for e in self.refused.values()):
             return self._refusal(undone)
         return PartialWriteError(self._partial_message(kept, refused, undo is not None),
                                  applied=kept, refused=refused)
@@ -111,7 +121,14 @@ class FlushOutcome:
         applied = ", ".join(f"{label(k)} (to offset {end})" for k, end in kept.items())
         causes = "; ".join(f"{label(k)}: {type(e).__name__}: {str(e).rstrip('.')}"
                            for k, e in refused.items())
-        return (f"the write was partly applied: {len(kept)} bucket(s) stay applied "
-                f"({applied}){' and could not be undone' if tried_undo else ''}; "
-                f"{len(refused)} refused ({causes}). Sending the same rows again would apply "
-                "the applied part twice")
+        maybe = [label(k) for k, e in refused.items() if uncertain(e)]
+        story = [f"the write may be partly applied: {len(kept)} bucket(s) stay applied"
+                 if maybe and not kept else
+                 f"the write was partly applied: {len(kept)} bucket(s) stay applied"]
+        if kept:
+            story[0] += f" ({applied}){' and could not be undone' if tried_undo else ''}"
+        story.append(f"{len(refused)} refused ({causes})")
+        if maybe:
+            story.append(UNCERTAIN.format(", ".join(maybe)))
+        return "; ".join(story) + ". Sending the same rows again would apply the applied " \
+            "part twice"

@@ -172,3 +172,20 @@ def test_flushes_against_a_model(conn, table_name, batches):
             assert {k[0]: r["n"] for k, r in rows(table).items()} == model
     finally:
         conn.admin.drop_table(name)
+
+
+def test_a_bucket_that_did_not_answer_is_never_claimed_unapplied():
+    """An unanswered request may yet commit (it sits above the high watermark): the error
+    must not say nothing was applied, even when every answered part was undone."""
+    from tally.client.flush_outcome import FlushOutcome
+    from tally.errors import UnavailableError
+
+    outcome = FlushOutcome()
+    outcome.applied((None, 0), 10, 14)
+    outcome.refuse((None, 1), UnavailableError("write not acknowledged, retry"))
+    undone = []
+    error = outcome.failure(lambda key, ranges: undone.append((key, ranges)) or 20)
+    assert undone == [((None, 0), [(10, 14)])]
+    assert isinstance(error, PartialWriteError) and error.applied == {}
+    assert "may be partly applied" in str(error) and "may yet be applied" in str(error)
+    assert "Nothing of this flush was applied" not in str(error)
