@@ -76,6 +76,12 @@ class Locks:
         undone; a live lock is refused."""
         return bool(self._call("lock_discard", table=table, owner_id=owner_id))
 
+    def reassign(self, table: str, owner_id: str, principal: str) -> dict:
+        """Make `principal` (a client name of the auth file) the owner id's principal on
+        `table` (admin): from then on only it may lock, commit and release under the id.
+        {"owner_id", "principal", "before"}."""
+        return self._call("lock_reassign", table=table, owner_id=owner_id, principal=principal)
+
     def undo_baselines(self, lease: Lease):
         """({(partition, bucket): offset}, why): where an undo of the lease's tenure starts."""
         offsets, source = self._call("undo_baselines", lease=lease.to_json())

@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 from locks.lease import Lease, Offsets, offsets_from_json, offsets_to_json
 from locks.service import ColumnLockService, lock_path
-from tally.errors import EpochAbortedError, InvalidInputError
+from tally.errors import EpochAbortedError, InvalidInputError, TakeoverLeaseError
 from tally.meta import MetadataStore, join_path, node_name
 
 
@@ -70,10 +70,26 @@ class EpochStart(NamedTuple):
     run: int = 0  # the epoch's run this start belongs to (its tasks carry it)
 
 
+def refuse_takeover(record, lease: Lease, doing: str) -> None:
+    """A takeover's lease undoes and releases only: acting as the owner is refused to it
+    (whoever holds it, with or without credentials)."""
+    if record.takeover:
+        raise TakeoverLeaseError(
+            f"The lease of owner '{lease.owner_id}' on {lease.table} (token {lease.token}) was "
+            f"granted by a takeover of its expired lock: it may undo that owner's uncommitted "
+            f"writes and release the lock, never {doing} in its name; nothing was changed")
+
+
 class CommitLog:
     def __init__(self, store: MetadataStore, locks: ColumnLockService):
         self.store = store
         self.locks = locks
+
+    def acting(self, lease: Lease, doing: str):
+        """`locks.current(lease)`, refused to a takeover's lease (see refuse_takeover)."""
+        record, version = self.locks.current(lease)
+        refuse_takeover(record, lease, doing)
+        return record, version
 
     def last_commit(self, table_id: int, owner_id: str) -> Commit | None:
         node = self.store.get(commit_path(table_id, owner_id))
@@ -102,7 +118,7 @@ class CommitLog:
         path = commit_path(lease.table_id, lease.owner_id)
 
         def attempt() -> tuple[list[tuple], bool]:
-            record, lock_version = self.locks.current(lease)
+            record, lock_version = self.acting(lease, f"commit epoch {epoch}")
             node = self.store.get(path)
             # no "epoch": the node is only the parent of baselines stored before a first commit
             if node is not None and "epoch" in node.value:
@@ -132,7 +148,7 @@ class CommitLog:
         call, returned unchanged by every later call of the same tenure (a replayed epoch keeps
         its original baseline). A baseline an earlier tenure left is replaced."""
         epoch = check_epoch(epoch)
-        record, _ = self.locks.current(lease)
+        record, _ = self.acting(lease, f"store the baseline of epoch {epoch}")
         path = baseline_path(lease.table_id, lease.owner_id, epoch)
 
         def attempt() -> tuple[list[tuple], Offsets]:
@@ -165,7 +181,7 @@ class CommitLog:
         path = baseline_path(lease.table_id, lease.owner_id, epoch)
 
         def attempt() -> tuple[list[tuple], int]:
-            record, lock_version = self.locks.current(lease)
+            record, lock_version = self.acting(lease, f"abort epoch {epoch}")
             node = self.store.get(path)
             if node is None or int(node.value["tenure"]) != record.tenure:
                 return [], 0

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import logging
 
-from locks import ColumnLockService, CommitLog, Lease, LockTarget
-from locks.commits import check_epoch
+from locks import ColumnLockService, CommitLog, Lease, LockTarget, owner_claims, ownership
+from locks.caller import caller
+from locks.commits import check_epoch, refuse_takeover
+from locks.lock_nodes import lock_path
 from locks.request import check_buckets
 from locks.lease import offsets_from_json, offsets_to_json
 from locks.view_publisher import LockViewPublisher
@@ -69,10 +71,12 @@ class CoordinatorLocks:
             "lock_take_over": self.take_over,
             "lock_discard": self.discard,
             "undo_baselines": self.undo_baselines,
+            "lock_reassign": self.reassign,
             "register_attempt": lambda body: self.locks.register_attempt(
-                self.lease(body), field(body, "bucket", int)),
+                self.lease(body, "register_attempt"), field(body, "bucket", int)),
             "register_attempts": lambda body: sorted(self.locks.register_attempts(
-                self.lease(body), check_buckets(field(body, "buckets", list))).items()),
+                self.lease(body, "register_attempts"),
+                check_buckets(field(body, "buckets", list))).items()),
             "lock_describe": self.describe,
             "lock_view": self.view_action,
             "commit": self.commit,
@@ -91,14 +95,31 @@ class CoordinatorLocks:
         return LockTarget(record.name, record.table_id, descriptor.schema,
                           descriptor.expired_lock_retention_ms / 1000.0)
 
-    def lease(self, body: dict) -> Lease:
+    def lease(self, body: dict, call: str) -> Lease:
+        """The request's lease, once the caller may make `call` under its owner id."""
         lease = lease_field(body)
         record = self.catalog.get_table(lease.table)
         if record.table_id != lease.table_id:
             raise RecoveryError(
                 f"Table {lease.table} was dropped and re-created (id {lease.table_id} is now "
                 f"{record.table_id}): the lease of owner '{lease.owner_id}' is void")
+        self.check_owner(call, lease)
         return lease
+
+    def check_owner(self, call: str, lease: Lease) -> None:
+        """PermissionDeniedError unless the caller owns the lease's owner id, or holds the
+        lock by a takeover and `call` is one a taker may make (see ownership)."""
+        principal = caller()
+        if ownership.principal_id(principal) is None:
+            return  # the servers, or a cluster without credentials: one trusted principal
+        node = self.coordinator.store.get(lock_path(lease.table_id, lease.owner_id))
+        held = None if node is None else node.value
+        taker = held.get("taken_over_by") if held and held.get("takeover") and \
+            held.get("token") == lease.token else None
+        ownership.check(call, principal, lease.owner_id,
+                        owner_claims.claimant(self.coordinator.store, lease.table_id,
+                                              lease.owner_id),
+                        table=lease.table, taker=taker)
 
     def view(self, table_id: int):
         return self.views.view(table_id)
@@ -112,15 +133,17 @@ class CoordinatorLocks:
             raise InvalidInputError(f"ttl must be a number of seconds, not {ttl!r}")
         lease = self.locks.acquire(
             target, field(body, "owner_id", str), field(body, "columns", list), ttl,
-            lambda: self.coordinator.list_offsets(target.name, settle=True))
+            lambda: self.coordinator.list_offsets(target.name, settle=True),
+            principal=caller())
         return lease.to_json()
 
     def renew(self, body: dict) -> dict:
-        return self.locks.renew(self.lease(body)).to_json()
+        return self.locks.renew(self.lease(body, "lock_renew")).to_json()
 
     def release(self, body: dict) -> bool:
         """Release ends the tenure: its uncommitted epochs' baselines go with it."""
         lease = lease_field(body)
+        self.check_owner("lock_release", lease)
         released = self.locks.release(lease)
         if released:
             self.commits.forget_baselines(lease.table_id, lease.owner_id)
@@ -129,7 +152,8 @@ class CoordinatorLocks:
     def take_over(self, body: dict) -> list[dict]:
         target = self.target(field(body, "table", str))
         leases = self.locks.take_over(target, field(body, "owner_id", str),
-                                      field(body, "columns", list), body.get("ttl", 60))
+                                      field(body, "columns", list), body.get("ttl", 60),
+                                      principal=caller())
         return [lease.to_json() for lease in leases]
 
     def discard(self, body: dict) -> bool:
@@ -140,9 +164,32 @@ class CoordinatorLocks:
             self.commits.forget_baselines(target.table_id, owner_id)
         return discarded
 
+    def reassign(self, body: dict) -> dict:
+        """An admin's call: make `principal` (a client of the auth file) the owner id's
+        principal on the table, e.g. when a job moves to another service account. An id an
+        auth file grant matches belongs to its grantees: that is changed in the auth file."""
+        target = self.target(field(body, "table", str))
+        owner_id, to = field(body, "owner_id", str), field(body, "principal", str)
+        principal = caller()
+        grants = getattr(principal, "grants", None) or ownership.NO_GRANTS
+        if grants.principals and to not in grants.principals:
+            raise InvalidInputError(
+                f"no client {to!r} in the auth file: an owner id is reassigned to one of "
+                f"{sorted(grants.principals)}")
+        granted = grants.granted(ownership.OWNERS, owner_id)
+        if granted:
+            raise InvalidInputError(
+                f"owner id '{owner_id}' matches the auth file's grants of "
+                f"{', '.join(repr(p) for p in granted)}: it belongs to them; change the auth "
+                "file to move it. Nothing was changed")
+        before = owner_claims.reassign(self.coordinator.store, target.table_id, owner_id, to)
+        log.info("owner id '%s' on %s reassigned from %s to %s", owner_id, target.name,
+                 before, to)
+        return {"owner_id": owner_id, "principal": to, "before": before}
+
     def undo_baselines(self, body: dict) -> list:
         """[offsets, why] an undo of the lease's tenure starts from (see CommitLog)."""
-        lease = self.lease(body)
+        lease = self.lease(body, "undo_baselines")
         offsets, source = self.commits.undo_baselines(
             lease.table_id, lease.owner_id, lease.tenure, lease.initial_offsets)
         return [offsets_to_json(offsets), source]
@@ -155,7 +202,7 @@ class CoordinatorLocks:
         return self.view(field(body, "table_id", int)).to_json()
 
     def commit(self, body: dict) -> bool:
-        return self.commits.commit(self.lease(body), field(body, "epoch", int),
+        return self.commits.commit(self.lease(body, "commit"), field(body, "epoch", int),
                                    offsets_field(body, "offsets"))
 
     def last_commit(self, body: dict):
@@ -165,7 +212,7 @@ class CoordinatorLocks:
                                            found.tenure]
 
     def epoch_baseline(self, body: dict) -> list:
-        lease = self.lease(body)
+        lease = self.lease(body, "epoch_baseline")
         offsets = self.commits.epoch_baseline(
             lease, field(body, "epoch", int),
             lambda: self.coordinator.list_offsets(lease.table, settle=True))
@@ -177,10 +224,11 @@ class CoordinatorLocks:
         owner there is fenced from now on), every bucket's end offset read after that push
         (no fenced attempt can move them any more), and the epoch's baseline, stored
         insert-if-absent from those offsets (a replayed epoch keeps its first baseline)."""
-        lease = self.lease(body)
+        lease = self.lease(body, "epoch_begin")
         epoch = check_epoch(field(body, "epoch", int))  # every field checked before any change
         buckets = check_buckets(field(body, "buckets", list))
-        self.locks.current(lease)  # a forged or superseded lease learns nothing more
+        record, _ = self.locks.current(lease)  # a forged or superseded lease learns nothing more
+        refuse_takeover(record, lease, f"begin epoch {epoch}")
         last = self.commits.last_commit(lease.table_id, lease.owner_id)
         if last is not None and last.epoch >= epoch:
             raise LeaseLostError(
@@ -204,7 +252,7 @@ class CoordinatorLocks:
 
     def epoch_abort(self, body: dict) -> int:
         """Abort the epoch's current run before a rollback (see CommitLog.abort_run)."""
-        return self.commits.abort_run(self.lease(body), field(body, "epoch", int))
+        return self.commits.abort_run(self.lease(body, "epoch_abort"), field(body, "epoch", int))
 
     def retention_floor(self, body: dict) -> dict:
         """Per bucket, the oldest offset an unreleased lock tenure still needs for undo: its
@@ -237,6 +285,7 @@ class CoordinatorLocks:
     def drop_table(self, table_id: int) -> None:
         self.locks.drop_table(table_id)
         self.commits.drop_table(table_id)
+        owner_claims.drop_table(self.coordinator.store, table_id)
 
     def close(self) -> None:
         self.views.close()

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from locks.lease import secret_matches
 from tally.errors import (AttemptSupersededError, ColumnLockConflict, LeaseLostError,
-                          PermissionDeniedError, UnrecoveredLockError)
+                          PermissionDeniedError, TakeoverLeaseError, UnrecoveredLockError)
 from tally.timestamps import iso
 
 
@@ -32,10 +32,12 @@ class HeldLock:
     expires_at: float
     attempts: dict = field(default_factory=dict)  # bucket -> newest registered attempt
     secret_hash: str = ""
+    takeover: bool = False  # granted by a takeover: its writes may only be an undo's
 
     def __repr__(self) -> str:
         return (f"HeldLock(owner {self.owner_id!r}, columns {list(self.column_names)}, token "
-                f"{self.token}, expires {iso(self.expires_at)}, attempts {self.attempts})")
+                f"{self.token}, expires {iso(self.expires_at)}, attempts {self.attempts}, "
+                f"takeover {self.takeover})")
 
 
 @dataclass
@@ -84,7 +86,7 @@ class LockView:
                        "column_names": list(l.column_names), "token": l.token,
                        "expires_at": l.expires_at,
                        "attempts": {str(b): n for b, n in l.attempts.items()},
-                       "secret_hash": l.secret_hash}
+                       "secret_hash": l.secret_hash, "takeover": l.takeover}
                       for l in self.locks],
             "column_tokens": {str(k): v for k, v in self.column_tokens.items()},
         }
@@ -96,7 +98,7 @@ class LockView:
             locks=[HeldLock(l["owner_id"], frozenset(int(c) for c in l["columns"]),
                             tuple(l["column_names"]), int(l["token"]), float(l["expires_at"]),
                             {int(b): int(n) for b, n in l["attempts"].items()},
-                            str(l["secret_hash"]))
+                            str(l["secret_hash"]), bool(l.get("takeover", False)))
                    for l in d["locks"]],
             column_tokens={int(k): int(v) for k, v in d["column_tokens"].items()},
             version=int(d.get("version", 0)),
@@ -120,9 +122,11 @@ class LockView:
     def check_write(self, column_ids: set[int], owner_id: str | None = None,
                     token: int | None = None, now: float | None = None,
                     table: str = "", bucket: int | None = None,
-                    attempt: int | None = None, secret: str | None = None) -> None:
+                    attempt: int | None = None, secret: str | None = None,
+                    overwrite: bool = False) -> None:
         """Raise unless a write of `column_ids` by (owner_id, token, secret) may be applied
-        now."""
+        now; under a takeover's lease only an undo's write (`overwrite`: MergeMode.OVERWRITE,
+        which is what undo sends) may."""
         now = time.time() if now is None else now
         if token is None:
             owner_id = None  # a write without a lease is nobody's
@@ -146,6 +150,12 @@ class LockView:
             raise PermissionDeniedError(
                 f"Write under token {token} by owner '{owner_id}' rejected: it does not carry "
                 f"the secret of that lease on table {table or self.table_id}")
+        if own.takeover and not overwrite:
+            raise TakeoverLeaseError(
+                f"Write under token {token} by owner '{owner_id}' rejected: that lease was "
+                f"granted by a takeover of its expired lock on table {table or self.table_id}, "
+                "and may only undo (OVERWRITE writes back to the last commit), never write new "
+                "data")
         if own.expires_at <= now:
             raise LeaseLostError(
                 f"Write under token {token} by owner '{owner_id}' rejected: the lease expired "
@@ -170,6 +180,6 @@ def view_from_records(table_id: int, records, column_tokens: dict[int, int],
     return LockView(
         table_id,
         [HeldLock(r.owner_id, frozenset(r.column_ids), r.column_names, r.token, r.expires_at,
-                  dict(r.attempts), r.secret_hash) for r in records],
+                  dict(r.attempts), r.secret_hash, r.takeover) for r in records],
         dict(column_tokens), version,
     )

@@ -73,6 +73,8 @@ class Lease:
     initial_offsets: Offsets
     tenure: int = 0
     secret: str = dataclasses.field(default="", repr=False)  # never in logs or tracebacks
+    # granted by a takeover of the owner's expired lock: it may only undo and release
+    takeover: bool = False
 
     def __repr__(self) -> str:
         return (f"Lease({self.table!r}, owner {self.owner_id!r}, columns {list(self.columns)}, "
@@ -92,7 +94,7 @@ class Lease:
             columns=tuple(d["columns"]), token=int(d["token"]),
             expires_at=float(d["expires_at"]), ttl=float(d["ttl"]),
             initial_offsets=offsets_from_json(d["initial_offsets"]),
-            tenure=int(d["tenure"]), secret=d["secret"],
+            tenure=int(d["tenure"]), secret=d["secret"], takeover=bool(d.get("takeover")),
         )
 
 
@@ -114,6 +116,10 @@ class LockRecord:
     attempts: dict = dataclasses.field(default_factory=dict)
     tenure: int = 0  # the token of the acquisition that began this tenure
     secret_hash: str = ""  # of the secret of the lease this record was last granted as
+    principal: str | None = None  # who began the tenure (None: the servers, no credentials)
+    # the current grant is a takeover (for undo and release only), by this principal
+    takeover: bool = False
+    taken_over_by: str | None = None
 
     def __repr__(self) -> str:
         return (f"LockRecord(owner {self.owner_id!r}, table id {self.table_id}, columns "
@@ -139,6 +145,8 @@ class LockRecord:
             "created_at": self.created_at,
             "attempts": {str(b): n for b, n in self.attempts.items()},
             "tenure": self.tenure, "secret_hash": self.secret_hash,
+            "principal": self.principal, "takeover": self.takeover,
+            "taken_over_by": self.taken_over_by,
         }
 
     @classmethod
@@ -152,12 +160,15 @@ class LockRecord:
             created_at=float(d["created_at"]),
             attempts={int(b): int(n) for b, n in d["attempts"].items()},
             tenure=int(d["tenure"]), secret_hash=d["secret_hash"],
+            principal=d.get("principal"), takeover=bool(d.get("takeover")),
+            taken_over_by=d.get("taken_over_by"),
         )
 
     def lease(self, table: str, secret: str) -> Lease:
         """The lease this record grants, for the holder of `secret` (whose hash it keeps)."""
         return Lease(table, self.table_id, self.owner_id, self.column_names, self.token,
-                     self.expires_at, self.ttl, dict(self.initial_offsets), self.tenure, secret)
+                     self.expires_at, self.ttl, dict(self.initial_offsets), self.tenure, secret,
+                     self.takeover)
 
     def describe(self, now: float) -> dict:
         return {
@@ -165,6 +176,7 @@ class LockRecord:
             "expires_at": self.expires_at, "expires_in": round(self.expires_at - now, 3),
             "ttl": self.ttl, "initial_offsets": offsets_to_json(self.initial_offsets),
             "created_at": self.created_at, "tenure": self.tenure,
+            "principal": self.principal, "takeover": self.takeover,
         }
 
 

@@ -33,8 +33,10 @@ import dataclasses
 import time
 from typing import Callable
 
+from locks import ownership
 from locks.lease import (Lease, LockRecord, Offsets, new_lease_secret, secret_hash,
                          secret_matches)
+from locks.owner_claims import claim_ops, claimant
 from locks.request import LockTarget, check_buckets, check_ttl
 from tally.errors import (
     ColumnLockConflict,
@@ -96,8 +98,10 @@ class ColumnLockService:
     # --- acquiring ----------------------------------------------------------------------------
 
     def acquire(self, target: LockTarget, owner_id: str, columns, ttl: float,
-                current_offsets: Callable[[], Offsets]) -> Lease:
-        """Lock `columns` of a table for `owner_id` (see Lease). Primary-key columns are dropped."""
+                current_offsets: Callable[[], Offsets], principal=None) -> Lease:
+        """Lock `columns` of a table for `owner_id` (see Lease) on behalf of `principal` (None:
+        the servers), which must own the owner id or claims it now (see ownership).
+        Primary-key columns are dropped."""
         if not isinstance(owner_id, str) or not owner_id:
             raise InvalidInputError(f"A lock owner id must be a non-empty string, got {owner_id!r}")
         node_name(owner_id, "lock owner id")  # within the metadata stores' name limit
@@ -105,7 +109,8 @@ class ColumnLockService:
         ids, names = self._resolve(target, columns)
         # another acquirer that changed the table's locks first: look again
         lease = self.store.transact(
-            lambda: self._acquire_ops(target, owner_id, ids, names, ttl, current_offsets),
+            lambda: self._acquire_ops(target, owner_id, ids, names, ttl, current_offsets,
+                                      principal),
             what=f"Locks of table {target.name}")
         self.on_change(target.table_id, True)
         return lease
@@ -128,7 +133,13 @@ class ColumnLockService:
         return tuple(c.id for c in chosen), tuple(c.name for c in chosen)
 
     def _acquire_ops(self, target, owner_id, ids, names, ttl,
-                     current_offsets) -> tuple[list[tuple], Lease]:
+                     current_offsets, principal) -> tuple[list[tuple], Lease]:
+        # judged in the transaction that records the claim: two principals racing for a
+        # new owner id cannot both win it
+        ownership.check("lock_acquire", principal, owner_id,
+                        claimant(self.store, target.table_id, owner_id), table=target.name)
+        claim = claim_ops(self.store, target.table_id, owner_id,
+                          ownership.principal_id(principal))
         now = self.clock()
         guard = self.store.get(guard_path(target.table_id))
         records = self.records(target.table_id)
@@ -160,17 +171,18 @@ class ColumnLockService:
             # offsets it began at; the token and the secret are new, which fences the earlier
             # incarnation.
             record = dataclasses.replace(mine[0], ttl=ttl, expires_at=now + ttl, token=token,
-                                         secret_hash=secret_hash(secret))
+                                         secret_hash=secret_hash(secret), takeover=False,
+                                         taken_over_by=None)
         else:
             record = LockRecord(
                 owner_id=owner_id, table_id=target.table_id, column_ids=ids, column_names=names,
                 ttl=ttl, expires_at=now + ttl, token=token,
                 initial_offsets=dict(current_offsets()), created_at=now, tenure=token,
-                secret_hash=secret_hash(secret))
+                secret_hash=secret_hash(secret), principal=ownership.principal_id(principal))
         path = lock_path(target.table_id, owner_id)
         write = ("set", path, record.to_json(), mine[1]) if mine else \
             ("create", path, record.to_json())
-        return [guard_op, write], record.lease(target.name, secret)
+        return claim + [guard_op, write], record.lease(target.name, secret)
 
     def _refuse_overlap(self, target, record: LockRecord, overlap: set, now: float) -> None:
         columns = sorted(self._names(target, overlap))
@@ -209,22 +221,30 @@ class ColumnLockService:
 
     # --- taking over expired locks ------------------------------------------------------------
 
-    def take_over(self, target: LockTarget, owner_id: str, columns, ttl: float) -> list[Lease]:
+    def take_over(self, target: LockTarget, owner_id: str, columns, ttl: float,
+                  principal=None) -> list[Lease]:
         """Leases on every expired lock in the way of `owner_id` locking `columns`, so that the
         caller can undo their tenures' uncommitted writes and then release them.
 
         Each expired lock keeps its owner id, tenure and offsets and gets a new token (which
-        fences its zombie) and `ttl` to live. Live locks in the way raise ColumnLockConflict.
+        fences its zombie) and `ttl` to live, marked as a takeover by `principal` (which must
+        own `owner_id`): such a lease may only undo and release, never commit or begin an
+        epoch. Live locks in the way raise ColumnLockConflict.
         """
         ttl = check_ttl(ttl)
         ids, _ = self._resolve(target, columns)
-        leases = self.store.transact(lambda: self._take_over_ops(target, owner_id, ids, ttl),
+        ownership.check("lock_take_over", principal, owner_id,
+                        claimant(self.store, target.table_id, owner_id), table=target.name)
+        taker = ownership.principal_id(principal)
+        leases = self.store.transact(lambda: self._take_over_ops(target, owner_id, ids, ttl,
+                                                                 taker),
                                      what=f"Locks of table {target.name}")
         if leases:
             self.on_change(target.table_id, True)
         return leases
 
-    def _take_over_ops(self, target, owner_id, ids, ttl) -> tuple[list[tuple], list[Lease]]:
+    def _take_over_ops(self, target, owner_id, ids, ttl,
+                       taker) -> tuple[list[tuple], list[Lease]]:
         now = self.clock()
         mine_key = node_name(owner_id, "lock owner id")
         in_way = []
@@ -247,7 +267,8 @@ class ColumnLockService:
         for record, version in in_way:
             secret = new_lease_secret()  # the taker's now; the zombie's no longer works
             revived = dataclasses.replace(record, token=token, ttl=ttl, expires_at=now + ttl,
-                                          secret_hash=secret_hash(secret))
+                                          secret_hash=secret_hash(secret), takeover=True,
+                                          taken_over_by=taker)
             ops.append(("set", lock_path(target.table_id, record.owner_id), revived.to_json(),
                         version))
             leases.append(revived.lease(target.name, secret))

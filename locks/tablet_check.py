@@ -27,6 +27,7 @@ import time
 import pyarrow as pa
 
 from locks.fencing import LockView
+from merge_engine import MergeMode
 from tally.errors import InvalidInputError, TallyError, UnavailableError
 
 PULL_INTERVAL = 1.0  # seconds between pulls that leases found expired may cause, per table
@@ -134,7 +135,10 @@ class TabletLocks:
                 pass  # the view's verdict stands: the lease may well have lapsed
         view.check_write(
             columns, owner, token, now=now, table=hosted.routing.name, bucket=bucket,
-            attempt=attempt, secret=lease.get("secret"))
+            attempt=attempt, secret=lease.get("secret"),
+            # an undo's writes (and the take-back of a refused flush) are OVERWRITE ones
+            overwrite=header.get("op") == "undo"
+            or MergeMode.parse(header.get("mode", "AGGREGATE")) is MergeMode.OVERWRITE)
 
     def _pull_to_judge(self, hosted, since: float, why: str) -> LockView:
         try:

@@ -152,6 +152,12 @@ class PermissionDeniedError(TallyError):
     whose secret it does not hold; nothing was changed."""
 
 
+class TakeoverLeaseError(PermissionDeniedError):
+    """A lease revived by a takeover of an expired lock was used to act as that lock's owner
+    (commit, begin an epoch, store a baseline, write other than an undo's OVERWRITE): a
+    takeover only undoes the owner's uncommitted writes and releases the lock."""
+
+
 class ColumnLockConflict(TallyError):
     """Another owner holds a live lock on some of the requested columns."""
 

@@ -80,6 +80,14 @@ def cmd_locks(args: argparse.Namespace) -> int:
                   "since its last commit stay as they are" if found else
                   f"no lock of '{args.discard}' on {args.table}")
             return 0
+        if args.reassign or args.to:
+            if not (args.table and args.reassign and args.to):
+                raise InvalidOptionError("--reassign OWNER needs the table and --to CLIENT: "
+                                         "tally locks TABLE --reassign OWNER --to CLIENT")
+            done = conn.locks.reassign(args.table, args.reassign, args.to)
+            print(f"owner id '{args.reassign}' on {args.table} now belongs to client "
+                  f"'{args.to}' (before: {done['before'] or 'nobody'})")
+            return 0
         if args.table:
             tables = [args.table]
         else:
@@ -148,6 +156,9 @@ def add_commands(commands, common: argparse.ArgumentParser) -> None:
     locks.add_argument("table", nargs="?", help="'<database>.<table>' (default: every table)")
     locks.add_argument("--discard", metavar="OWNER",
                        help="drop OWNER's expired lock without undoing its uncommitted writes")
+    locks.add_argument("--reassign", metavar="OWNER",
+                       help="(admin) make owner id OWNER belong to the client named by --to")
+    locks.add_argument("--to", metavar="CLIENT", help="the auth file client --reassign names")
     locks.add_argument("--format", choices=FORMATS, default="table")
     add_connection_arguments(locks)
     locks.set_defaults(func=cmd_locks)

@@ -23,13 +23,15 @@ class ConsumerPosition:
     holds_until: float | None                       # updated_at + table.log.retention.consumer-ms
     #                                                 (None: the lake, which holds while it is on)
     holding: bool                                   # whether retention still keeps its records
+    principal: str | None = None                    # the client it belongs to (None: nobody's
+    #                                                 yet, or a cluster without credentials)
 
     @classmethod
     def from_json(cls, doc: dict) -> "ConsumerPosition":
         return cls(doc["consumer"], {(p, int(b)): int(o) for p, b, o in doc["positions"]},
                    float(doc["updated_at"]),
                    None if doc["holds_until"] is None else float(doc["holds_until"]),
-                   bool(doc["holding"]))
+                   bool(doc["holding"]), doc.get("principal"))
 
     def positions_json(self) -> list[list]:
         """The positions in the JSON form changelog readers start from."""

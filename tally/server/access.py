@@ -14,6 +14,7 @@ public actions make.
 
 from __future__ import annotations
 
+from locks import ownership
 from tally.errors import PermissionDeniedError
 
 READ, WRITE, ADMIN, CLUSTER = "read", "write", "admin", "cluster"
@@ -58,13 +59,16 @@ REQUIRED_ROLE: dict[str, str] = {
     "epoch_begin": WRITE,
     "epoch_abort": WRITE,
     "lock_discard": ADMIN,  # keeps another owner's uncommitted writes for good
+    "lock_reassign": ADMIN,  # hands an owner id to another principal
     "undo_report": WRITE,  # what an undo did, for the metrics: who may undo may report it
     # the coordinator: changelog consumers
     "consumer_positions": READ,
     # a consumer is a reader: registering its position changes no data, only what retention
     # keeps (bounded by table.log.retention.consumer-ms), so a read-only token may stream
     "consumer_commit": READ,
-    "consumer_remove": ADMIN,  # lets retention drop what that consumer has not read
+    # lets retention drop what that consumer has not read: its own principal's or an admin's
+    # (the owner table below)
+    "consumer_remove": READ,
     # the coordinator: the lake
     "lake_status": READ,
     "lake_stable_offsets": READ,
@@ -112,13 +116,18 @@ REQUIRED_ROLE: dict[str, str] = {
 
 
 class Principal:
-    """Who a call comes from: a name for messages and logs, and a role."""
+    """Who a call comes from: a name for messages and logs, a role, the id owner ids and
+    consumer names are claimed under (the auth file's client name; None for the servers), and
+    the auth file's grants of owner-id and consumer-name patterns (`locks.ownership`)."""
 
-    __slots__ = ("name", "role")
+    __slots__ = ("name", "role", "id", "grants")
 
-    def __init__(self, name: str, role: str) -> None:
+    def __init__(self, name: str, role: str, id: str | None = None,
+                 grants: ownership.Grants = ownership.NO_GRANTS) -> None:
         self.name = name
         self.role = role
+        self.id = id
+        self.grants = grants
 
     def __repr__(self) -> str:
         return f"Principal({self.name!r}, {self.role!r})"
@@ -163,3 +172,11 @@ def role_table_markdown() -> str:
         marks = " | ".join("yes" if allows(p, required) else "no" for p in principals)
         lines.append(f"| `{call}` | {required} | {marks} |")
     return "\n".join(lines)
+
+
+def owner_table_markdown() -> str:
+    """Who may do what to whose lock and consumer position (the ownership rules joined with the
+    role table), as the security page prints it (a test keeps the two equal)."""
+    # the rows for writes under a lease are DoPuts: their role is a put's
+    return ownership.table_markdown(
+        allows, lambda call: REQUIRED_ROLE.get(call) or REQUIRED_ROLE["do_put:put"])

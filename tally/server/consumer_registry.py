@@ -11,14 +11,20 @@ every batch, so it keeps holding; one that stopped or was abandoned lets go when
 passed, and an operator may remove it at once. Layout in the metadata store:
 
     /consumers/<table id>/<consumer>   {"consumer", "positions": [[partition, bucket, offset]],
-                                        "updated_at"}
+                                        "updated_at", "principal"}
+
+A consumer's positions belong to its principal (`locks.ownership`): the one its name's auth
+file grant names, else the first principal that registered them (kept in "principal"). Only it
+or an admin may register, reset or remove them; anyone with `read` may look.
 """
 
 from __future__ import annotations
 
+from locks import ownership
+from locks.caller import caller
 from locks.coordinator_actions import offsets_field
 from locks.lease import offsets_to_json
-from tally.errors import InvalidInputError
+from tally.errors import InvalidInputError, VersionConflictError
 from tally.meta import join_path, node_name, text_of
 from tally.wire.messages import field
 
@@ -65,10 +71,18 @@ class ConsumerRegistry:
                     f"position {[partition, bucket, offset]} of consumer '{consumer}' names no "
                     f"bucket of table '{record.name}' (buckets 0..{routing.bucket_count - 1}, "
                     "offsets from 0)")
-        now = self.coordinator.clock()
-        doc = {"consumer": consumer, "positions": offsets_to_json(positions), "updated_at": now}
-        self.store.update(consumer_path(record.table_id, consumer), lambda _old: doc,
-                          create={})
+        now, principal = self.coordinator.clock(), caller()
+
+        def change(old: dict) -> dict:
+            # judged against the node this compare-and-set replaces: a claim made meanwhile
+            # is seen on the retry
+            ownership.check("consumer_commit", principal, consumer, old.get("principal"),
+                            table=record.name)
+            claimed = old.get("principal") or ownership.principal_id(principal)
+            return {"consumer": consumer, "positions": offsets_to_json(positions),
+                    "updated_at": now, "principal": claimed}
+
+        self.store.update(consumer_path(record.table_id, consumer), change, create={})
         return {"updated_at": now}
 
     def _records(self, table_id: int) -> list[dict]:
@@ -97,7 +111,19 @@ class ConsumerRegistry:
 
     def remove(self, body: dict) -> bool:
         record = self.coordinator.named_table(body)
-        return self.store.delete(consumer_path(record.table_id, self._consumer(body)))
+        consumer = self._consumer(body)
+        path = consumer_path(record.table_id, consumer)
+        node = self.store.get(path)
+        if node is None:
+            return False
+        ownership.check("consumer_remove", caller(), consumer, node.value.get("principal"),
+                        table=record.name)
+        try:  # the version judged: a claim or commit made meanwhile keeps the node
+            return self.store.delete(path, version=node.version)
+        except VersionConflictError:
+            raise VersionConflictError(
+                f"consumer '{consumer}' of {record.name} changed while it was being removed; "
+                "nothing was removed, try again") from None
 
     def floor(self, body: dict) -> dict:
         """Per bucket, the lowest position of a consumer that still holds (asked by tablet

@@ -6,6 +6,8 @@
     [clients.dashboards]
     token = "another long random secret"
     role = "read"                             # read | write | admin
+    consumers = ["dashboards-*"]              # optional: consumer names it owns (globs)
+    owners = ["billing-*"]                    # optional: lock owner ids it owns (globs)
 
 TOML because operators write this file by hand and comment it, and Python reads it with the
 standard library (tomllib). Secrets come from a file (or the file's path from the environment),
@@ -24,6 +26,7 @@ import secrets
 import stat
 import tomllib
 
+from locks.ownership import CONSUMERS, OWNERS, Grants
 from tally.errors import InvalidOptionError
 from tally.server.access import CLIENT_ROLES, CLUSTER, Principal
 
@@ -41,15 +44,17 @@ def _secret(path: str, where: str, value) -> str:
 class Credentials:
     """The secrets a server accepts and the principal each stands for."""
 
-    def __init__(self, cluster: str, clients: dict[str, tuple[str, str]]) -> None:
-        """`clients`: name -> (token, role)."""
+    def __init__(self, cluster: str, clients: dict[str, tuple[str, str]],
+                 grants: dict[str, dict[str, tuple[str, ...]]] | None = None) -> None:
+        """`clients`: name -> (token, role); `grants`: name -> {"owners"/"consumers": globs}."""
         self.cluster = cluster
         self.clients = dict(clients)
+        self.grants = Grants(grants, principals=clients)
         self._known: list[tuple[bytes, Principal]] = [
             (f"Bearer {cluster}".encode(), Principal("the cluster credential", CLUSTER))]
         for name, (token, role) in clients.items():
             self._known.append((f"Bearer {token}".encode(),
-                                Principal(f"client {name!r}", role)))
+                                Principal(f"client {name!r}", role, name, self.grants)))
 
     @classmethod
     def load(cls, path: str) -> "Credentials":
@@ -75,10 +80,21 @@ class Credentials:
         table = doc.get("clients", {})
         if not isinstance(table, dict):
             raise InvalidOptionError(f"auth file {path}: clients must be a table of clients")
+        grants: dict[str, dict[str, tuple[str, ...]]] = {}
         for name, entry in table.items():
-            if not isinstance(entry, dict) or set(entry) != {"token", "role"}:
+            if not isinstance(entry, dict) or not {"token", "role"} <= set(entry) or \
+                    set(entry) - {"token", "role", OWNERS, CONSUMERS}:
                 raise InvalidOptionError(
-                    f"auth file {path}: client {name!r} needs exactly a token and a role")
+                    f"auth file {path}: client {name!r} needs exactly a token and a role, and "
+                    f"may have {OWNERS} and {CONSUMERS} (lists of glob patterns)")
+            for kind in (OWNERS, CONSUMERS):
+                patterns = entry.get(kind, [])
+                if not isinstance(patterns, list) or \
+                        not all(isinstance(p, str) and p for p in patterns):
+                    raise InvalidOptionError(
+                        f"auth file {path}: {kind} of client {name!r} must be a list of "
+                        f"non-empty glob patterns (e.g. [\"billing-*\"]), got {patterns!r}")
+                grants.setdefault(name, {})[kind] = tuple(patterns)
             token = _secret(path, f"the token of client {name!r}", entry["token"])
             if entry["role"] not in CLIENT_ROLES:
                 raise InvalidOptionError(
@@ -90,7 +106,7 @@ class Credentials:
                     "cluster credential); each principal needs its own")
             seen.add(token)
             clients[name] = (token, entry["role"])
-        return cls(cluster, clients)
+        return cls(cluster, clients, grants)
 
     def principal(self, header: str | None) -> Principal | None:
         """The principal of an `authorization` header value, or None for an unknown one. Every
@@ -104,11 +120,15 @@ class Credentials:
         return found
 
 
-def write_auth_file(path: str, cluster: str, clients: dict[str, tuple[str, str]]) -> None:
-    """Write an auth file readable by its owner only (LocalCluster makes one for its tests)."""
+def write_auth_file(path: str, cluster: str, clients: dict[str, tuple[str, str]],
+                    grants: dict[str, dict[str, list[str]]] | None = None) -> None:
+    """Write an auth file readable by its owner only (LocalCluster makes one for its tests);
+    `grants`: client name -> {"owners"/"consumers": glob patterns}."""
     lines = [f'cluster = "{cluster}"']
     for name, (token, role) in clients.items():
         lines += ["", f"[clients.{name}]", f'token = "{token}"', f'role = "{role}"']
+        for kind, patterns in (grants or {}).get(name, {}).items():
+            lines.append(f"{kind} = [{', '.join(repr(str(p)) for p in patterns)}]")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
     with os.fdopen(fd, "w") as f:

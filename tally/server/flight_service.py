@@ -17,6 +17,7 @@ import time
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from locks.caller import calling_as
 from tally.errors import (AuthenticationError, InvalidInputError, PermissionDeniedError,
                           TallyError)
 from tally.server.access import REQUIRED_ROLE, TRUSTED, Principal, authorize, unlisted
@@ -133,7 +134,8 @@ class TallyFlightServer(flight.FlightServerBase):
             body = loads(raw) if raw else {}  # `null`, `[]`, `0` are not empty bodies
             if not isinstance(body, dict):
                 raise InvalidInputError("an action body must be a JSON object")
-            result = self.call_action(action.type, body)
+            with calling_as(self._principal(context)):  # whose owner ids and consumers
+                result = self.call_action(action.type, body)
         except (KeyError, TypeError, ValueError) as e:
             raise to_flight_error(InvalidInputError(
                 f"malformed request for action {action.type!r}: {type(e).__name__}: {e}"))

@@ -9,7 +9,7 @@ from locks import ColumnLockService, CommitLog, LockTarget, view_from_records
 from merge_engine import Schema
 from tally.errors import (ColumnLockConflict, InvalidInputError, LeaseLostError,
                           PermissionDeniedError, RecoveryError,
-                          UnrecoveredLockError)
+                          TakeoverLeaseError, UnrecoveredLockError)
 from tally.meta import open_store
 
 
@@ -163,8 +163,11 @@ def test_lock_view_fences_zombies(store, clock):
     [revived] = locks.take_over(TABLE, "B", ["a"], 10)
     with pytest.raises(LeaseLostError):
         view().check_write(a_col, "A", a.token, now=clock.now, secret=a.secret)
-    # the takeover's undo
-    view().check_write(a_col, "A", revived.token, now=clock.now, secret=revived.secret)
+    # the takeover's undo (OVERWRITE writes), and nothing else
+    view().check_write(a_col, "A", revived.token, now=clock.now, secret=revived.secret,
+                       overwrite=True)
+    with pytest.raises(TakeoverLeaseError, match="takeover"):
+        view().check_write(a_col, "A", revived.token, now=clock.now, secret=revived.secret)
     locks.release(revived)
     b = locks.acquire(TABLE, "B", ["a"], 10, offsets())
     with pytest.raises((LeaseLostError, ColumnLockConflict)):
