@@ -15,6 +15,8 @@ the first time it casts, hashes or merges the column: a run-end encoded key of o
   allocates at most).
 
 Only requests from clients are bounded this way; a client reading a server's answers trusts it.
+A client casts string and binary views in user input to their offset-based types before
+sending (without_views).
 """
 
 from __future__ import annotations
@@ -66,6 +68,35 @@ def _refused_encoding(t: pa.DataType) -> str | None:
         if found:
             return found
     return None
+
+
+def without_views(table: pa.Table) -> pa.Table:
+    """`table` with every string and binary view cast to its offset-based type, which servers
+    accept: what a client does to user input before sending it. (List views are left to the
+    server's refusal: pyarrow's cast of one to a list builds an invalid array.)"""
+    schema = pa.schema([f.with_type(_offset_based(f.type)) for f in table.schema],
+                       metadata=table.schema.metadata)
+    return table if schema.equals(table.schema) else table.cast(schema)
+
+
+def _offset_based(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_string_view(t):
+        return pa.string()
+    if pa.types.is_binary_view(t):
+        return pa.binary()
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_offset_based(f.type)) for f in t])
+    if pa.types.is_map(t):
+        return pa.map_(t.key_field.with_type(_offset_based(t.key_type)),
+                       t.item_field.with_type(_offset_based(t.item_type)), t.keys_sorted)
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        make = pa.list_ if pa.types.is_list(t) else pa.large_list
+        return make(t.value_field.with_type(_offset_based(t.value_type)))
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(t.value_field.with_type(_offset_based(t.value_type)), t.list_size)
+    if pa.types.is_dictionary(t):
+        return pa.dictionary(t.index_type, _offset_based(t.value_type), t.ordered)
+    return t
 
 
 def check_decoded_size(table: pa.Table, max_bytes: int, what: str) -> None:

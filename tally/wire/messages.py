@@ -33,7 +33,8 @@ import pyarrow.flight as flight
 
 from tally.errors import (AuthenticationError, ClusterError, InvalidInputError, TallyError,
                           UnavailableError, error_class)
-from tally.wire.decoded_size import check_decoded_size, refuse_unbounded_encodings, stream_schema
+from tally.wire.decoded_size import (check_decoded_size, refuse_unbounded_encodings, stream_schema,
+                                     without_views)
 from tally.wire.ipc_guard import measure_stream, read_stream
 
 AUTH_HEADER = "authorization"
@@ -273,8 +274,9 @@ PUT_PIECE_BYTES = 1 << 20
 
 
 def put_pieces(rows: pa.Table) -> Iterator[pa.Buffer]:
-    """The pieces of app metadata that carry `rows` in a DoPut."""
-    data = _ipc_buffer(rows)
+    """The pieces of app metadata that carry `rows` in a DoPut (views cast: servers refuse
+    them)."""
+    data = _ipc_buffer(without_views(rows))
     for start in range(0, data.size, PUT_PIECE_BYTES):
         yield data.slice(start, min(PUT_PIECE_BYTES, data.size - start))
 
