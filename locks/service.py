@@ -37,23 +37,19 @@ from locks import ownership
 from locks.lease import (Lease, LockRecord, Offsets, new_lease_secret, secret_hash,
                          secret_matches)
 from locks.owner_claims import claim_ops, claimant
+from locks.refusals import refuse_overlap, refuse_unrecoverable, when
 from locks.request import LockTarget, check_buckets, check_ttl
 from tally.errors import (
     ColumnLockConflict,
     InvalidInputError,
     LeaseLostError,
     PermissionDeniedError,
-    RecoveryError,
     UnrecoveredLockError,
     VersionConflictError,
 )
 from locks.lock_nodes import (column_tokens, guard_path, lock_path, stored_locks,
                               view_state)
 from tally.meta import MetadataStore, join_path, node_name
-
-
-def _when(timestamp: float) -> str:
-    return time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(timestamp))
 
 
 class ColumnLockService:
@@ -149,10 +145,10 @@ class ColumnLockService:
         # before anyone else's expired lock is taken over on its behalf.
         continues = mine is not None and set(mine[0].column_ids) == set(ids)
         if continues:
-            self._refuse_unrecoverable(target, mine[0], now)
+            refuse_unrecoverable(target, mine[0], now)
         for key, (record, _) in records.items():
             if key != mine_key and set(record.column_ids) & set(ids):
-                self._refuse_overlap(target, record, set(record.column_ids) & set(ids), now)
+                refuse_overlap(target, record, set(record.column_ids) & set(ids), now)
         if mine is not None and not continues:
             if mine[0].live(now):
                 raise ColumnLockConflict(
@@ -183,32 +179,6 @@ class ColumnLockService:
         write = ("set", path, record.to_json(), mine[1]) if mine else \
             ("create", path, record.to_json())
         return claim + [guard_op, write], record.lease(target.name, secret)
-
-    def _refuse_overlap(self, target, record: LockRecord, overlap: set, now: float) -> None:
-        columns = sorted(self._names(target, overlap))
-        if record.live(now):
-            raise ColumnLockConflict(
-                f"Columns {columns} of table {target.name} are locked by owner "
-                f"'{record.owner_id}' until {_when(record.expires_at)} "
-                f"({record.expires_at - now:.1f}s from now)")
-        raise UnrecoveredLockError(
-            f"Columns {columns} of table {target.name} are held by the expired lock of owner "
-            f"'{record.owner_id}' (tenure {record.tenure}, expired {_when(record.expires_at)}): "
-            "its writes since its last commit may still be undone. Restart that owner, take "
-            "the columns over with recovery.acquire (which undoes them first), or discard the "
-            "lock (`tally locks --discard`), which keeps them as they are")
-
-    @staticmethod
-    def _refuse_unrecoverable(target, record: LockRecord, now: float) -> None:
-        """An expired tenure past the table's expired-lock retention may have lost the
-        changelog its undo needs: continuing or taking it over would undo only part of it."""
-        if not record.recoverable(now, target.expired_hold):
-            raise RecoveryError(
-                f"The lock of owner '{record.owner_id}' on table {target.name} (tenure "
-                f"{record.tenure}) expired {_when(record.expires_at)}, longer ago than the "
-                f"table's table.log.retention.expired-lock-ms ({target.expired_hold:.0f}s): "
-                "retention may have removed the changelog its undo needs. Nothing was changed. "
-                "Discard the lock (`tally locks --discard`) to keep its writes as they are")
 
     def _next_token(self, guard, table_id: int, ids) -> tuple[int, tuple]:
         """A new fencing token, recorded as the newest for `ids`, and the guard write."""
@@ -255,8 +225,8 @@ class ColumnLockService:
             if key != mine_key and not overlap:
                 continue
             if record.live(now):
-                self._refuse_overlap(target, record, overlap, now)
-            self._refuse_unrecoverable(target, record, now)
+                refuse_overlap(target, record, overlap, now)
+            refuse_unrecoverable(target, record, now)
             in_way.append((record, version))
         if not in_way:
             return [], []
@@ -288,7 +258,7 @@ class ColumnLockService:
             if record.live(self.clock()):
                 raise ColumnLockConflict(
                     f"The lock of owner '{owner_id}' on table {target.name} is live until "
-                    f"{_when(record.expires_at)}; only an expired lock can be discarded")
+                    f"{when(record.expires_at)}; only an expired lock can be discarded")
             return [self._bump(target.table_id), ("delete", path, node.version)], True
 
         discarded = self.store.transact(attempt, what=f"Locks of table {target.name}")
@@ -306,10 +276,6 @@ class ColumnLockService:
         if guard is None:
             return ("create", guard_path(table_id), value)
         return ("set", guard_path(table_id), value, guard.version)
-
-    @staticmethod
-    def _names(target: LockTarget, ids) -> list[str]:
-        return [c.name for c in target.schema.columns if c.id in ids]
 
     # --- renewing and releasing ---------------------------------------------------------------
 
