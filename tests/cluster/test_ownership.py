@@ -211,3 +211,20 @@ def test_the_security_page_prints_the_owner_table():
     with open(os.path.join(ROOT, "docs", "security.md")) as f:
         assert owner_table_markdown() in f.read(), \
             "docs/security.md must hold tally.server.access.owner_table_markdown()"
+
+
+def test_claims_survive_a_coordinator_restart(owned):
+    """Kept in the metadata store: a restarted (killed) coordinator still refuses another
+    principal the owner id and the consumer, and the owner resumes its tenure."""
+    alice, bob = owned.conns["alice"], owned.conns["bob"]
+    table = make_table(owned.conns["boss"])
+    lease = alice.locks.acquire(table, "kept", ["a"], ttl=600)
+    alice.admin.commit_consumer(table, "kept-reads", [[None, 0, 0]])
+    owned.restart_coordinator(kill=True)
+    with pytest.raises(PermissionDeniedError, match="'kept'.*'alice'"):
+        bob.locks.acquire(table, "kept", ["a"], ttl=60)
+    with pytest.raises(PermissionDeniedError, match="'kept-reads'.*'alice'"):
+        bob.admin.commit_consumer(table, "kept-reads", [[None, 0, 5]])
+    again = alice.locks.acquire(table, "kept", ["a"], ttl=60)
+    assert again.tenure == lease.tenure
+    alice.locks.release(again)
