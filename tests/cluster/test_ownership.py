@@ -228,3 +228,20 @@ def test_claims_survive_a_coordinator_restart(owned):
     again = alice.locks.acquire(table, "kept", ["a"], ttl=60)
     assert again.tenure == lease.tenure
     alice.locks.release(again)
+
+
+@pytest.mark.parametrize("grant, complaint", [
+    ('owners = "billing-*"', "owners of client 'c' must be a list"),
+    ('consumers = [""]', "consumers of client 'c' must be a list"),
+    ('groups = ["x"]', "may have owners and consumers"),
+])
+def test_a_bad_grant_is_refused_naming_it(tmp_path, grant, complaint):
+    from tally.errors import InvalidOptionError
+    from tally.server.credentials import Credentials
+
+    path = tmp_path / "auth.toml"
+    path.write_text(f'cluster = "{new_secret()}"\n\n[clients.c]\ntoken = "{new_secret()}"\n'
+                    f'role = "write"\n{grant}\n')
+    path.chmod(0o600)
+    with pytest.raises(InvalidOptionError, match=complaint):
+        Credentials.load(str(path))
