@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from tally.server.serve_args import add_serve_arguments
+from tally.server.serve_args import add_serve_arguments, positive_count
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -56,7 +56,7 @@ def add_commands(commands) -> None:
     local = commands.add_parser("local-cluster",
                                 help="run a coordinator and N tablet servers as local processes")
     local.add_argument("--data-dir", required=True)
-    local.add_argument("--tablet-servers", type=_at_least_one, default=2, metavar="N")
+    local.add_argument("--tablet-servers", type=positive_count, default=2, metavar="N")
     local.add_argument("--zookeeper", metavar="HOST:PORT[/CHROOT]")
     local.add_argument("--authenticate", action="store_true",
                        help="make an auth file in the data dir (a cluster credential and a "
@@ -67,13 +67,3 @@ def add_commands(commands) -> None:
     local.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                        help="on a failure to start, print the traceback too")
     local.set_defaults(func=cmd_local_cluster)
-
-
-def _at_least_one(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"a whole number of at least 1, not {text!r}")
-    return value

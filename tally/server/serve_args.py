@@ -27,7 +27,8 @@ def _memory_budget(value: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _positive(value: str) -> int:
+def positive_count(value: str) -> int:
+    """An option's whole number of at least 1 (argparse's type)."""
     try:
         number = int(value)
     except ValueError:
@@ -87,7 +88,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("--tls-verify-clients", action="store_true",
                         help="mutual TLS: refuse callers without a certificate signed by "
                              "--tls-ca")
-    parser.add_argument("--max-batch-bytes", type=_positive, default=DEFAULT_MAX_BATCH_BYTES,
+    parser.add_argument("--max-batch-bytes", type=positive_count, default=DEFAULT_MAX_BATCH_BYTES,
                         help="largest write request a tablet server accepts, as received and "
                              "as declared once decoded, both checked before decoding "
                              "(default 64 MiB)")
@@ -105,7 +106,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("--metrics-per-bucket", action="store_true",
                         help="label write and memory metrics by partition and bucket too "
                              "(series multiply by the bucket count of every table)")
-    parser.add_argument("--default-replication-factor", type=_positive, default=1, metavar="N",
+    parser.add_argument("--default-replication-factor", type=positive_count, default=1, metavar="N",
                         help="copies of each bucket of a table that sets no "
                              "table.replication.factor (coordinator; default 1)")
     parser.add_argument("--replica-replace-after", type=_seconds, default=60.0,
@@ -143,7 +144,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                         help="with --remote-dir: seconds between uploads of each led bucket's "
                              "acknowledged changelog; at most this much is lost when every "
                              f"copy of a bucket is (default {SEGMENT_INTERVAL:g})")
-    parser.add_argument("--snapshot-keep", type=_positive, default=SNAPSHOT_KEEP, metavar="N",
+    parser.add_argument("--snapshot-keep", type=positive_count, default=SNAPSHOT_KEEP, metavar="N",
                         help=f"with --remote-dir: snapshots kept per bucket (default "
                              f"{SNAPSHOT_KEEP})")
     parser.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS,
