@@ -19,8 +19,9 @@ Key = tuple  # (partition name or None, bucket)
 
 def uncertain(error: TallyError) -> bool:
     """A refusal that may not be one: a server that did not answer in time may still apply
-    the request (it sits in the leader's log, not yet acknowledged by its followers)."""
-    return isinstance(error, UnavailableError)
+    the request (it sits in the leader's log, not yet acknowledged by its followers). A server
+    that refused before applying says so ("nothing was applied"): that one is certain."""
+    return isinstance(error, UnavailableError) and "nothing was applied" not in str(error).lower()
 
 
 UNCERTAIN = ("{} did not answer in time: its part may yet be applied (read the bucket before "
@@ -111,6 +112,7 @@ class FlushOutcome:
                         if undone else ""))
         try:
             error = type(first)(". ".join(story))
+            error.__dict__.update(first.__dict__)  # what the class carries besides its text
         except TypeError:  # a class that wants more than a message
             error = TallyError(". ".join(story))
         error.refused = dict(self.refused)

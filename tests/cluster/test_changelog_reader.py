@@ -246,15 +246,20 @@ def test_consumer_commits_are_checked(conn):
 
 
 def test_roles_for_consumers(tmp_path):
-    """A read token may register and list positions; only admin may remove a consumer."""
+    """A read token may register and list positions; a consumer is removed by its own
+    principal or an admin, never by another principal."""
     with LocalCluster(str(tmp_path), tablet_servers=1, authenticate=True) as c:
         with client.connect(c.url, c.tokens["admin"]) as admin:
             table = make_table(admin, partitioned=False)
-        with client.connect(c.url, c.tokens["read"]) as reader:
+        with client.connect(c.url, c.tokens["read"]) as reader, \
+                client.connect(c.url, c.tokens["write"]) as other:
             reader.admin.commit_consumer(table.name, "r", [[None, 0, 0]])
             assert [p.consumer for p in reader.admin.consumer_positions(table.name)] == ["r"]
             with pytest.raises(PermissionDeniedError):
-                reader.admin.remove_consumer(table.name, "r")
+                other.admin.remove_consumer(table.name, "r")
+            assert [p.consumer for p in reader.admin.consumer_positions(table.name)] == ["r"]
+            reader.admin.remove_consumer(table.name, "r")
+            assert reader.admin.consumer_positions(table.name) == []
 
 
 def test_row_ttl_through_the_servers(cluster, conn):
