@@ -18,14 +18,15 @@ Key = tuple  # (partition name or None, bucket)
 
 
 def uncertain(error: TallyError) -> bool:
-    """A refusal that may not be one: a server that did not answer in time may still apply
-    the request (it sits in the leader's log, not yet acknowledged by its followers). A server
-    that refused before applying says so ("nothing was applied"): that one is certain."""
+    """A refusal that may not be one: a server that did not answer in time, or whose in-sync
+    copies fell below min.insync.replicas while the request replicated, may still apply it (it
+    sits in the leader's log, not acknowledged). A server that refused before applying says so
+    ("nothing was applied"): that one is certain."""
     return isinstance(error, UnavailableError) and "nothing was applied" not in str(error).lower()
 
 
-UNCERTAIN = ("{} did not answer in time: its part may yet be applied (read the bucket before "
-             "sending it again)")
+UNCERTAIN = ("{} gave no certain answer (its part is, or may be, in the leader's log but was "
+             "not acknowledged): it may yet be applied (read the bucket before sending it again)")
 
 
 def label(key: Key) -> str:

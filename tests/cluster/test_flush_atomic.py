@@ -60,8 +60,11 @@ def test_a_refused_bucket_leaves_every_bucket_as_it_was(counts):
         writer.flush()
     message = str(raised.value)
     assert "Nothing of this flush was applied" in message
-    refused = {counts.bucket_of({"k": k}) for k in (3, 6)}
-    assert set(raised.value.refused) == refused
+    overflowing = {counts.bucket_of({"k": k}) for k in (3, 6)}
+    # once one bucket refuses, a bucket whose part was not sent yet sends nothing: which of
+    # the two overflowing buckets got as far as refusing depends on the threads' order
+    refused = set(raised.value.refused)
+    assert refused and refused <= overflowing
     for _, bucket in refused:  # every refusing bucket is named, not only the first
         assert f"bucket {bucket}:" in message
     assert rows(counts) == before
