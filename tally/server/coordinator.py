@@ -37,15 +37,14 @@ from tally.server.replica_control import ReplicaControl
 from tally.server.snapshot_registry import SnapshotRegistry
 from tally.server.lake_registry import LakeRegistry
 from tally.server.lease_grants import LeaseGrants
-from tally.server.leadership import REPLICA_LAG_TIME
 from tally.server.departure_probe import DepartureProbe
 from tally.server.membership import (COORDINATOR, EphemeralRegistration, HeartbeatLiveness,
                                      ZooKeeperLiveness)
 from tally.server.metric_reports import MetricReports
 from tally.server.metrics import ServerMetrics
 from tally.server.option_changes import OptionChanges
-from tally.server.settings import SESSION_TIMEOUT, TIER_TIMEOUT
-from tally.server.settled_offsets import SETTLE_TIMEOUT
+from tally.server.settings import (REPLICA_LAG_TIME, SESSION_TIMEOUT, SETTLE_TIMEOUT,
+                                   TIER_TIMEOUT)
 from tally.wire.channel import ChannelPool, FlightChannel
 from tally.wire.messages import check_json_depth, field, int_items
 from tally.wire.routing import TableRouting

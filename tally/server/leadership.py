@@ -27,8 +27,7 @@ import time
 
 from tally.errors import NotEnoughReplicasError, NotLeaderError, UnavailableError
 
-REPLICA_ACK_TIMEOUT = 30.0   # longest a write waits for its followers before it is not acknowledged
-REPLICA_LAG_TIME = 10.0      # default seconds a follower may go without catching up and stay in sync
+from tally.server.settings import REPLICA_ACK_TIMEOUT, REPLICA_LAG_TIME
 
 
 class Leadership:

@@ -31,7 +31,7 @@ from tally.errors import (InvalidInputError, NotFoundError, StaleMetadataError, 
                           UnavailableError)
 from tally.server.catalog import BucketReplicas, PartitionRecord
 from tally.server.departure_probe import refuses_connections
-from tally.server.leadership import REPLICA_LAG_TIME
+from tally.server.settings import REPLICA_LAG_TIME
 from tally.server.replica_placement import (elect, min_insync_replicas, place, replace,
                                             replica_lag_time_ms, replication_factor,
                                             without_dead_followers)

@@ -10,6 +10,13 @@ LEASE_FRACTION = 0.75
 STORAGE_PROBE_INTERVAL = 1.0         # seconds between looks for buckets to reopen (disk full)
 DEFAULT_SCAN_BATCH_ROWS = 65536        # rows per batch of a scan that names no batch_size
 
+# replication
+REPLICA_ACK_TIMEOUT = 30.0   # longest a write waits for its followers before it is not acknowledged
+REPLICA_LAG_TIME = 10.0      # default seconds a follower may go without catching up and stay in sync
+# How long one offsets request may wait for its buckets' tails: below the callers' per-call
+# deadline, above the replica lag time after which a stuck follower leaves the in-sync set.
+SETTLE_TIMEOUT = 20.0
+
 # remote snapshots (--remote-dir)
 SNAPSHOT_INTERVAL = 300.0            # seconds between snapshots of each led bucket that moved
 SEGMENT_INTERVAL = 10.0              # seconds between uploads of acknowledged changelog

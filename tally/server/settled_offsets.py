@@ -17,9 +17,7 @@ import time
 
 from tally.errors import UnavailableError
 
-# How long one offsets request may wait for its buckets' tails: below the callers' per-call
-# deadline, above the replica lag time after which a stuck follower leaves the in-sync set.
-SETTLE_TIMEOUT = 20.0
+from tally.server.settings import SETTLE_TIMEOUT
 
 
 def settled_end(lead, deadline: float) -> int:

@@ -37,11 +37,11 @@ from tally.server.row_expiry import EXPIRY_INTERVAL, RowExpiry
 from tally.server.snapshot_loads import SnapshotLoads
 from tally.server.snapshot_uploads import SnapshotUploads
 from tally.server.settings import (DEFAULT_MAX_BATCH_BYTES, DEFAULT_SCAN_BATCH_ROWS,
-                                   HEARTBEAT_INTERVAL, SEGMENT_INTERVAL, SNAPSHOT_INTERVAL,
-                                   STORAGE_PROBE_INTERVAL)
+                                   HEARTBEAT_INTERVAL, SEGMENT_INTERVAL, SETTLE_TIMEOUT,
+                                   SNAPSHOT_INTERVAL, STORAGE_PROBE_INTERVAL)
 from tally.server.storage_health import StorageHealth
 from tally.server.server_identity import load_server_id
-from tally.server.settled_offsets import SETTLE_TIMEOUT, settled_end
+from tally.server.settled_offsets import settled_end
 from tally.server.tablets import HostedTablet, TabletHost, TabletKey
 from tally.wire.bucket_hash import bucket_ids
 from tally.wire.messages import (MAX_SCAN_BATCH_ROWS, SCAN_OFFSET_KEY, field, int_items,
