@@ -6,7 +6,7 @@ offset a live lock or an uncommitted epoch still needs for its undo, unless
 `table.log.retention.ignore-locks` is true, nor above the lowest position a registered changelog
 consumer has not read yet (for `table.log.retention.consumer-ms` after it registered). The tablet only supplies the mechanism
 (KvTablet.log_entry_spans, KvTablet.truncate_log); a tablet server runs this policy periodically
-(tally/server/retention.py, which also fetches the floor from the coordinator).
+(tally/server/tablet/retention.py, which also fetches the floor from the coordinator).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Python worker, each bucket's rows an Arrow IPC stream handed to Spark column by 
 driver plans the parts (one per bucket, pruned by the `filter` option as the Python reader
 prunes them), asks each part's leader to sign a ticket for it (the `read_tickets` action), and
 hands the tickets to `format("tally-jvm")` (the jar built from jvm/ by scripts/setup.sh), whose
-tasks fetch each part over HTTP(S) from its tablet server (tally.server.part_reads) with the
+tasks fetch each part over HTTP(S) from its tablet server (tally.server.tablet.part_reads) with the
 same token and TLS files. The DataFrame's schema is the Python reader's (the same Spark types).
 
 Limits: live reads only (`snapshot` lake/union and `sketch-estimates` are refused, naming the
@@ -28,8 +28,8 @@ import os
 import pyarrow as pa
 
 from merge_engine.hidden_columns import UNWRITTEN
-from sink.batch_reader import LIVE, SKETCH_ESTIMATES, SNAPSHOT, ReadOptions, _open_table, \
-    grouped, read_schema
+from sink.batch_reader import (LIVE, SKETCH_ESTIMATES, SNAPSHOT, ReadOptions,
+                               _open_table, grouped, read_schema)
 from sink.options import TLS_CA, TLS_CERT, TLS_KEY
 from sink.types import spark_to_arrow
 from tally.errors import InvalidOptionError, MissingDependencyError

@@ -1,4 +1,4 @@
-"""The retention alert's rule (tally.server.lake_health), case by case: the cluster tests show
+"""The retention alert's rule (tally.server.coordinator.lake_health), case by case: the cluster tests show
 it end to end; these pin the wording and the edges (exactly at the bound, no retention, a lake
 that never committed, partitions, lag in seconds)."""
 
@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from tally.server.lake_health import LakeWatch, lag_records, retention_alert
+from tally.server.coordinator.lake_health import (LakeWatch, lag_records,
+                                                  retention_alert)
 
 OFFSETS, MS = "table.log.retention.offsets", "table.log.retention.ms"
 HELD = "retention keeps them, past what the table allows"

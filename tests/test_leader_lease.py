@@ -14,8 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tally.errors import NotLeaderError
-from tally.server.lease_grants import LeaseGrants
-from tally.server.leader_lease import PENDING_ANSWERS, LeaderLease, covers
+from tally.server.coordinator.lease_grants import LeaseGrants
+from tally.server.tablet.leader_lease import (PENDING_ANSWERS, LeaderLease,
+                                              covers)
 
 
 class Clock:

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from aggfuncs import AggFunction as F
 from merge_engine import KvTablet, Schema, TableDescriptor
 from tally.errors import NotEnoughReplicasError, UnavailableError
-from tally.server.leadership import Leadership
-from tally.server.tablets import HostedTablet, TabletKey
+from tally.server.tablet.leadership import Leadership
+from tally.server.tablet.tablets import HostedTablet, TabletKey
 from tally.wire.routing import TableRouting
 
 LAG = 10.0

@@ -32,12 +32,15 @@ from merge_engine.rowcodec import RowCodec
 from merge_engine.state import StateBatch
 from merge_engine.testing.harness import TabletHarness
 from merge_engine.testing.ops import Reopen
-from merge_engine.testing.strategies import (keys_of, sequenced_table_specs, table_specs,
-                                             write_sequences)
-from merge_engine.visible_row import VisibleRowDecoder, VisibleRows, fingerprint, flat
-from tally.errors import InvalidInputError, StaleMetadataError, WireVersionError
-from tally.wire.lookup_answer import (ANSWER_HEAD, ANSWER_MARK, ARROW_ROWS, NO_ROW, VISIBLE_ROW,
-                                      LookupAnswers, answer_head)
+from merge_engine.testing.strategies import (keys_of, sequenced_table_specs,
+                                             table_specs, write_sequences)
+from merge_engine.visible_row import (VisibleRowDecoder, VisibleRows,
+                                      fingerprint, flat)
+from tally.errors import (InvalidInputError, StaleMetadataError,
+                          WireVersionError)
+from tally.wire.lookup_answer import (ANSWER_HEAD, ANSWER_MARK, ARROW_ROWS,
+                                      NO_ROW, VISIBLE_ROW, LookupAnswers,
+                                      answer_head)
 
 FIXED_TYPES = [
     pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32(),
@@ -117,7 +120,7 @@ def test_visible_rows_decode_to_what_arrow_gives(case):
 
 
 def _answer(tablet: KvTablet, key: dict) -> bytes:
-    """The answer a tablet server gives for `key` (as tally.server.key_lookups makes it)."""
+    """The answer a tablet server gives for `key` (as tally.server.tablet.lookups makes it)."""
     write = prepare_write([key], tablet.schema, tablet.aggregators, keys_only=True)
     encoded = key_array(write.key_columns(tablet.schema))
     visible = tablet.visible_rows

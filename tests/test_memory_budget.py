@@ -142,7 +142,7 @@ def test_a_budget_must_be_a_positive_byte_count(bad):
 def test_a_tablet_host_opens_every_bucket_with_its_servers_budget(tmp_path):
     """What `tally serve --memory-budget` sets up: one budget for all hosted buckets."""
     from tally.server.serve_args import add_serve_arguments
-    from tally.server.tablets import TabletHost, TabletKey
+    from tally.server.tablet.tablets import TabletHost, TabletKey
 
     parse = add_serve_arguments(argparse.ArgumentParser()).parse_args
     assert parse(["--data-dir", "d"]).memory_budget == 1 << 30

@@ -16,8 +16,10 @@ from hypothesis import strategies as st
 from rocksdict import Checkpoint
 
 from merge_engine import KvTablet
-from tally.errors import InvalidOptionError, OffsetOutOfRangeError, RemoteStorageError, StorageError
-from tally.server.remote_snapshots import BucketPath, RemoteSnapshots, SnapshotInfo
+from tally.errors import (InvalidOptionError, OffsetOutOfRangeError,
+                          RemoteStorageError, StorageError)
+from tally.server.remote.snapshots import (BucketPath, RemoteSnapshots,
+                                           SnapshotInfo)
 from tests.crashing_filesystem import SimulatedCrash, crashing_filesystem
 from tests.tablet_helpers import one_column_tablet
 

@@ -118,7 +118,7 @@ def _restore(root: Path, rows: int, progress: Progress) -> dict:
     """Seconds to rebuild a wiped follower from the newest remote snapshot, per GB of it."""
     import tally
     from tally.server import LocalCluster
-    from tally.server.remote_snapshots import BucketPath, RemoteSnapshots
+    from tally.server.remote.snapshots import BucketPath, RemoteSnapshots
 
     remote = str(root / "remote")
     progress.step(f"restore of a wiped replica ({rows:,} rows, one bucket)")

@@ -23,9 +23,10 @@ from tally.server.clock import lock_clock
 from tally.server.flight_service import TallyFlightServer
 from tally.server.metrics import ServerMetrics
 from tally.server.serve_args import add_serve_arguments
-from tally.server.startup_checks import (StartupError, check_port, check_tls, flight_refusal,
-                                         native_stderr, prepare_data_dir)
-from tally.server.tablet_server import TabletServer
+from tally.server.startup_checks import (StartupError, check_port, check_tls,
+                                         flight_refusal, native_stderr,
+                                         prepare_data_dir)
+from tally.server.tablet.server import TabletServer
 from tally.wire.channel import ChannelPool, FlightChannel
 from tally.wire.tls import TLS_SCHEME, TlsFiles
 
@@ -175,7 +176,7 @@ class ServerProcess:
             raise flight_refusal("Flight", f"{args.host}:{args.port}", held) from e
         self.address = f"{scheme}://{args.host}:{self.flight.port}"
         if args.role in ("all", "coordinator"):
-            from tally.server.coordinator import Coordinator
+            from tally.server.coordinator.coordinator import Coordinator
 
             store = self._store(open_store(zookeeper=args.zookeeper, data_dir=args.data_dir))
             self.coordinator = Coordinator(
@@ -198,7 +199,7 @@ class ServerProcess:
                                          "--zookeeper")
             remote = None
             if args.remote_dir:
-                from tally.server.remote_snapshots import RemoteSnapshots
+                from tally.server.remote.snapshots import RemoteSnapshots
 
                 remote = RemoteSnapshots(args.remote_dir, keep=args.snapshot_keep)
             self.tablet_server = TabletServer(args.data_dir, self.address, link,
@@ -210,7 +211,7 @@ class ServerProcess:
                                               remote=remote,
                                               snapshot_interval=args.snapshot_interval,
                                               segment_interval=args.segment_interval)
-            from tally.server.part_reads import PartReads
+            from tally.server.tablet.part_reads import PartReads
 
             # before attach: it adds the read_tickets action the Flight server then serves
             try:
@@ -221,7 +222,8 @@ class ServerProcess:
                                    f"{args.part_read_port}: {e.strerror or e}") from None
             self.flight.attach(tablet_server=self.tablet_server)
             if zk is not None:
-                from tally.server.membership import EphemeralRegistration, live_path
+                from tally.server.membership import (EphemeralRegistration,
+                                                     live_path)
 
                 self.registration = EphemeralRegistration(
                     zk, live_path(self.tablet_server.server_id), {"address": self.address})

@@ -21,8 +21,8 @@ import pytest
 import sink
 import tally
 from sink.jvm_reader import jvm_jar
-from tests.cluster.test_tls import Authority
 from tally.wire.tls import TlsFiles
+from tests.cluster.test_tls import Authority
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +169,7 @@ def test_a_principal_without_read_is_refused(tmp_path):
     the request is authorized by the role table (as do_get:scan) before the ticket is read."""
     from tally.server.credentials import Credentials
     from tally.server.metrics import ServerMetrics
-    from tally.server.part_reads import PartReads
+    from tally.server.tablet.part_reads import PartReads
 
     tablets = types.SimpleNamespace(actions={}, metrics=ServerMetrics())
     endpoint = PartReads(tablets, "127.0.0.1", 0,

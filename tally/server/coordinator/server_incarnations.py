@@ -21,7 +21,8 @@ from __future__ import annotations
 import logging
 import threading
 
-from tally.server.replica_placement import last_standing, without_restarted
+from tally.server.coordinator.replica_placement import (last_standing,
+                                                        without_restarted)
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 
 from tally.errors import NotFoundError, UnavailableError, VersionConflictError
-from tally.server.catalog import BucketReplicas
-from tally.server.replica_placement import replication_factor
+from tally.server.coordinator.catalog import BucketReplicas
+from tally.server.coordinator.replica_placement import replication_factor
 from tally.wire.messages import field
 
 log = logging.getLogger(__name__)

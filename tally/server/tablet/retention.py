@@ -18,7 +18,7 @@ import logging
 from locks.lease import offsets_from_json
 from merge_engine.log_retention import enforce_retention, has_retention
 from tally.errors import StorageError, TallyError
-from tally.server.periodic import PeriodicDuty
+from tally.server.tablet.periodic import PeriodicDuty
 from tally.wire.messages import field
 
 log = logging.getLogger(__name__)

@@ -31,10 +31,10 @@ import uuid
 import pyarrow as pa
 
 from tally.errors import NotLeaderError, StaleMetadataError, TallyError
-from tally.server.leadership import Leadership
-from tally.server.replica_fetcher import Fetchers
 from tally.server.settings import REPLICA_LAG_TIME
-from tally.server.tablets import TabletKey
+from tally.server.tablet.leadership import Leadership
+from tally.server.tablet.replica_fetcher import Fetchers
+from tally.server.tablet.tablets import TabletKey
 from tally.wire.messages import field, int_items, table_to_ipc
 
 log = logging.getLogger(__name__)

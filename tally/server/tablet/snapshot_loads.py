@@ -21,10 +21,10 @@ import shutil
 import uuid
 
 from tally.errors import RemoteStorageError
-from tally.server.remote_segments import decode_segment
-from tally.server.remote_snapshots import RemoteSnapshots
-from tally.server.snapshot_uploads import bucket_path
-from tally.server.tablets import HostedTablet, TabletKey
+from tally.server.remote.changelog_segments import decode_segment
+from tally.server.remote.snapshots import RemoteSnapshots
+from tally.server.tablet.snapshot_uploads import bucket_path
+from tally.server.tablet.tablets import HostedTablet, TabletKey
 from tally.wire.messages import field
 from tally.wire.routing import TableRouting
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from tally.errors import InvalidOptionError, UnavailableError
-from tally.server.catalog import BucketReplicas
+from tally.server.coordinator.catalog import BucketReplicas
 
 REPLICATION_FACTOR = "table.replication.factor"
 MIN_INSYNC_REPLICAS = "min.insync.replicas"

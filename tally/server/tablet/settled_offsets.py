@@ -17,8 +17,6 @@ import time
 
 from tally.errors import UnavailableError
 
-from tally.server.settings import SETTLE_TIMEOUT
-
 
 def settled_end(lead, deadline: float) -> int:
     """The bucket's high watermark once it covers the leader's whole log as of this call.

@@ -19,7 +19,7 @@ import threading
 import time
 
 from tally.errors import TallyError
-from tally.server.tablets import HostedTablet, TabletKey
+from tally.server.tablet.tablets import HostedTablet, TabletKey
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 
 from tally.errors import StorageError
-from tally.server.periodic import PeriodicDuty
+from tally.server.tablet.periodic import PeriodicDuty
 
 log = logging.getLogger(__name__)
 

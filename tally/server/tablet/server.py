@@ -24,28 +24,29 @@ import pyarrow as pa
 
 from locks.tablet_check import TabletLocks
 from merge_engine.row_snapshot import scan_schema
-from tally.errors import (InvalidInputError, InvalidOptionError, NotFoundError, StaleMetadataError,
-                          WriteUndoConflictError)
-from tally.server.key_lookups import KeyLookups
-from tally.server.leader_lease import LeaderLease
-from tally.server.periodic import PeriodicDuty
-from tally.server.replica_digest import ReplicaDigest
-from tally.server.replica_roles import ReplicaRoles
+from tally.errors import (InvalidInputError, InvalidOptionError, NotFoundError,
+                          StaleMetadataError, WriteUndoConflictError)
 from tally.server.metrics import ServerMetrics
-from tally.server.retention import RetentionKeeper
-from tally.server.row_expiry import EXPIRY_INTERVAL, RowExpiry
-from tally.server.snapshot_loads import SnapshotLoads
-from tally.server.snapshot_uploads import SnapshotUploads
-from tally.server.settings import (DEFAULT_MAX_BATCH_BYTES, DEFAULT_SCAN_BATCH_ROWS,
-                                   HEARTBEAT_INTERVAL, SEGMENT_INTERVAL, SETTLE_TIMEOUT,
+from tally.server.settings import (DEFAULT_MAX_BATCH_BYTES,
+                                   DEFAULT_SCAN_BATCH_ROWS, HEARTBEAT_INTERVAL,
+                                   SEGMENT_INTERVAL, SETTLE_TIMEOUT,
                                    SNAPSHOT_INTERVAL, STORAGE_PROBE_INTERVAL)
-from tally.server.storage_health import StorageHealth
-from tally.server.server_identity import load_server_id
-from tally.server.settled_offsets import settled_end
-from tally.server.tablets import HostedTablet, TabletHost, TabletKey
+from tally.server.tablet.identity import load_server_id
+from tally.server.tablet.leader_lease import LeaderLease
+from tally.server.tablet.lookups import KeyLookups
+from tally.server.tablet.periodic import PeriodicDuty
+from tally.server.tablet.replica_digest import ReplicaDigest
+from tally.server.tablet.replica_roles import ReplicaRoles
+from tally.server.tablet.retention import RetentionKeeper
+from tally.server.tablet.row_expiry import EXPIRY_INTERVAL, RowExpiry
+from tally.server.tablet.settled_offsets import settled_end
+from tally.server.tablet.snapshot_loads import SnapshotLoads
+from tally.server.tablet.snapshot_uploads import SnapshotUploads
+from tally.server.tablet.storage_health import StorageHealth
+from tally.server.tablet.tablets import HostedTablet, TabletHost, TabletKey
 from tally.wire.bucket_hash import bucket_ids
-from tally.wire.messages import (MAX_SCAN_BATCH_ROWS, SCAN_OFFSET_KEY, field, int_items,
-                                 read_put)
+from tally.wire.messages import (MAX_SCAN_BATCH_ROWS, SCAN_OFFSET_KEY, field,
+                                 int_items, read_put)
 from tally.wire.routing import TableRouting, partition_names
 
 log = logging.getLogger(__name__)

@@ -23,12 +23,12 @@ import threading
 import time
 
 from tally.errors import NotLeaderError, TallyError
-from tally.server.periodic import PeriodicDuty
-from tally.server.remote_snapshots import BucketPath, RemoteSnapshots
+from tally.server.remote.changelog_segments import encode_segment
+from tally.server.remote.snapshots import BucketPath, RemoteSnapshots
 from tally.server.settings import SEGMENT_INTERVAL, SNAPSHOT_INTERVAL
-from tally.server.tablets import HostedTablet, TabletKey
+from tally.server.tablet.periodic import PeriodicDuty
+from tally.server.tablet.tablets import HostedTablet, TabletKey
 from tally.wire.messages import field
-from tally.server.remote_segments import encode_segment
 
 log = logging.getLogger(__name__)
 

@@ -31,12 +31,15 @@ import threading
 
 from locks.coordinator_actions import offsets_field
 from locks.lease import offsets_from_json, offsets_to_json
-from tally.errors import InvalidInputError, NotFoundError, TallyError, TieringFencedError
+from tally.errors import (InvalidInputError, NotFoundError, TallyError,
+                          TieringFencedError)
 from tally.meta import join_path
-from tally.server.lake_health import LakeWatch
-from tally.server.lake_metrics import LakeMetrics
-from tally.server.lake_readiness import (UNKNOWN, TierProcesses, check_can_tier,
-                                         deltalake_version, unready)
+from tally.server.coordinator.lake_health import LakeWatch
+from tally.server.coordinator.lake_metrics import LakeMetrics
+from tally.server.coordinator.lake_readiness import (UNKNOWN, TierProcesses,
+                                                     check_can_tier,
+                                                     deltalake_version,
+                                                     unready)
 from tally.server.settings import TIER_TIMEOUT
 from tally.wire.messages import field
 
@@ -230,7 +233,7 @@ class LakeRegistry:
     def status(self, body: dict) -> list[dict]:
         """Per lake-enabled table (or the one named): holder, epoch, lake version and offsets,
         last round, the live end offsets to tell the lag by, the lag in seconds and the
-        retention alert (tally.server.lake_health)."""
+        retention alert (tally.server.coordinator.lake_health)."""
         name = field(body, "name", str, None)
         out = []
         for record, settings in self.lake_tables():
@@ -329,7 +332,7 @@ class LakeRegistry:
         self.watch.forget(record.table_id)
         self.metrics.dropped(record.name)
         if purge and self.root is not None:
-            from tally.server.remote_files import RemoteFiles
+            from tally.server.remote.files import RemoteFiles
 
             database, table = record.name.split(".")
             RemoteFiles(self.root).delete_tree(f"{database}/{table}")

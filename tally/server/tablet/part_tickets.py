@@ -1,7 +1,7 @@
 """Part tickets: a tablet server's signature on one planned bucket read, for its HTTP reads.
 
 A JVM reader (Spark's DataSource V2 source) cannot speak Flight, so it reads each planned part
-over HTTP(S) (tally.server.part_reads) with a ticket the part's leader signed when the read
+over HTTP(S) (tally.server.tablet.part_reads) with a ticket the part's leader signed when the read
 was planned (the `read_tickets` action, role read). A ticket is the scan request itself (table
 id, partition id, bucket, columns, batch size, the Arrow types to cast to) in JSON, then an
 HMAC-SHA256 of it under a key this server process drew at start and never shows: whoever holds

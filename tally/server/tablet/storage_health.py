@@ -21,8 +21,8 @@ import shutil
 
 from merge_engine.storage import reopen_bytes
 from tally.errors import StorageError
-from tally.server.periodic import PeriodicDuty
-from tally.server.tablets import HostedTablet, TabletHost, TabletKey
+from tally.server.tablet.periodic import PeriodicDuty
+from tally.server.tablet.tablets import HostedTablet, TabletHost, TabletKey
 
 log = logging.getLogger(__name__)
 

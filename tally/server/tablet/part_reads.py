@@ -1,6 +1,6 @@
 """HTTP(S) reads of planned bucket parts, for readers that cannot speak Flight (Spark's JVM).
 
-    POST /part   authorization: Bearer <token>   body: a part ticket (tally.server.part_tickets)
+    POST /part   authorization: Bearer <token>   body: a part ticket (tally.server.tablet.part_tickets)
     -> 200, an Arrow IPC stream (chunked) of the bucket's rows at one offset of its changelog
 
 The endpoint is the Flight server's twin for this one read, with the same guards: it binds the
@@ -30,10 +30,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pyarrow as pa
 
-from tally.errors import (AuthenticationError, ClusterError, InvalidInputError, NotFoundError,
-                          PermissionDeniedError, TallyError)
+from tally.errors import (AuthenticationError, ClusterError, InvalidInputError,
+                          NotFoundError, PermissionDeniedError, TallyError)
 from tally.server.access import TRUSTED, authorize
-from tally.server.part_tickets import MAX_TICKET_BYTES, PartTickets
+from tally.server.tablet.part_tickets import MAX_TICKET_BYTES, PartTickets
 from tally.wire.messages import AUTH_HEADER
 
 log = logging.getLogger(__name__)
