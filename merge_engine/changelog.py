@@ -14,18 +14,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from aggfuncs.string_rows import is_string, take_rows
+from merge_engine.change_types import CHANGE_TYPES, DELETE, INSERT, UPDATE_AFTER
 from merge_engine.hidden_columns import (CHANGE_CODE, CHANGE_TYPE, CONTRIBUTIONS, EXPIRED, OFFSET,
-                                          SEQUENCES, TOKENS, UNWRITTEN, WRITTEN_MS)
+                                         SEQUENCES, TOKENS, UNWRITTEN, WRITTEN_MS)
 from merge_engine.keys import KeyArray, key_array
 from merge_engine.row_gather import gather_rows
-from merge_engine.state import StateBatch
-
-INSERT, UPDATE_BEFORE, UPDATE_AFTER, DELETE = "+I", "-U", "+U", "-D"
+from merge_engine.state import StateBatch, contribution_lists
 
 # What happened to each key of a write.
 UNCHANGED, INSERTED, UPDATED, REMOVED = 0, 1, 2, 3
-
-CHANGE_TYPES = pa.array([INSERT, UPDATE_BEFORE, UPDATE_AFTER, DELETE], type=pa.string())
 
 
 class Images:
@@ -235,21 +232,6 @@ class Images:
         return keys.take(upserts), self.to_state(after), keys.take(deletes)
 
 
-def with_states(rows: pa.Table, images: pa.Table) -> pa.Table:
-    """`rows` (columns of changelog `images`) with each column whose state is more than its
-    value replaced by that state (token lists, value-and-sequence structs), so that an
-    OVERWRITE of them restores those states exactly (undo)."""
-    for hidden in (TOKENS, SEQUENCES):
-        if hidden not in images.column_names:
-            continue
-        states = images.column(hidden).combine_chunks()
-        for field in states.type:
-            if field.name in rows.column_names:
-                rows = rows.set_column(rows.column_names.index(field.name), field.name,
-                                       states.field(field.name))
-    return rows
-
-
 def _struct_with_nulls(records: pa.Table, hidden: str, struct_type: pa.StructType) -> pa.Array:
     """Hidden struct column `hidden` of `records` with today's fields: a field of a column
     added since those records were written is null."""
@@ -258,14 +240,6 @@ def _struct_with_nulls(records: pa.Table, hidden: str, struct_type: pa.StructTyp
     fields = [old.field(f.name) if old is not None and old.type.get_field_index(f.name) >= 0
               else pa.nulls(n, type=f.type) for f in struct_type]
     return pa.StructArray.from_arrays(fields, fields=list(struct_type))
-
-
-def contribution_lists(counts: np.ndarray, counted: list[int]) -> pa.Array:
-    """Per row, the contribution counts of the counted (sum, product) columns, in schema order."""
-    n = len(counts)
-    flat = counts[:, counted].ravel() if counted else np.zeros(0, dtype=np.int64)
-    offsets = np.arange(n + 1, dtype=np.int32) * len(counted)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, type=pa.int64()))
 
 
 def unwritten_lists(written: np.ndarray, value_positions: list[int], names: list[str]):

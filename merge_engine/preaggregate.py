@@ -20,13 +20,13 @@ import pyarrow as pa
 
 from aggfuncs import Segments
 from aggfuncs.base import valid_mask
-from merge_engine.changelog import contribution_lists
 from merge_engine.descriptor import TableDescriptor
 from merge_engine.hidden_columns import CHANGE_TYPE, CONTRIBUTIONS
 from merge_engine.input import prepare_write
 from merge_engine.keys import encode_keys, group_keys
 from merge_engine.modes import MergeMode
 from merge_engine.runs import exact_runs
+from merge_engine.state import contribution_lists
 
 
 def preaggregate(rows, descriptor: TableDescriptor, target_columns=None,

@@ -123,3 +123,11 @@ class StateBatch:
         counts = 0 if self.contributions is None else self.contributions.nbytes
         touched = 0 if self.touched is None else self.touched.nbytes
         return sum(c.nbytes for c in self.columns) + self.written.nbytes + counts + touched
+
+
+def contribution_lists(counts: np.ndarray, counted: list[int]) -> pa.Array:
+    """Per row, the contribution counts of the counted (sum, product) columns, in schema order."""
+    n = len(counts)
+    flat = counts[:, counted].ravel() if counted else np.zeros(0, dtype=np.int64)
+    offsets = np.arange(n + 1, dtype=np.int32) * len(counted)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, type=pa.int64()))

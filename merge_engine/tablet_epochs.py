@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from merge_engine import changelog as log
+from merge_engine.change_types import INSERT
 from merge_engine.hidden_columns import CHANGE_TYPE
 from merge_engine.keys import group_keys
 from merge_engine.storage import END_OFFSET, KV_APPLIED, TabletStore
@@ -122,7 +123,7 @@ class TabletEpochs:
         keys, _, firsts = group_keys([records.column(k).combine_chunks()
                                       for k in self.schema.primary_key])
         change = records.column(CHANGE_TYPE).combine_chunks().take(pa.array(firsts))
-        inserted = pc.equal(change, log.INSERT).to_numpy(zero_copy_only=False)
+        inserted = pc.equal(change, INSERT).to_numpy(zero_copy_only=False)
         existed = np.flatnonzero(~inserted)
         before = self._images.to_state(records.take(pa.array(firsts[existed])))
         self._rows.put_rows(batch, keys.take(existed), before,

@@ -17,48 +17,12 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from merge_engine.changelog import DELETE, INSERT, UPDATE_AFTER, UPDATE_BEFORE, with_states
-from merge_engine.hidden_columns import CHANGE_TYPE, CONTRIBUTIONS, EXPIRED, OFFSET, UNWRITTEN, WRITTEN_MS
+from merge_engine.change_types import UPDATE_AFTER, UPDATE_BEFORE
+from merge_engine.hidden_columns import CHANGE_TYPE, EXPIRED, OFFSET, UNWRITTEN
 from merge_engine.keys import encode_keys
-from tally.errors import RecoveryError
+from merge_engine.undo_images import FirstChanges, first_change, restore_rows
 
 MAX_CONFLICTS_SHOWN = 5
-
-
-@dataclass
-class FirstChanges:
-    """Positions, in one batch of records, of the keys' first changes: images to write back
-    and keys to delete."""
-
-    restore: list[int] = field(default_factory=list)
-    delete: list[int] = field(default_factory=list)
-
-
-def first_change(change: str, position: int, found: FirstChanges) -> bool:
-    """File the first change of a key (at `position`) under what takes it back; False for a
-    +U, which never is one (its -U came first, or the key was first changed earlier)."""
-    if change == UPDATE_AFTER:
-        return False
-    if change == INSERT:
-        found.delete.append(position)
-    elif change in (UPDATE_BEFORE, DELETE):
-        found.restore.append(position)
-    else:
-        raise RecoveryError(f"Unknown change type {change!r} in the changelog")
-    return True
-
-
-def restore_rows(images: pa.Table, names: list[str]) -> pa.Table:
-    """The OVERWRITE rows that put changelog `images` back exactly: their `names` columns
-    (states, not only values), the columns they left unwritten, contributions and write time."""
-    rows = with_states(images.select(names), images)
-    unwritten = [[name for name in row if name in names]
-                 for row in images.column(UNWRITTEN).to_pylist()]
-    rows = rows.append_column(UNWRITTEN, pa.array(unwritten, type=pa.list_(pa.string())))
-    rows = rows.append_column(CONTRIBUTIONS, images.column(CONTRIBUTIONS))
-    if WRITTEN_MS in images.column_names:
-        rows = rows.append_column(WRITTEN_MS, images.column(WRITTEN_MS))
-    return rows
 
 
 @dataclass

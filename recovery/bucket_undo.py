@@ -23,7 +23,7 @@ import pyarrow as pa
 from merge_engine.hidden_columns import CHANGE_TYPE, EXPIRED
 from merge_engine.keys import encode_keys
 from merge_engine.modes import MergeMode
-from merge_engine.write_undo import FirstChanges, first_change, restore_rows
+from merge_engine.undo_images import FirstChanges, first_change, restore_rows
 from tally.errors import RecoveryError
 from tally.timestamps import duration
 

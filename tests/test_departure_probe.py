@@ -16,11 +16,9 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from tally.server.coordinator.departure_probe import (DepartureProbe,
-                                                      refuses_connections)
+from tally.server.coordinator.departure_probe import DepartureProbe, refuses_connections
 from tally.server.membership import HeartbeatLiveness
 from tests.conftest import zookeeper_chroot
 from tests.waiting import wait_until
@@ -190,8 +188,7 @@ def test_with_zookeeper_a_departure_deletes_the_live_node_of_that_address_only(z
     restarted server wrote with its new address; a live server's registration writes its node
     again (a wrong departure heals)."""
     from tally.meta.zookeeper import ZooKeeperStore
-    from tally.server.membership import (EphemeralRegistration,
-                                         ZooKeeperLiveness, live_path)
+    from tally.server.membership import EphemeralRegistration, ZooKeeperLiveness, live_path
 
     chroot = zookeeper_chroot(zookeeper)
     server_store = ZooKeeperStore(chroot, timeout=60)

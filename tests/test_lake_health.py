@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from tally.server.coordinator.lake_health import (LakeWatch, lag_records,
-                                                  retention_alert)
+from tally.server.coordinator.lake_health import LakeWatch, lag_records, retention_alert
 
 OFFSETS, MS = "table.log.retention.offsets", "table.log.retention.ms"
 HELD = "retention keeps them, past what the table allows"

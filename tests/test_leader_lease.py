@@ -10,13 +10,11 @@ lease against a plain statement of when it holds.
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from tally.errors import NotLeaderError
 from tally.server.coordinator.lease_grants import LeaseGrants
-from tally.server.tablet.leader_lease import (PENDING_ANSWERS, LeaderLease,
-                                              covers)
+from tally.server.tablet.leader_lease import PENDING_ANSWERS, LeaderLease, covers
 
 
 class Clock:

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from aggfuncs import AggFunction as F
 from merge_engine import KvTablet, Schema, TableDescriptor

@@ -21,8 +21,7 @@ import tempfile
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from aggfuncs import AggFunction as F
 from merge_engine import KvTablet, Schema, TableDescriptor
@@ -32,15 +31,12 @@ from merge_engine.rowcodec import RowCodec
 from merge_engine.state import StateBatch
 from merge_engine.testing.harness import TabletHarness
 from merge_engine.testing.ops import Reopen
-from merge_engine.testing.strategies import (keys_of, sequenced_table_specs,
-                                             table_specs, write_sequences)
-from merge_engine.visible_row import (VisibleRowDecoder, VisibleRows,
-                                      fingerprint, flat)
-from tally.errors import (InvalidInputError, StaleMetadataError,
-                          WireVersionError)
-from tally.wire.lookup_answer import (ANSWER_HEAD, ANSWER_MARK, ARROW_ROWS,
-                                      NO_ROW, VISIBLE_ROW, LookupAnswers,
-                                      answer_head)
+from merge_engine.testing.strategies import (keys_of, sequenced_table_specs, table_specs,
+                                             write_sequences)
+from merge_engine.visible_row import VisibleRowDecoder, VisibleRows, fingerprint, flat
+from tally.errors import InvalidInputError, StaleMetadataError, WireVersionError
+from tally.wire.lookup_answer import (ANSWER_HEAD, ANSWER_MARK, ARROW_ROWS, NO_ROW, VISIBLE_ROW,
+                                      LookupAnswers, answer_head)
 
 FIXED_TYPES = [
     pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32(),

@@ -11,15 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from rocksdict import Checkpoint
 
 from merge_engine import KvTablet
-from tally.errors import (InvalidOptionError, OffsetOutOfRangeError,
-                          RemoteStorageError, StorageError)
-from tally.server.remote.snapshots import (BucketPath, RemoteSnapshots,
-                                           SnapshotInfo)
+from tally.errors import InvalidOptionError, OffsetOutOfRangeError, RemoteStorageError, StorageError
+from tally.server.remote.snapshots import BucketPath, RemoteSnapshots, SnapshotInfo
 from tests.crashing_filesystem import SimulatedCrash, crashing_filesystem
 from tests.tablet_helpers import one_column_tablet
 

@@ -22,8 +22,7 @@ from tally.errors import InvalidOptionError
 from tally.meta import open_store
 from tally.server.coordinator.catalog import BucketReplicas
 from tally.server.coordinator.coordinator import Coordinator
-from tally.server.coordinator.replica_placement import (last_standing,
-                                                        without_restarted)
+from tally.server.coordinator.replica_placement import last_standing, without_restarted
 
 SERVERS = ("ts-a", "ts-b", "ts-c")
 SCHEMA = Schema.builder().column("k", pa.int64()).column("v", pa.int64()).primary_key("k").build()

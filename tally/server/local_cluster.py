@@ -272,8 +272,7 @@ class LocalCluster:
     def start(self) -> "LocalCluster":
         if self.tier_processes:
             # they run in this Python: say why at once, not as a process that died at start
-            from tally.server.coordinator.lake_readiness import \
-                require_deltalake
+            from tally.server.coordinator.lake_readiness import require_deltalake
 
             require_deltalake("LocalCluster(tiering=...) starts `tally tier` processes, which")
         try:

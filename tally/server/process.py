@@ -23,9 +23,8 @@ from tally.server.clock import lock_clock
 from tally.server.flight_service import TallyFlightServer
 from tally.server.metrics import ServerMetrics
 from tally.server.serve_args import add_serve_arguments
-from tally.server.startup_checks import (StartupError, check_port, check_tls,
-                                         flight_refusal, native_stderr,
-                                         prepare_data_dir)
+from tally.server.startup_checks import (StartupError, check_port, check_tls, flight_refusal,
+                                         native_stderr, prepare_data_dir)
 from tally.server.tablet.server import TabletServer
 from tally.wire.channel import ChannelPool, FlightChannel
 from tally.wire.tls import TLS_SCHEME, TlsFiles
@@ -222,8 +221,7 @@ class ServerProcess:
                                    f"{args.part_read_port}: {e.strerror or e}") from None
             self.flight.attach(tablet_server=self.tablet_server)
             if zk is not None:
-                from tally.server.membership import (EphemeralRegistration,
-                                                     live_path)
+                from tally.server.membership import EphemeralRegistration, live_path
 
                 self.registration = EphemeralRegistration(
                     zk, live_path(self.tablet_server.server_id), {"address": self.address})

@@ -10,9 +10,9 @@ import argparse
 import os
 
 from tally.errors import InvalidOptionError
-from tally.server.settings import (DEFAULT_MAX_BATCH_BYTES, DEFAULT_MEMORY_BUDGET,
-                                   REPLICA_LAG_TIME, SEGMENT_INTERVAL, SESSION_TIMEOUT,
-                                   SNAPSHOT_INTERVAL, SNAPSHOT_KEEP, TIER_TIMEOUT)
+from tally.server.settings import (DEFAULT_MAX_BATCH_BYTES, DEFAULT_MEMORY_BUDGET, REPLICA_LAG_TIME,
+                                   SEGMENT_INTERVAL, SESSION_TIMEOUT, SNAPSHOT_INTERVAL,
+                                   SNAPSHOT_KEEP, TIER_TIMEOUT)
 from tally.sizes import parse_size
 
 ROLES = ("all", "coordinator", "tablet")

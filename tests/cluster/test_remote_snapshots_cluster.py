@@ -17,10 +17,8 @@ from tally.errors import FencedLeaderEpochError
 from tally.server import LocalCluster
 from tally.server.remote.snapshots import BucketPath, RemoteSnapshots
 from tally.wire.channel import FlightChannel
-from tests.cluster.replica_checks import (copies_of, digest, leader_index,
-                                          replica_rows_equal,
-                                          restart_stopped_servers,
-                                          wait_fully_in_sync)
+from tests.cluster.replica_checks import (copies_of, digest, leader_index, replica_rows_equal,
+                                          restart_stopped_servers, wait_fully_in_sync)
 from tests.cluster.test_replication import make_table, totals, write
 from tests.waiting import wait_until
 

@@ -28,8 +28,7 @@ import dataclasses
 import re
 import time
 
-from tally.errors import (AlreadyExistsError, InvalidInputError, NotFoundError,
-                          VersionConflictError)
+from tally.errors import AlreadyExistsError, InvalidInputError, NotFoundError, VersionConflictError
 from tally.meta import MetadataStore, join_path, node_name, text_of
 
 # matched whole (fullmatch): with `match`, `$` also matches before a trailing newline

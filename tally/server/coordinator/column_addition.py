@@ -17,8 +17,7 @@ from __future__ import annotations
 import logging
 
 from merge_engine.types_json import type_from_json
-from tally.errors import (ColumnLockConflict, SchemaError, TallyError,
-                          UnavailableError)
+from tally.errors import ColumnLockConflict, SchemaError, TallyError, UnavailableError
 from tally.wire.messages import field
 
 log = logging.getLogger(__name__)

@@ -24,14 +24,13 @@ from typing import Any, Callable
 
 from locks.coordinator_actions import CoordinatorLocks
 from tally.errors import (AlreadyExistsError, InvalidInputError, NotFoundError,
-                          PermissionDeniedError, SchemaError,
-                          TableRecreatedError, TallyError, UnavailableError)
+                          PermissionDeniedError, SchemaError, TableRecreatedError, TallyError,
+                          UnavailableError)
 from tally.meta import MetadataStore
 from tally.server.coordinator.admin_truncation import AdminTruncation
 from tally.server.coordinator.bucket_restore import BucketRestore
-from tally.server.coordinator.catalog import (DEFAULT_DATABASE, Catalog,
-                                              PartitionRecord, TableRecord,
-                                              split_table_name)
+from tally.server.coordinator.catalog import (DEFAULT_DATABASE, Catalog, PartitionRecord,
+                                              TableRecord, split_table_name)
 from tally.server.coordinator.column_addition import ColumnAddition
 from tally.server.coordinator.consumer_registry import ConsumerRegistry
 from tally.server.coordinator.departure_probe import DepartureProbe
@@ -41,11 +40,10 @@ from tally.server.coordinator.metric_reports import MetricReports
 from tally.server.coordinator.option_changes import OptionChanges
 from tally.server.coordinator.replica_control import ReplicaControl
 from tally.server.coordinator.snapshot_registry import SnapshotRegistry
-from tally.server.membership import (COORDINATOR, EphemeralRegistration,
-                                     HeartbeatLiveness, ZooKeeperLiveness)
+from tally.server.membership import (COORDINATOR, EphemeralRegistration, HeartbeatLiveness,
+                                     ZooKeeperLiveness)
 from tally.server.metrics import ServerMetrics
-from tally.server.settings import (REPLICA_LAG_TIME, SESSION_TIMEOUT,
-                                   SETTLE_TIMEOUT, TIER_TIMEOUT)
+from tally.server.settings import REPLICA_LAG_TIME, SESSION_TIMEOUT, SETTLE_TIMEOUT, TIER_TIMEOUT
 from tally.wire.channel import ChannelPool, FlightChannel
 from tally.wire.messages import check_json_depth, field, int_items
 from tally.wire.routing import TableRouting

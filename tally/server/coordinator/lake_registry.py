@@ -31,15 +31,12 @@ import threading
 
 from locks.coordinator_actions import offsets_field
 from locks.lease import offsets_from_json, offsets_to_json
-from tally.errors import (InvalidInputError, NotFoundError, TallyError,
-                          TieringFencedError)
+from tally.errors import InvalidInputError, NotFoundError, TallyError, TieringFencedError
 from tally.meta import join_path
 from tally.server.coordinator.lake_health import LakeWatch
 from tally.server.coordinator.lake_metrics import LakeMetrics
-from tally.server.coordinator.lake_readiness import (UNKNOWN, TierProcesses,
-                                                     check_can_tier,
-                                                     deltalake_version,
-                                                     unready)
+from tally.server.coordinator.lake_readiness import (UNKNOWN, TierProcesses, check_can_tier,
+                                                     deltalake_version, unready)
 from tally.server.settings import TIER_TIMEOUT
 from tally.wire.messages import field
 

@@ -27,15 +27,12 @@ import threading
 import time
 import uuid
 
-from tally.errors import (InvalidInputError, NotFoundError, StaleMetadataError,
-                          TallyError, UnavailableError)
+from tally.errors import (InvalidInputError, NotFoundError, StaleMetadataError, TallyError,
+                          UnavailableError)
 from tally.server.coordinator.catalog import BucketReplicas, PartitionRecord
 from tally.server.coordinator.departure_probe import refuses_connections
-from tally.server.coordinator.replica_placement import (elect,
-                                                        min_insync_replicas,
-                                                        place, replace,
-                                                        replica_lag_time_ms,
-                                                        replication_factor,
+from tally.server.coordinator.replica_placement import (elect, min_insync_replicas, place, replace,
+                                                        replica_lag_time_ms, replication_factor,
                                                         without_dead_followers)
 from tally.server.coordinator.server_incarnations import ServerIncarnations
 from tally.server.settings import REPLICA_LAG_TIME

@@ -21,8 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from tally.server.coordinator.replica_placement import (last_standing,
-                                                        without_restarted)
+from tally.server.coordinator.replica_placement import last_standing, without_restarted
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from tally.errors import (FencedLeaderEpochError, InvalidInputError,
-                          NotFoundError)
+from tally.errors import FencedLeaderEpochError, InvalidInputError, NotFoundError
 from tally.meta import join_path
 from tally.wire.messages import field, int_items
 

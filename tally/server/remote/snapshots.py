@@ -34,15 +34,12 @@ import time
 
 import pyarrow.fs as pafs
 
-from tally.errors import (InvalidOptionError, OffsetOutOfRangeError,
-                          RemoteStorageError, StorageError)
+from tally.errors import InvalidOptionError, OffsetOutOfRangeError, RemoteStorageError, StorageError
 from tally.fsync import fsync_dir
 from tally.server.remote.files import RemoteFiles, file_chunks, is_temporary
-from tally.server.remote.manifest import (DIGITS, EPOCH_SPAN, LOG, SHARED,
-                                          SNAPSHOTS, BucketPath, SegmentInfo,
-                                          SnapshotFile, SnapshotInfo,
-                                          own_file_key, segment_key,
-                                          shared_file_key)
+from tally.server.remote.manifest import (DIGITS, EPOCH_SPAN, LOG, SHARED, SNAPSHOTS, BucketPath,
+                                          SegmentInfo, SnapshotFile, SnapshotInfo, own_file_key,
+                                          segment_key, shared_file_key)
 
 __all__ = ["BucketPath", "RemoteSnapshots", "SegmentInfo", "SnapshotFile", "SnapshotInfo"]
 

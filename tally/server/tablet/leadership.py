@@ -25,8 +25,7 @@ from __future__ import annotations
 import threading
 import time
 
-from tally.errors import (NotEnoughReplicasError, NotLeaderError,
-                          UnavailableError)
+from tally.errors import NotEnoughReplicasError, NotLeaderError, UnavailableError
 from tally.server.settings import REPLICA_ACK_TIMEOUT, REPLICA_LAG_TIME
 
 

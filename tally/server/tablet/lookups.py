@@ -25,12 +25,11 @@ from merge_engine.keys import key_array
 from merge_engine.visible_row import fingerprint
 from tally.errors import InvalidInputError, WireVersionError
 from tally.wire.key_bytes import KeyDecoder
-from tally.wire.lookup_answer import (ARROW_ROWS, LOOKUP_VERSION, NO_ROW,
-                                      VISIBLE_ROW, answer_head)
-from tally.wire.messages import (FOUND_COLUMN, MAX_FRAMED_BYTES,
-                                 SCAN_OFFSET_KEY, field, table_to_ipc, unframe)
-from tally.wire.point_keys import (CANONICAL_HEAD, CANONICAL_MARK, IPC_END,
-                                   VERSION_FIELD, checked_key, ipc_of_batch)
+from tally.wire.lookup_answer import ARROW_ROWS, LOOKUP_VERSION, NO_ROW, VISIBLE_ROW, answer_head
+from tally.wire.messages import (FOUND_COLUMN, MAX_FRAMED_BYTES, SCAN_OFFSET_KEY, field,
+                                 table_to_ipc, unframe)
+from tally.wire.point_keys import (CANONICAL_HEAD, CANONICAL_MARK, IPC_END, VERSION_FIELD,
+                                   checked_key, ipc_of_batch)
 
 _SCHEMA_MESSAGES = 64  # answers' heads (and IPC messages) kept, one per schema
 _DECODERS = 64  # key decoders kept, one per table routing

@@ -30,8 +30,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pyarrow as pa
 
-from tally.errors import (AuthenticationError, ClusterError, InvalidInputError,
-                          NotFoundError, PermissionDeniedError, TallyError)
+from tally.errors import (AuthenticationError, ClusterError, InvalidInputError, NotFoundError,
+                          PermissionDeniedError, TallyError)
 from tally.server.access import TRUSTED, authorize
 from tally.server.tablet.part_tickets import MAX_TICKET_BYTES, PartTickets
 from tally.wire.messages import AUTH_HEADER

@@ -13,7 +13,7 @@ import hashlib
 
 import pyarrow as pa
 
-from merge_engine.changelog import DELETE, INSERT, UPDATE_AFTER
+from merge_engine.change_types import DELETE, INSERT, UPDATE_AFTER
 from merge_engine.hidden_columns import CHANGE_TYPE, OFFSET, UNWRITTEN
 from tally.wire.messages import field, table_to_ipc
 

@@ -24,12 +24,11 @@ import pyarrow as pa
 
 from locks.tablet_check import TabletLocks
 from merge_engine.row_snapshot import scan_schema
-from tally.errors import (InvalidInputError, InvalidOptionError, NotFoundError,
-                          StaleMetadataError, WriteUndoConflictError)
+from tally.errors import (InvalidInputError, InvalidOptionError, NotFoundError, StaleMetadataError,
+                          WriteUndoConflictError)
 from tally.server.metrics import ServerMetrics
-from tally.server.settings import (DEFAULT_MAX_BATCH_BYTES,
-                                   DEFAULT_SCAN_BATCH_ROWS, HEARTBEAT_INTERVAL,
-                                   SEGMENT_INTERVAL, SETTLE_TIMEOUT,
+from tally.server.settings import (DEFAULT_MAX_BATCH_BYTES, DEFAULT_SCAN_BATCH_ROWS,
+                                   HEARTBEAT_INTERVAL, SEGMENT_INTERVAL, SETTLE_TIMEOUT,
                                    SNAPSHOT_INTERVAL, STORAGE_PROBE_INTERVAL)
 from tally.server.tablet.identity import load_server_id
 from tally.server.tablet.leader_lease import LeaderLease
@@ -45,8 +44,7 @@ from tally.server.tablet.snapshot_uploads import SnapshotUploads
 from tally.server.tablet.storage_health import StorageHealth
 from tally.server.tablet.tablets import HostedTablet, TabletHost, TabletKey
 from tally.wire.bucket_hash import bucket_ids
-from tally.wire.messages import (MAX_SCAN_BATCH_ROWS, SCAN_OFFSET_KEY, field,
-                                 int_items, read_put)
+from tally.wire.messages import MAX_SCAN_BATCH_ROWS, SCAN_OFFSET_KEY, field, int_items, read_put
 from tally.wire.routing import TableRouting, partition_names
 
 log = logging.getLogger(__name__)
