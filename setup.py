@@ -1,6 +1,6 @@
 """The native modules (Cython: aggfuncs.group_joins, aggfuncs.string_gather,
-aggfuncs.stored_folds, merge_engine.key_groups, merge_engine.key_search,
-merge_engine.row_bytes, merge_engine.row_gather); everything else is in pyproject.toml.
+aggfuncs.stored_folds, merge_engine.write.key_groups, merge_engine.kv.key_search,
+merge_engine.write.row_bytes, merge_engine.write.row_gather); everything else is in pyproject.toml.
 
 `pip install -e .` (scripts/setup.sh) compiles them with the machine's C compiler and Python
 headers; Cython comes from the build requirements. A module is compiled once per content of
@@ -20,8 +20,8 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 MODULES = ("aggfuncs.group_joins", "aggfuncs.string_gather", "aggfuncs.stored_folds",
-           "merge_engine.key_groups", "merge_engine.key_search", "merge_engine.row_bytes",
-           "merge_engine.row_gather")
+           "merge_engine.write.key_groups", "merge_engine.kv.key_search", "merge_engine.write.row_bytes",
+           "merge_engine.write.row_gather")
 STAMPS = ROOT / "build" / "native"
 
 

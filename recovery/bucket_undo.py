@@ -10,7 +10,7 @@ finished by running it again from the same baseline.
 On a table with a row TTL, a -D the TTL wrote (`_expired`) is skipped without marking its key:
 an expiry is not a change to undo, so a key that expired in the range stays gone (a later +I of
 it is undone as usual). Images are written back with their `_written_ms`, so a restored row
-expires when it would have without the undone writes (merge_engine.row_ttl).
+expires when it would have without the undone writes (merge_engine.kv.row_ttl).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from merge_engine.hidden_columns import CHANGE_TYPE, EXPIRED
-from merge_engine.keys import encode_keys
-from merge_engine.modes import MergeMode
-from merge_engine.undo_images import FirstChanges, first_change, restore_rows
+from merge_engine.format.undo_images import FirstChanges, first_change, restore_rows
+from merge_engine.table.hidden_columns import CHANGE_TYPE, EXPIRED
+from merge_engine.table.modes import MergeMode
+from merge_engine.write.keys import encode_keys
 from tally.errors import RecoveryError
 from tally.timestamps import duration
 

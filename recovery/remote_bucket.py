@@ -12,7 +12,7 @@ from typing import Iterator
 
 import pyarrow as pa
 
-from merge_engine.modes import MergeMode
+from merge_engine.table.modes import MergeMode
 from recovery.bucket_undo import BucketUndo, UndoResult
 from tally.errors import TallyError
 

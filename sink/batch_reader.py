@@ -53,10 +53,10 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StructField, StructType
 
 from aggfuncs import AggFunction, hll_sketch_estimate, kll_sketch_quantile, theta_sketch_estimate
-from sink.options import (CLIENT_TIMEOUTS, TABLE, TOKEN, TOKEN_FILE, TLS_CA, TLS_CERT,
-                          TLS_KEY, URL, client_timeouts, connection_options, lowered)
+from merge_engine.table.hidden_columns import UNWRITTEN
+from sink.options import (CLIENT_TIMEOUTS, TABLE, TLS_CA, TLS_CERT, TLS_KEY, TOKEN, TOKEN_FILE, URL,
+                          client_timeouts, connection_options, lowered)
 from sink.types import arrow_to_spark, spark_to_arrow
-from merge_engine.hidden_columns import UNWRITTEN
 from tally.errors import InvalidOptionError
 from tally.wire.messages import MAX_SCAN_BATCH_ROWS
 from tally.wire.tls import TlsFiles
@@ -118,7 +118,7 @@ class ReadOptions:
 
     @classmethod
     def parse(cls, options) -> "ReadOptions":
-        from merge_engine.option_values import parse_bool_option
+        from merge_engine.table.option_values import parse_bool_option
 
         raw = lowered(options)
         unknown = sorted(k for k in raw if k not in READ_KEYS and k not in SPARK_KEYS)

@@ -1,7 +1,7 @@
 """Folding an epoch's rows per key: a bucket's rows, an input partition's rows where Spark
 read them (a folded part), and several parts into one row per key.
 
-`fold_rows` folds with the table's own aggregators (merge_engine.preaggregate) in a
+`fold_rows` folds with the table's own aggregators (merge_engine.write.preaggregate) in a
 deterministic order: by the sequence column when there is one, then by input position, so a
 replay folds identically. Folding where the rows are read sends one row per key and run instead
 of every row: the data source's tasks return their parts to its commit process (sink.funnel),
@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from merge_engine import MergeMode
-from merge_engine.preaggregate import last_per_key, latest_rows, preaggregate
+from merge_engine.write.preaggregate import last_per_key, latest_rows, preaggregate
 from sink.plan import HIDDEN_SEQUENCE_COLUMN, ORDER_COLUMN, WritePlan
 
 

@@ -27,7 +27,7 @@ import os
 
 import pyarrow as pa
 
-from merge_engine.hidden_columns import UNWRITTEN
+from merge_engine.table.hidden_columns import UNWRITTEN
 from sink.batch_reader import (LIVE, SKETCH_ESTIMATES, SNAPSHOT, ReadOptions, _open_table, grouped,
                                read_schema)
 from sink.options import TLS_CA, TLS_CERT, TLS_KEY

@@ -103,7 +103,7 @@ class LakeBatchReader(DataSourceReader):
     def _pruning(self, lake_schema: pa.Schema):
         """The filter as a pyarrow expression on the lake's columns: the files whose partition
         values or statistics rule out every value it accepts are not read at all."""
-        from merge_engine.lake_options import lake_type
+        from merge_engine.table.lake_options import lake_type
 
         expression = None
         for column, accepted in self.filter.values.items():

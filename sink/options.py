@@ -12,7 +12,7 @@ import dataclasses
 import os
 
 from merge_engine import MergeMode
-from merge_engine.option_values import parse_bool_option
+from merge_engine.table.option_values import parse_bool_option
 from tally.errors import InvalidOptionError
 from tally.sizes import parse_size
 from tally.wire.tls import TlsFiles

@@ -13,7 +13,7 @@ import dataclasses
 import pyarrow as pa
 
 from merge_engine import MergeMode, TableDescriptor
-from merge_engine.connector_options import check_against_table
+from merge_engine.table.connector_options import check_against_table
 from sink.options import SinkOptions
 from sink.owner import lock_columns
 from sink.types import accepts, spark_to_arrow

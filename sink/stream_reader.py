@@ -32,8 +32,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
-from merge_engine.option_values import parse_bool_option
-from merge_engine.hidden_columns import CHANGE_TYPE
+from merge_engine.table.hidden_columns import CHANGE_TYPE
+from merge_engine.table.option_values import parse_bool_option
 from sink.options import CLIENT_TIMEOUTS, client_timeouts, connection_options, lowered
 from tally.errors import InvalidOptionError
 from tally.wire.tls import TlsFiles

@@ -41,11 +41,11 @@ _default_spark_python()
 # name -> (module, attribute); no attribute: the module itself.
 _FACE: dict[str, tuple[str, str | None]] = {
     "connect": ("tally.client.connection", "connect"),
-    "Schema": ("merge_engine.schema", "Schema"),
+    "Schema": ("merge_engine.table.schema", "Schema"),
     "AggFunction": ("aggfuncs.functions", "AggFunction"),
-    "TableDescriptor": ("merge_engine.descriptor", "TableDescriptor"),
-    "MergeMode": ("merge_engine.modes", "MergeMode"),
-    "KvTablet": ("merge_engine.tablet", "KvTablet"),
+    "TableDescriptor": ("merge_engine.table.descriptor", "TableDescriptor"),
+    "MergeMode": ("merge_engine.table.modes", "MergeMode"),
+    "KvTablet": ("merge_engine.kv.tablet", "KvTablet"),
     "TallySink": ("sink.tally_sink", "TallySink"),
     "LocalCluster": ("tally.server.local_cluster", "LocalCluster"),
     "TlsFiles": ("tally.wire.tls", "TlsFiles"),

@@ -8,7 +8,7 @@ its row buffer survives solely as changelog records. Steps:
   write:FIRST:COUNT   apply operations FIRST .. FIRST+COUNT-1 of `operations(SEED, ...)`
   flush               flush()
   truncate            truncate_log(log_end_offset)
-  retain              enforce_retention(tablet)  (merge_engine/log_retention.py)
+  retain              enforce_retention(tablet)  (merge_engine/kv/log_retention.py)
   batch-rows:N        flushes write N rows per RocksDB write batch (many batches per flush)
   persist-from:N      RocksDB's memtables are flushed to table files once the changelog
                       reaches four buffers of at least N bytes (0: with every buffer-size
@@ -201,7 +201,7 @@ def follow(tablet, source, max_bytes: int) -> None:
 
 def main(argv: list[str]) -> None:
     from merge_engine import KvTablet
-    from merge_engine.log_retention import enforce_retention
+    from merge_engine.kv.log_retention import enforce_retention
     from tally.errors import TallyError
 
     path, properties, seed, steps = argv[0], json.loads(argv[1]), int(argv[2]), argv[3:]

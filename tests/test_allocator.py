@@ -1,5 +1,5 @@
 """A process that opens a KvTablet puts Arrow on the system allocator, unless the user chose a
-pool with ARROW_DEFAULT_MEMORY_POOL (merge_engine/allocator.py says why)."""
+pool with ARROW_DEFAULT_MEMORY_POOL (merge_engine/kv/allocator.py says why)."""
 
 from __future__ import annotations
 

@@ -16,15 +16,14 @@ from decimal import Decimal
 
 import pyarrow as pa
 import pytest
-from hypothesis import example, given, settings
-from hypothesis import strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from aggfuncs import AggFunction as F
 from merge_engine import KvTablet, MergeMode
-from merge_engine.preaggregate import preaggregate
 from merge_engine.testing import ColumnSpec, ReferenceTable, TableSpec
 from merge_engine.testing.profiles import examples, load_profile
 from merge_engine.testing.strategies import FUNCTION_TYPES, rows, target_columns, value_columns
+from merge_engine.write.preaggregate import preaggregate
 from tally.errors import TallyError
 
 load_profile()

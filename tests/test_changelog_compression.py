@@ -13,12 +13,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from merge_engine import KvTablet
-from merge_engine import changelog as log
-from merge_engine.hidden_columns import CONTRIBUTIONS
+from merge_engine.kv import changelog as log
+from merge_engine.table.hidden_columns import CONTRIBUTIONS
 from tally.bench.workload import Workload, table_descriptor
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -131,7 +130,7 @@ def test_serialize_round_trips_every_column_kind(nulls):
 
 
 def _encode_in_child(records: pa.Table) -> None:
-    from merge_engine.pending_write import encoder
+    from merge_engine.kv.pending_write import encoder
 
     data = encoder().submit(log.serialize, records).result()
     os._exit(0 if log.decode(data).equals(records) else 1)
@@ -143,7 +142,7 @@ def test_a_forked_child_encodes_large_entries_too(tmp_path):
     touch RocksDB, whose threads do not survive a fork either.)"""
     import multiprocessing
 
-    from merge_engine.pending_write import encoder
+    from merge_engine.kv.pending_write import encoder
 
     with _write(tmp_path / "parent") as parent:  # starts the parent's encoding threads
         records = parent.changelog(0, parent.log_end_offset).drop_columns(["_offset"])

@@ -8,15 +8,14 @@ that takes one entry at a time always sees whole updates).
 
 from __future__ import annotations
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from merge_engine import KvTablet
-from merge_engine import pending_write
-from merge_engine.pending_write import _entry_keys
+from merge_engine.kv import pending_write
+from merge_engine.kv.pending_write import _entry_keys
 from recovery import undo_bucket
-from tests import crash_model
 from tally.bench.workload import Workload, table_descriptor
+from tests import crash_model
 
 WORKLOAD = Workload(rows=30_000, keys=5_000, batch=10_000, seed=11)
 

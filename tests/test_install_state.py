@@ -109,7 +109,7 @@ def module(tmp_path: Path) -> tuple[Extension, Path, Path]:
     source.write_text("int groups(void) { return 1; }\n")
     compiled = tmp_path / f"key_groups{SUFFIX}"
     compiled.write_bytes(b"\x7fELF compiled")
-    ext = Extension("merge_engine.key_groups", [str(source)], extra_compile_args=["-O3"])
+    ext = Extension("merge_engine.write.key_groups", [str(source)], extra_compile_args=["-O3"])
     return ext, compiled, tmp_path / "stamps"
 
 
@@ -145,4 +145,4 @@ def test_a_compiled_file_that_another_build_wrote_is_compiled_again(module):
 def test_the_build_compiles_the_modules_it_lists():
     assert {ext.name for ext in native.extensions()} == {
         path.relative_to(ROOT).with_suffix("").as_posix().replace("/", ".")
-        for path in ROOT.glob("*/*.pyx")}
+        for path in install_state.native_sources(ROOT) if path.suffix == ".pyx"}

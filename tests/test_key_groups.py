@@ -1,15 +1,14 @@
-"""The grouping of a write's keys of up to 8 bytes (merge_engine.key_groups, a stable radix sort
+"""The grouping of a write's keys of up to 8 bytes (merge_engine.write.key_groups, a stable radix sort
 of uint64 keys) against numpy's np.unique: the distinct keys in order, each row's group and
 each group's least row, for keys that differ in any digit, in none, or only in the top one."""
 
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from merge_engine.key_groups import group_sorted
 from merge_engine.testing.profiles import examples
+from merge_engine.write.key_groups import group_sorted
 
 TOP = 1 << 63
 key_values = st.one_of(

@@ -1,4 +1,4 @@
-"""Positions of keys in a sorted index (merge_engine.key_search, compiled for uint64 keys)
+"""Positions of keys in a sorted index (merge_engine.kv.key_search, compiled for uint64 keys)
 against numpy's searchsorted: keys sorted (a put's, which gallop from the previous one), in
 any order, repeated, absent, below and above every indexed key."""
 
@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from merge_engine.key_search import search_sorted
+from merge_engine.kv.key_search import search_sorted
 from merge_engine.testing.profiles import examples
 
 key_values = st.one_of(st.integers(0, 40), st.integers(0, 2**64 - 1),

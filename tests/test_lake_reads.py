@@ -17,11 +17,10 @@ import uuid
 import deltalake
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import tally
-from merge_engine.lake_options import lake_schema
+from merge_engine.table.lake_options import lake_schema
 from tally.errors import LakeError
 from tally.lake import TierService, read_lake, read_union, union_plan
 

@@ -1,4 +1,4 @@
-"""The changelog retention policy (merge_engine/log_retention.py) on one KvTablet: what the
+"""The changelog retention policy (merge_engine/kv/log_retention.py) on one KvTablet: what the
 retention options allow, the lock floor and `table.log.retention.ignore-locks`."""
 
 import time
@@ -6,7 +6,7 @@ import time
 import pyarrow as pa
 
 from merge_engine import KvTablet, Schema, TableDescriptor
-from merge_engine.log_retention import enforce_retention, has_retention, retention_offset
+from merge_engine.kv.log_retention import enforce_retention, has_retention, retention_offset
 
 SCHEMA = (Schema.builder().column("k", pa.int64()).agg_column("v", pa.int64(), "sum")
           .primary_key("k").build())

@@ -15,10 +15,9 @@ import decimal
 
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from merge_engine.keys import encode_keys, key_array
+from merge_engine.write.keys import encode_keys, key_array
 from tally.errors import InvalidInputError
 from tally.wire.bucket_hash import bucket_ids
 from tally.wire.key_bytes import KeyDecoder, PlainValues, canonical_keys

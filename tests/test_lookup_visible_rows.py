@@ -25,15 +25,15 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from aggfuncs import AggFunction as F
 from merge_engine import KvTablet, Schema, TableDescriptor
-from merge_engine.input import prepare_write
-from merge_engine.keys import key_array
-from merge_engine.rowcodec import RowCodec
-from merge_engine.state import StateBatch
+from merge_engine.format.rowcodec import RowCodec
+from merge_engine.format.visible_row import VisibleRowDecoder, VisibleRows, fingerprint, flat
 from merge_engine.testing.harness import TabletHarness
 from merge_engine.testing.ops import Reopen
 from merge_engine.testing.strategies import (keys_of, sequenced_table_specs, table_specs,
                                              write_sequences)
-from merge_engine.visible_row import VisibleRowDecoder, VisibleRows, fingerprint, flat
+from merge_engine.write.input import prepare_write
+from merge_engine.write.keys import key_array
+from merge_engine.write.state import StateBatch
 from tally.errors import InvalidInputError, StaleMetadataError, WireVersionError
 from tally.wire.lookup_answer import (ANSWER_HEAD, ANSWER_MARK, ARROW_ROWS, NO_ROW, VISIBLE_ROW,
                                       LookupAnswers, answer_head)

@@ -1,4 +1,4 @@
-"""MemoryBudget (merge_engine/budget.py): buckets opened with one budget share its cap.
+"""MemoryBudget (merge_engine/kv/budget.py): buckets opened with one budget share its cap.
 
 Real RocksDB, real tablets. Each bucket's own row buffer is set far above the budget, so only
 the budget can make them flush; a plain dict of per-key sums is the reference.
@@ -15,8 +15,8 @@ import pytest
 
 from aggfuncs import AggFunction
 from merge_engine import KvTablet, Schema, TableDescriptor
-from merge_engine.budget import MemoryBudget
-from merge_engine.storage import KV_APPLIED
+from merge_engine.kv.budget import MemoryBudget
+from merge_engine.kv.storage import KV_APPLIED
 
 ROW_CAP = 64 << 10  # the row buffers' half of a 128 KiB budget
 

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 import tally
-from merge_engine.connector_options import check_against_table
+from merge_engine.table.connector_options import check_against_table
 from tally.errors import InvalidOptionError
 
 SCHEMA = (tally.Schema.builder()

@@ -12,13 +12,12 @@ import decimal
 
 import numpy as np
 import pyarrow as pa
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from merge_engine.buffer import RowBuffer
-from merge_engine.keys import KeyArray, encode_keys, key_matrix, one_key
-from merge_engine.rowcodec import RowCodec
-from merge_engine.state import StateBatch
+from merge_engine.format.rowcodec import RowCodec
+from merge_engine.kv.buffer import RowBuffer
+from merge_engine.write.keys import KeyArray, encode_keys, key_matrix, one_key
+from merge_engine.write.state import StateBatch
 
 # (arrow type, values strategy) for row columns and key columns alike
 TYPES = [

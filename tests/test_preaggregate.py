@@ -5,12 +5,11 @@ import decimal
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from aggfuncs import AggFunction
 from merge_engine import KvTablet, MergeMode, Schema, TableDescriptor
-from merge_engine.preaggregate import latest_rows, preaggregate
+from merge_engine.write.preaggregate import latest_rows, preaggregate
 from tally.errors import InvalidInputError
 
 SCHEMA = (

@@ -4,11 +4,10 @@ from decimal import Decimal
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from merge_engine import KvTablet, MergeMode, Schema, TableDescriptor
-from merge_engine.preaggregate import preaggregate
+from merge_engine.write.preaggregate import preaggregate
 from recovery import undo_bucket
 from tally.errors import RetractionError
 from tests.tablet_helpers import one_column_tablet

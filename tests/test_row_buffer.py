@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from aggfuncs import AggFunction
 from merge_engine import KvTablet, Schema, TableDescriptor
-from merge_engine.buffer import ABSENT, REMOVED, RowBuffer
-from merge_engine.keys import KeyArray, encode_keys, group_keys, key_array, rows_as_bytes
-from merge_engine.state import StateBatch
+from merge_engine.kv.buffer import ABSENT, REMOVED, RowBuffer
+from merge_engine.write.keys import KeyArray, encode_keys, group_keys, key_array, rows_as_bytes
+from merge_engine.write.state import StateBatch
 
 STRINGS = st.text(alphabet=st.sampled_from(["a", "b", "\x00", "é", "z"]), max_size=12)
 INTS = st.integers(-2**63, 2**63 - 1)

@@ -1,4 +1,4 @@
-"""The stored rows' bytes made by one C loop (merge_engine.row_bytes.join_rows) against Arrow's
+"""The stored rows' bytes made by one C loop (merge_engine.write.row_bytes.join_rows) against Arrow's
 join of the same parts: heads of any width (none too), values sliced (offsets not at 0), empty
 and long values, nulls made empty as the row codec makes them; parts that do not fit their
 rows are refused before any byte is copied. RowCodec's own tests decode what it encodes."""
@@ -9,11 +9,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from merge_engine.row_bytes import join_rows
 from merge_engine.testing.profiles import examples
+from merge_engine.write.row_bytes import join_rows
 
 values = st.one_of(st.none(), st.binary(max_size=3), st.binary(min_size=15, max_size=60))
 
@@ -79,7 +78,7 @@ def test_parts_that_do_not_fit_their_rows_are_refused():
 def test_row_bits_pack_and_unpack_as_numpy_does_along_rows(rows, columns, data):
     """The stored rows' written and valid bits: packed flat after padding each row to whole
     bytes, the same bytes as numpy's packing along the rows, and back."""
-    from merge_engine.rowcodec import pack_row_bits, unpack_row_bits
+    from merge_engine.format.rowcodec import pack_row_bits, unpack_row_bits
 
     flat = data.draw(st.lists(st.booleans(), min_size=rows * columns, max_size=rows * columns))
     bits = np.array(flat, dtype=bool).reshape(rows, columns)

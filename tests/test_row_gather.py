@@ -1,4 +1,4 @@
-"""The gather of bookkeeping rows (merge_engine.row_gather, used by StateBatch.gather and the
+"""The gather of bookkeeping rows (merge_engine.write.row_gather, used by StateBatch.gather and the
 changelog's images) against numpy's join-then-take: several matrices of one dtype and width,
 matrices that are slices or column selections (not contiguous), repeated and omitted rows, and
 rows outside their matrix refused before anything is copied."""
@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from merge_engine.row_gather import gather_rows
 from merge_engine.testing.profiles import examples
+from merge_engine.write.row_gather import gather_rows
 
 
 @st.composite

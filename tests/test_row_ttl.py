@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from merge_engine import KvTablet, Schema, TableDescriptor
-from merge_engine.hidden_columns import CHANGE_TYPE, EXPIRED, OFFSET, WRITTEN_MS
+from merge_engine.table.hidden_columns import CHANGE_TYPE, EXPIRED, OFFSET, WRITTEN_MS
 from merge_engine.testing.model import ReferenceTable
 from merge_engine.testing.ttl_model import ExpiringTable
 from recovery.bucket_undo import undo_bucket

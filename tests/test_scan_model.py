@@ -16,12 +16,11 @@ import threading
 from collections import Counter
 
 import pyarrow as pa
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from aggfuncs import AggFunction
 from merge_engine import KvTablet, Schema, TableDescriptor
-from merge_engine.hidden_columns import UNWRITTEN
+from merge_engine.table.hidden_columns import UNWRITTEN
 from merge_engine.testing import ReferenceTable, records_from_arrow
 
 

@@ -5,7 +5,7 @@ import pytest
 
 from aggfuncs import AggFunction
 from merge_engine import Schema, TableDescriptor
-from merge_engine.modes import DeleteBehavior
+from merge_engine.table.modes import DeleteBehavior
 from tally.errors import InvalidAggFunctionError, InvalidOptionError, SchemaError
 
 AGG = {"table.merge-engine": "aggregation"}

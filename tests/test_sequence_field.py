@@ -13,17 +13,16 @@ import tempfile
 
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from aggfuncs import AggFunction as F
 from merge_engine import KvTablet, MergeMode, Schema, TableDescriptor
-from merge_engine.preaggregate import preaggregate
 from merge_engine.testing import ReferenceTable
 from merge_engine.testing.harness import TabletHarness
 from merge_engine.testing.ops import Put
 from merge_engine.testing.profiles import examples, load_profile
 from merge_engine.testing.strategies import sequenced_table_specs, write_sequences
+from merge_engine.write.preaggregate import preaggregate
 from recovery import undo_bucket
 from tally.errors import InvalidInputError, InvalidOptionError, RetractionError
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from merge_engine.state import StateBatch
+from merge_engine.write.state import StateBatch
 
 WIDTH = 4
 # The fourth column's type: numbers of each width and kind go through the compiled gather,

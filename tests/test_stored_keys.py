@@ -25,22 +25,21 @@ import tempfile
 
 import numpy as np
 import pyarrow as pa
-from hypothesis import event, given, settings
-from hypothesis import strategies as st
+from hypothesis import event, given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from aggfuncs import AggFunction as F
 from merge_engine import KvTablet
-from merge_engine.keys import KeyArray, key_array
-from merge_engine import pending_write
-from merge_engine.pending_write import SPLIT_FROM_BYTES
-from merge_engine.rows import PERSIST_FROM_BYTES, BucketRows
-from merge_engine.stored_keys import StoredKeys, key_hashes
+from merge_engine.kv import pending_write
+from merge_engine.kv.pending_write import SPLIT_FROM_BYTES
+from merge_engine.kv.rows import PERSIST_FROM_BYTES, BucketRows
+from merge_engine.kv.stored_keys import StoredKeys, key_hashes
 from merge_engine.testing import ColumnSpec, Delete, Put, TableSpec
 from merge_engine.testing.harness import TabletHarness
 from merge_engine.testing.ops import Reopen
 from merge_engine.testing.profiles import examples, load_profile
 from merge_engine.testing.records import records_from_arrow
+from merge_engine.write.keys import KeyArray, key_array
 from recovery import undo_bucket
 
 load_profile()

@@ -8,12 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from aggfuncs.string_rows import take_rows
-from merge_engine.state import StateBatch
 from merge_engine.testing.profiles import examples
+from merge_engine.write.state import StateBatch
 
 texts = st.one_of(st.none(), st.text(max_size=3), st.text(min_size=15, max_size=40))
 

@@ -1,4 +1,4 @@
-"""KvTablet's row buffer (merge_engine/buffer.py) and `table.kv.buffer-size`.
+"""KvTablet's row buffer (merge_engine/kv/buffer.py) and `table.kv.buffer-size`.
 
 A put commits only its changelog entry, offsets and writer sequence; the merged rows stay in the
 bucket's RowBuffer until a flush (buffer full, flush(), to_arrow(), log truncation, close) writes
@@ -31,8 +31,8 @@ import pyarrow as pa
 import pytest
 
 from merge_engine import KvTablet
-from merge_engine.descriptor import DEFAULT_KV_BUFFER_SIZE, KV_BUFFER_SIZE
-from merge_engine.storage import END_OFFSET, KV_APPLIED, START_OFFSET, TabletStore
+from merge_engine.kv.storage import END_OFFSET, KV_APPLIED, START_OFFSET, TabletStore
+from merge_engine.table.descriptor import DEFAULT_KV_BUFFER_SIZE, KV_BUFFER_SIZE
 from merge_engine.testing import ReferenceTable, diff_records, records_from_arrow, same_row
 from tally.errors import InvalidOptionError, TallyError
 from tests import buffer_writer as bw

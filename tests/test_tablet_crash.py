@@ -170,7 +170,7 @@ def _failure(child: subprocess.Popen, seen: list[str], what: str) -> str:
 def rows_applied(path: Path) -> tuple[int, int]:
     """(KV_APPLIED, log end offset) as the killed writer left them: how far RocksDB's rows
     were flushed. Read straight from RocksDB, before the tablet is reopened."""
-    from merge_engine.storage import END_OFFSET, KV_APPLIED, TabletStore
+    from merge_engine.kv.storage import END_OFFSET, KV_APPLIED, TabletStore
 
     store = TabletStore(str(path))
     try:

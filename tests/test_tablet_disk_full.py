@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from merge_engine import KvTablet, Schema, TableDescriptor
-from merge_engine.storage import without_paths
+from merge_engine.kv.storage import without_paths
 from tally.errors import DiskFullError, StorageWriteError
 from tests.small_disk import fill, small_filesystem
 

@@ -22,11 +22,10 @@ import shutil
 import tempfile
 
 import pyarrow as pa
-from hypothesis import settings
-from hypothesis import strategies as st
+from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from merge_engine.replica_entries import ReplicatedEntry
+from merge_engine.kv.replica_entries import ReplicatedEntry
 from merge_engine.testing.ops import engine_mode
 from merge_engine.testing.profiles import examples, load_profile
 from tally.errors import TallyError

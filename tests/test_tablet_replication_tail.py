@@ -14,10 +14,9 @@ import shutil
 import tempfile
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from merge_engine.replica_entries import ReplicatedEntry
+from merge_engine.kv.replica_entries import ReplicatedEntry
 from merge_engine.testing.profiles import examples, load_profile
 from tally.errors import (FencedLeaderEpochError, InvalidInputError, OffsetOutOfRangeError,
                           StorageError)

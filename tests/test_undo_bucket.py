@@ -2,12 +2,11 @@
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from aggfuncs import AggFunction
 from merge_engine import KvTablet, MergeMode, Schema, TableDescriptor
-from merge_engine.log_retention import enforce_retention, retention_offset
+from merge_engine.kv.log_retention import enforce_retention, retention_offset
 from recovery import undo_bucket
 from tally.errors import RecoveryError
 

@@ -1,4 +1,4 @@
-"""A large write is merged a slice of whole keys at a time (merge_engine.write_slices): the
+"""A large write is merged a slice of whole keys at a time (merge_engine.write.slices): the
 result must not depend on the slicing. Two real tablets take the same writes, one merging
 them whole and one a few rows at a time; they must accept and refuse the same writes, and end
 with the same rows and the same changelog, record for record."""
@@ -6,8 +6,7 @@ with the same rows and the same changelog, record for record."""
 from __future__ import annotations
 
 import pyarrow as pa
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from merge_engine import KvTablet, MergeMode, Schema, TableDescriptor
 from tally.errors import InvalidInputError, TallyError

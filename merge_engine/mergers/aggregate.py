@@ -8,10 +8,10 @@ import pyarrow.compute as pc
 
 from aggfuncs import Aggregator, Segments
 from aggfuncs.base import IGNORE_RETRACT, valid_mask
-from merge_engine.input import WriteInput
 from merge_engine.mergers.row_merger import RowMerger
-from merge_engine.modes import MergeMode
-from merge_engine.state import StateBatch
+from merge_engine.table.modes import MergeMode
+from merge_engine.write.input import WriteInput
+from merge_engine.write.state import StateBatch
 from tally.errors import RetractionError
 
 

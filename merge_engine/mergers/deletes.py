@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from aggfuncs import Aggregator
-from merge_engine.state import StateBatch
+from merge_engine.write.state import StateBatch
 
 
 class DeleteMerger:

@@ -10,10 +10,10 @@ import numpy as np
 import pyarrow as pa
 
 from aggfuncs import Segments
-from merge_engine.input import WriteInput
 from merge_engine.mergers.row_merger import RowMerger
-from merge_engine.modes import MergeMode
-from merge_engine.state import StateBatch
+from merge_engine.table.modes import MergeMode
+from merge_engine.write.input import WriteInput
+from merge_engine.write.state import StateBatch
 from tally.errors import RetractionError
 
 

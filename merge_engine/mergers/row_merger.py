@@ -10,9 +10,9 @@ import pyarrow as pa
 
 from aggfuncs import Aggregator
 from aggfuncs.base import cast_column
-from merge_engine.input import WriteInput
-from merge_engine.modes import MergeMode
-from merge_engine.state import StateBatch
+from merge_engine.table.modes import MergeMode
+from merge_engine.write.input import WriteInput
+from merge_engine.write.state import StateBatch
 from tally.errors import InvalidInputError
 
 

@@ -14,10 +14,10 @@ from typing import Any, Iterable
 import pyarrow as pa
 
 from aggfuncs import AggFunction
-from merge_engine.hidden_columns import CONTRIBUTIONS, UNWRITTEN
-from merge_engine.testing.model_functions import (FOLDS, bitmap_input, empty_value,
-                                                  fold_merge_map, is_empty, self_overlapping,
-                                                  sketch_input, tokens_of)
+from merge_engine.table.hidden_columns import CONTRIBUTIONS, UNWRITTEN
+from merge_engine.testing.model_functions import (FOLDS, bitmap_input, empty_value, fold_merge_map,
+                                                  is_empty, self_overlapping, sketch_input,
+                                                  tokens_of)
 from merge_engine.testing.model_sequences import check_sequences, fold_sequenced
 from merge_engine.testing.records import ChangeRecord, as_records
 from merge_engine.testing.spec import TableSpec

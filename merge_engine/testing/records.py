@@ -7,8 +7,8 @@ from typing import Any, Iterable
 
 import pyarrow as pa
 
-from merge_engine.hidden_columns import (CHANGE_TYPE, CONTRIBUTIONS, OFFSET, SEQUENCES, TOKENS,
-                                          UNWRITTEN)
+from merge_engine.table.hidden_columns import (CHANGE_TYPE, CONTRIBUTIONS, OFFSET, SEQUENCES,
+                                               TOKENS, UNWRITTEN)
 from merge_engine.testing.values import same_row
 
 CHANGE_TYPES = ("+I", "-U", "+U", "-D")

@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from aggfuncs import SKETCH_FUNCTIONS, AggFunction, build_bitmap, build_sketch
 from aggfuncs.base import parse_bool
-from merge_engine.hidden_columns import UNWRITTEN
+from merge_engine.table.hidden_columns import UNWRITTEN
 from tally.errors import InvalidAggFunctionError
 
 MERGE_ENGINE = "table.merge-engine"

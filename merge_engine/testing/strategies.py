@@ -15,14 +15,13 @@ from typing import Iterable
 import pyarrow as pa
 from hypothesis import strategies as st
 
-from aggfuncs import AggFunction as F
-from aggfuncs import build_bitmap, build_sketch
-from merge_engine.descriptor import KV_BUFFER_SIZE
-from merge_engine.hidden_columns import UNWRITTEN
+from aggfuncs import AggFunction as F, build_bitmap, build_sketch
+from merge_engine.table.descriptor import KV_BUFFER_SIZE
+from merge_engine.table.hidden_columns import UNWRITTEN
 from merge_engine.testing.model_functions import empty_value
 from merge_engine.testing.ops import Delete, Put, Reopen
 from merge_engine.testing.spec import (DELETE_BEHAVIOR, MERGE_ENGINE, SEQUENCE_FIELD, SEQUENCED,
-                                      ColumnSpec, TableSpec)
+                                       ColumnSpec, TableSpec)
 from merge_engine.testing.values import int_range, make_decimal, round_float32
 
 MODES = ("AGGREGATE", "MERGE_STATE", "OVERWRITE")

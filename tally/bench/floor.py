@@ -2,7 +2,7 @@
 
 All the input at once, grouped by one pyarrow hash group-by (single-threaded, so each key's
 rows keep their input order: sum, max, the list of tags joined, the last non-null status), every
-result row encoded in the engine's own row format (merge_engine.rowcodec, so the bytes stored
+result row encoded in the engine's own row format (merge_engine.format.rowcodec, so the bytes stored
 are what a bucket stores for the same row), and all of them put in one RocksDB write batch
 written with one fsync. No read-modify-write, no changelog, no state between batches: no store
 that takes the input a batch at a time and keeps it durable can be faster, so Tally's ingest is
@@ -27,7 +27,7 @@ COLUMNS = ("id", "qty", "price", "tag", "status")
 
 
 def _codec():
-    from merge_engine.rowcodec import RowCodec
+    from merge_engine.format.rowcodec import RowCodec
 
     # The table's stored states (tally.bench.workload.table_descriptor): string_agg with a
     # delimiter that does not overlap itself and last non-null store plain values; the sum
@@ -51,7 +51,7 @@ def joined_tags(lists: pa.Array) -> pa.Array:
 
 def aggregate(table: pa.Table):
     """The aggregated rows of `table` as the engine's states (a StateBatch) and their ids."""
-    from merge_engine.state import StateBatch
+    from merge_engine.write.state import StateBatch
 
     grouped = table.group_by("id", use_threads=False).aggregate(
         [("qty", "sum"), ("qty", "count"), ("price", "max"), ("tag", "list"),
@@ -79,7 +79,7 @@ def ingest(path: str, workload: Workload, progress=None) -> dict:
     """Group, encode and write the whole input; time all of it (data generation excluded)."""
     from rocksdict import WriteBatch, WriteOptions
 
-    from merge_engine.keys import key_array
+    from merge_engine.write.keys import key_array
 
     batches = list(workload.batches())
     codec = _codec()
@@ -102,7 +102,7 @@ def ingest(path: str, workload: Workload, progress=None) -> dict:
 
 def read_rows(path: str, ids: list[int]) -> dict[int, dict | None]:
     """The stored rows of `ids`, decoded with the engine's row format, shaped like lookup()."""
-    from merge_engine.keys import key_array
+    from merge_engine.write.keys import key_array
 
     codec = _codec()
     db = open_db(path)

@@ -70,7 +70,7 @@ class Admin:
         column's stable id."""
         import pyarrow as pa
 
-        from merge_engine.types_json import type_to_json
+        from merge_engine.table.types_json import type_to_json
         from tally.errors import SchemaError
 
         if not isinstance(arrow_type, pa.DataType):

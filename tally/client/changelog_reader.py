@@ -21,8 +21,8 @@ from typing import Iterator
 
 import pyarrow as pa
 
-from merge_engine.hidden_columns import (BUCKET, CHANGE_TYPE, CONTRIBUTIONS, EXPIRED, OFFSET,
-                                          PARTITION, UNWRITTEN)
+from merge_engine.table.hidden_columns import (BUCKET, CHANGE_TYPE, CONTRIBUTIONS, EXPIRED, OFFSET,
+                                               PARTITION, UNWRITTEN)
 from tally.errors import InvalidInputError, OffsetOutOfRangeError
 
 log = logging.getLogger(__name__)

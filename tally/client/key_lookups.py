@@ -13,7 +13,7 @@ import dataclasses
 import numpy as np
 import pyarrow as pa
 
-from merge_engine.hidden_columns import UNWRITTEN
+from merge_engine.table.hidden_columns import UNWRITTEN
 from tally.errors import InvalidInputError
 from tally.wire.messages import FOUND_COLUMN, MAX_FRAMED_BYTES, MAX_LOOKUP_KEYS, SCAN_OFFSET_KEY
 from tally.wire.routing import TableRouting, group_rows

@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from merge_engine.hidden_columns import CHANGE_TYPE, OFFSET
+from merge_engine.table.hidden_columns import CHANGE_TYPE, OFFSET
 from tally.errors import UnavailableError
 
 CHANGELOG_STEP = 10_000  # records per changelog request while resuming

@@ -25,12 +25,13 @@ from typing import Iterator
 
 import pyarrow as pa
 
-from merge_engine.hidden_columns import UNWRITTEN
+from merge_engine.table.hidden_columns import UNWRITTEN
 from tally.client import key_lookups
 from tally.client.changelog_reader import describe_bucket, read_range
 from tally.client.scan_filter import ScanFilter
 from tally.client.scan_resume import KeysSeen, resumed_batches
-from tally.errors import InvalidInputError, StaleMetadataError, TableRecreatedError, UnavailableError
+from tally.errors import (InvalidInputError, StaleMetadataError, TableRecreatedError,
+                          UnavailableError)
 from tally.wire.messages import FOUND_COLUMN, MAX_SCAN_BATCH_ROWS, SCAN_OFFSET_KEY
 
 DEFAULT_BATCH_SIZE = 65536

@@ -18,8 +18,8 @@ def write_table(meta, rows, target_columns, mode, keys_only: bool = False,
     With `retract`, every row takes back its contribution (sent with a `_change_type` of -U).
     """
     from merge_engine import MergeMode
-    from merge_engine.hidden_columns import CHANGE_TYPE, CONTRIBUTIONS, UNWRITTEN, WRITTEN_MS
-    from merge_engine.input import prepare_write
+    from merge_engine.table.hidden_columns import CHANGE_TYPE, CONTRIBUTIONS, UNWRITTEN, WRITTEN_MS
+    from merge_engine.write.input import prepare_write
 
     descriptor = meta.descriptor
     schema = descriptor.schema

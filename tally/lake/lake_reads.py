@@ -2,7 +2,7 @@
 
 `read_lake` reads the Delta table at the version the coordinator knows of, its columns cast
 back to the table's own types (the lake widens unsigned integers, half floats and the like, see
-merge_engine.lake_options), so it compares equal to a live read of the table at the lake's
+merge_engine.table.lake_options), so it compares equal to a live read of the table at the lake's
 offsets.
 
 `read_union` is the lake plus everything since: each bucket's changelog from the lake's offset
@@ -21,8 +21,7 @@ import pyarrow.compute as pc
 
 from tally.client.lake_snapshot import LakeSnapshot, Offsets
 from tally.errors import LakeError, OffsetOutOfRangeError
-from tally.lake.changelog_fold import (CHANGE_TYPE, DELETED, OFFSET, apply_changes,
-                                       net_changes)
+from tally.lake.changelog_fold import CHANGE_TYPE, DELETED, OFFSET, apply_changes, net_changes
 from tally.lake.delta_table import deltalake
 from tally.wire.routing import partition_names
 

@@ -23,9 +23,9 @@ import time
 import pyarrow as pa
 
 from locks.lease import offsets_from_json
-from merge_engine.lake_options import lake_schema
+from merge_engine.table.lake_options import lake_schema
 from tally.errors import LakeError
-from tally.lake.changelog_fold import (DELETED, apply_changes, net_changes, start_images)
+from tally.lake.changelog_fold import DELETED, apply_changes, net_changes, start_images
 from tally.lake.delta_table import DeltaLakeTable
 from tally.meta.store import CrashPoints
 

@@ -5,7 +5,7 @@ values: per column a u32 little-endian length, then the value (integers and temp
 bytes of int64, decimals as their unscaled 16 or 32 bytes, strings as UTF-8, binary as is).
 The client already makes these bytes to find the key's bucket, so a lookup sends them as its
 key: the server reads them without an Arrow IPC reader, hashes the very bytes it was sent to
-check the bucket, and turns them straight into the storage key (merge_engine.keys) without
+check the bucket, and turns them straight into the storage key (merge_engine.write.keys) without
 building Arrow arrays.
 
 The server trusts nothing in them: each value must be well formed for its column's type (the
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from merge_engine.keys import (KeyArray, decimal_value, escaped_value, integer_value,
-                               key_of_parts)
+from merge_engine.write.keys import (KeyArray, decimal_value, escaped_value, integer_value,
+                                     key_of_parts)
 from tally.errors import InvalidInputError
 from tally.wire.bucket_hash import fnv_fmix, one_value_bytes
 from tally.wire.routing import TableRouting, partition_names

@@ -3,7 +3,7 @@
 The head says which: a marker, the lookup wire version (LOOKUP_VERSION, which requests carry
 too), what follows (no row, a visible row, an Arrow IPC stream of 0 or 1 row) and the
 fingerprint of the columns the row was encoded with. A table with a nested column (a list, a
-map, a struct) has no visible row layout (merge_engine.visible_row) and is answered in Arrow IPC
+map, a struct) has no visible row layout (merge_engine.format.visible_row) and is answered in Arrow IPC
 as before; every other row is decoded without Arrow, by a decoder made once per schema. A
 reader whose schema's fingerprint differs (a column was added since it read the table's
 metadata) gets a StaleMetadataError, so the client refreshes its metadata and asks again.
@@ -15,7 +15,7 @@ import struct
 
 import pyarrow as pa
 
-from merge_engine.visible_row import VisibleRowDecoder, fingerprint, flat
+from merge_engine.format.visible_row import VisibleRowDecoder, fingerprint, flat
 from tally.errors import InvalidInputError, StaleMetadataError, WireVersionError
 from tally.wire.messages import ipc_to_table
 

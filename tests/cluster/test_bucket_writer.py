@@ -12,11 +12,10 @@ import itertools
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from merge_engine import MergeMode
-from merge_engine.preaggregate import preaggregate
+from merge_engine.write.preaggregate import preaggregate
 from tally.errors import InvalidInputError
 from tally.wire.bucket_hash import bucket_ids
 from tests.cluster import reference_workload

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from merge_engine import Schema, TableDescriptor
-from merge_engine.lake_options import lake_schema, lake_type
+from merge_engine.table.lake_options import lake_schema, lake_type
 from tally.errors import InvalidOptionError
 
 

@@ -4,7 +4,7 @@ The new schema is the table's plus the column (Schema.with_column: the next stab
 validated as table creation validates), stored in the catalog with compare-and-set against the
 descriptor it was built from; then every live tablet server reopens its buckets of the table
 with it (`reopen_tablets`). Stored rows and changelog records are not rewritten: buckets read
-them with the column empty (merge_engine.row_layouts, Images.conform).
+them with the column empty (merge_engine.kv.row_layouts, Images.conform).
 
 Refused while a column lock (live, or expired and not yet released: its undo is pending) covers
 every value column of the table: such a holder writes and undoes whole rows as they were when it
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 
-from merge_engine.types_json import type_from_json
+from merge_engine.table.types_json import type_from_json
 from tally.errors import ColumnLockConflict, SchemaError, TallyError, UnavailableError
 from tally.wire.messages import field
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 
-from merge_engine.descriptor import RETENTION_MS, RETENTION_OFFSETS
+from merge_engine.table.descriptor import RETENTION_MS, RETENTION_OFFSETS
 
 Key = tuple[str | None, int]
 

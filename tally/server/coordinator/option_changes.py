@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from merge_engine.lake_options import LAKE_OPTIONS
+from merge_engine.table.lake_options import LAKE_OPTIONS
 from tally.errors import InvalidOptionError
 from tally.wire.messages import field
 

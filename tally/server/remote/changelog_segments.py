@@ -8,7 +8,7 @@ from tally.errors import RemoteStorageError
 
 
 def encode_segment(entries) -> bytes:
-    from merge_engine.replica_entries import ReplicatedEntry
+    from merge_engine.kv.replica_entries import ReplicatedEntry
     from tally.wire.messages import table_to_ipc
 
     return table_to_ipc(ReplicatedEntry.to_arrow(entries))
@@ -16,7 +16,7 @@ def encode_segment(entries) -> bytes:
 
 def decode_segment(segment, data: bytes) -> list:
     """The entries of `segment` (a SegmentInfo), checked to cover exactly its offsets."""
-    from merge_engine.replica_entries import ReplicatedEntry
+    from merge_engine.kv.replica_entries import ReplicatedEntry
     from tally.wire.messages import ipc_to_table
 
     try:

@@ -9,7 +9,7 @@ followers), so no row a failover could take back is ever shown.
 function's canonical bytes (tally.wire.key_bytes) is checked and turned into the storage key
 without Arrow, any other key (an Arrow IPC stream) is checked column by column
 (tally.wire.point_keys), neither through the write-input validation; the tablet reads it
-straight from its row buffer or RocksDB as a visible row (merge_engine.visible_row: a stored
+straight from its row buffer or RocksDB as a visible row (merge_engine.format.visible_row: a stored
 row's bytes less their bookkeeping, or a buffered row encoded a column at a time), answered
 behind a head made once per schema (tally.wire.lookup_answer). A table with a nested column
 is answered with its schema's IPC message, made once per schema, and the row's one record
@@ -21,8 +21,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from merge_engine.keys import key_array
-from merge_engine.visible_row import fingerprint
+from merge_engine.format.visible_row import fingerprint
+from merge_engine.write.keys import key_array
 from tally.errors import InvalidInputError, WireVersionError
 from tally.wire.key_bytes import KeyDecoder
 from tally.wire.lookup_answer import ARROW_ROWS, LOOKUP_VERSION, NO_ROW, VISIBLE_ROW, answer_head

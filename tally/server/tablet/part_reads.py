@@ -250,7 +250,7 @@ class PartReads:
 
 def _check_cast(hosted, header: dict, cast: pa.Schema) -> None:
     """The cast schema must name the scan's columns in order (its types are Spark's)."""
-    from merge_engine.row_snapshot import scan_schema
+    from merge_engine.kv.row_snapshot import scan_schema
 
     names = scan_schema(hosted.routing.arrow_schema, header["columns"], header["unwritten"]).names
     if cast.names != names:

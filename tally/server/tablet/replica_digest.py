@@ -13,8 +13,8 @@ import hashlib
 
 import pyarrow as pa
 
-from merge_engine.change_types import DELETE, INSERT, UPDATE_AFTER
-from merge_engine.hidden_columns import CHANGE_TYPE, OFFSET, UNWRITTEN
+from merge_engine.table.change_types import DELETE, INSERT, UPDATE_AFTER
+from merge_engine.table.hidden_columns import CHANGE_TYPE, OFFSET, UNWRITTEN
 from tally.wire.messages import field, table_to_ipc
 
 

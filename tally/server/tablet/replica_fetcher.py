@@ -121,7 +121,7 @@ class LeaderFetcher:
     def _fetch(self, todo: list[tuple[TabletKey, Following]]) -> None:
         if not todo:
             return
-        from merge_engine.replica_entries import ReplicatedEntry
+        from merge_engine.kv.replica_entries import ReplicatedEntry
 
         header = {"server_id": self.roles.server_id, "max_wait_ms": FETCH_WAIT_MS,
                   "max_bytes": FETCH_BYTES,

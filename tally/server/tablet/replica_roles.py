@@ -288,7 +288,7 @@ class ReplicaRoles:
         return self._encode(*self._fetch_once(follower, slots, max_bytes))
 
     def _fetch_once(self, follower: str, slots: list, max_bytes: int):
-        from merge_engine.replica_entries import ReplicatedEntry
+        from merge_engine.kv.replica_entries import ReplicatedEntry
 
         tables, meta = [], []
         for slot, (table_id, partition_id, bucket, epoch, offset) in enumerate(slots):
@@ -338,7 +338,7 @@ class ReplicaRoles:
 
     @staticmethod
     def _encode(tables: list, meta: list) -> bytes:
-        from merge_engine.replica_entries import ReplicatedEntry
+        from merge_engine.kv.replica_entries import ReplicatedEntry
 
         if tables:
             table = pa.concat_tables(tables)

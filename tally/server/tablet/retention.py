@@ -8,7 +8,7 @@ tenure (or the tenure's start) and its uncommitted epochs' baselines.
 `table.log.retention.ignore-locks = true` drops that protection. Nor above the lowest position a
 registered changelog consumer has not read (the coordinator's consumer floor), which holds for
 `table.log.retention.consumer-ms` after the consumer last registered. The policy itself (what the
-options allow, capped at the floor) is merge_engine/log_retention.py.
+options allow, capped at the floor) is merge_engine/kv/log_retention.py.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 
 from locks.lease import offsets_from_json
-from merge_engine.log_retention import enforce_retention, has_retention
+from merge_engine.kv.log_retention import enforce_retention, has_retention
 from tally.errors import StorageError, TallyError
 from tally.server.tablet.periodic import PeriodicDuty
 from tally.wire.messages import field

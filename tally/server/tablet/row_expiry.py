@@ -1,4 +1,4 @@
-"""The row TTL's sweep on a tablet server (the rule itself: merge_engine.row_ttl).
+"""The row TTL's sweep on a tablet server (the rule itself: merge_engine.kv.row_ttl).
 
 Reads never return an expired row and the next write of its key records its -D, so the sweep is
 not needed for correctness: it writes the -D of rows nobody touches any more, so changelog

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from locks.tablet_check import TabletLocks
-from merge_engine.row_snapshot import scan_schema
+from merge_engine.kv.row_snapshot import scan_schema
 from tally.errors import (InvalidInputError, InvalidOptionError, NotFoundError, StaleMetadataError,
                           WriteUndoConflictError)
 from tally.server.metrics import ServerMetrics

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import shutil
 
-from merge_engine.storage import reopen_bytes
+from merge_engine.kv.storage import reopen_bytes
 from tally.errors import StorageError
 from tally.server.tablet.periodic import PeriodicDuty
 from tally.server.tablet.tablets import HostedTablet, TabletHost, TabletKey

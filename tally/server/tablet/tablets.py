@@ -18,7 +18,7 @@ import uuid
 from typing import Callable
 
 from merge_engine import KvTablet, TableDescriptor
-from merge_engine.budget import MemoryBudget
+from merge_engine.kv.budget import MemoryBudget
 from tally.errors import StaleMetadataError
 from tally.wire.routing import TableRouting
 
