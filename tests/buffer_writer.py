@@ -200,8 +200,8 @@ def follow(tablet, source, max_bytes: int) -> None:
 
 
 def main(argv: list[str]) -> None:
-    from merge_engine import KvTablet
     from merge_engine.kv.log_retention import enforce_retention
+    from merge_engine.kv.tablet import KvTablet
     from tally.errors import TallyError
 
     path, properties, seed, steps = argv[0], json.loads(argv[1]), int(argv[2]), argv[3:]

@@ -114,7 +114,7 @@ def send(tablet, write: Write, seq: int) -> int:
 
 
 def main(argv: list[str]) -> None:
-    from merge_engine import KvTablet
+    from merge_engine.kv.tablet import KvTablet
 
     path, seed, seq = argv[0], int(argv[1]), int(argv[2])
     pause = float(argv[3]) if len(argv) > 3 else 0.0

@@ -13,7 +13,8 @@ import pyarrow as pa
 from hypothesis import strategies as st
 
 from aggfuncs import AggFunction
-from merge_engine import KvTablet, Schema, TableDescriptor
+from merge_engine import Schema, TableDescriptor
+from merge_engine.kv.tablet import KvTablet
 from merge_engine.testing.ops import Delete, Put
 
 KINDS = ("aggregation", "row-ttl", "last-row")

@@ -3,7 +3,8 @@
 import pyarrow as pa
 
 from aggfuncs import AggFunction as F
-from merge_engine import KvTablet, Schema, TableDescriptor
+from merge_engine import Schema, TableDescriptor
+from merge_engine.kv.tablet import KvTablet
 from merge_engine.testing import ColumnSpec, TableSpec
 from merge_engine.testing.spec import MERGE_ENGINE
 

@@ -15,10 +15,10 @@ import copy
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
-from merge_engine import KvTablet, Schema, TableDescriptor
+from merge_engine import Schema, TableDescriptor
+from merge_engine.kv.tablet import KvTablet
 from merge_engine.testing.model import ReferenceTable
 from merge_engine.testing.records import diff_records, records_from_arrow
 from recovery.bucket_undo import undo_bucket

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PROGRAM = """
 import sys, pyarrow as pa
 from tests.crash_writer import descriptor
-from merge_engine import KvTablet
+from merge_engine.kv.tablet import KvTablet
 before = pa.default_memory_pool().backend_name
 with KvTablet.open(sys.argv[1], descriptor()) as tablet:
     tablet.put([{"id": 1, "qty": 2}])

@@ -19,7 +19,8 @@ import pytest
 from hypothesis import example, given, settings, strategies as st
 
 from aggfuncs import AggFunction as F
-from merge_engine import KvTablet, MergeMode
+from merge_engine import MergeMode
+from merge_engine.kv.tablet import KvTablet
 from merge_engine.testing import ColumnSpec, ReferenceTable, TableSpec
 from merge_engine.testing.profiles import examples, load_profile
 from merge_engine.testing.strategies import FUNCTION_TYPES, rows, target_columns, value_columns

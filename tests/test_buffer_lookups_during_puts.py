@@ -19,8 +19,9 @@ import pytest
 
 import merge_engine
 from aggfuncs import AggFunction
-from merge_engine import KvTablet, Schema, TableDescriptor
+from merge_engine import Schema, TableDescriptor
 from merge_engine.kv.storage import KV_APPLIED
+from merge_engine.kv.tablet import KvTablet
 from merge_engine.table.descriptor import KV_BUFFER_SIZE
 
 CONCURRENT_PUTS = 400

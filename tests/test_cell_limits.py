@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from aggfuncs.cell_limits import DEFAULT_MAX_CELL_BYTES
-from merge_engine import KvTablet, MergeMode, Schema, TableDescriptor
+from merge_engine import MergeMode, Schema, TableDescriptor
+from merge_engine.kv.tablet import KvTablet
 from tally.errors import InvalidAggFunctionError, InvalidInputError, InvalidOptionError
 
 DELIMITERS = [",", "::"]  # "::" overlaps itself: its states keep the tokens apart

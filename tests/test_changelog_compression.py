@@ -15,8 +15,8 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from merge_engine import KvTablet
 from merge_engine.kv import changelog as log
+from merge_engine.kv.tablet import KvTablet
 from merge_engine.table.hidden_columns import CONTRIBUTIONS
 from tally.bench.workload import Workload, table_descriptor
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from merge_engine import KvTablet
 from merge_engine.kv import pending_write
 from merge_engine.kv.pending_write import _entry_keys
+from merge_engine.kv.tablet import KvTablet
 from recovery import undo_bucket
 from tally.bench.workload import Workload, table_descriptor
 from tests import crash_model

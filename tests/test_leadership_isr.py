@@ -15,7 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from aggfuncs import AggFunction as F
-from merge_engine import KvTablet, Schema, TableDescriptor
+from merge_engine import Schema, TableDescriptor
+from merge_engine.kv.tablet import KvTablet
 from tally.errors import NotEnoughReplicasError, UnavailableError
 from tally.server.tablet.leadership import Leadership
 from tally.server.tablet.tablets import HostedTablet, TabletKey

@@ -5,8 +5,9 @@ import time
 
 import pyarrow as pa
 
-from merge_engine import KvTablet, Schema, TableDescriptor
+from merge_engine import Schema, TableDescriptor
 from merge_engine.kv.log_retention import enforce_retention, has_retention, retention_offset
+from merge_engine.kv.tablet import KvTablet
 
 SCHEMA = (Schema.builder().column("k", pa.int64()).agg_column("v", pa.int64(), "sum")
           .primary_key("k").build())

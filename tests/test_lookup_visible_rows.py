@@ -24,9 +24,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from aggfuncs import AggFunction as F
-from merge_engine import KvTablet, Schema, TableDescriptor
+from merge_engine import Schema, TableDescriptor
 from merge_engine.format.rowcodec import RowCodec
 from merge_engine.format.visible_row import VisibleRowDecoder, VisibleRows, fingerprint, flat
+from merge_engine.kv.tablet import KvTablet
 from merge_engine.testing.harness import TabletHarness
 from merge_engine.testing.ops import Reopen
 from merge_engine.testing.strategies import (keys_of, sequenced_table_specs, table_specs,

@@ -14,9 +14,10 @@ import pyarrow as pa
 import pytest
 
 from aggfuncs import AggFunction
-from merge_engine import KvTablet, Schema, TableDescriptor
+from merge_engine import Schema, TableDescriptor
 from merge_engine.kv.budget import MemoryBudget
 from merge_engine.kv.storage import KV_APPLIED
+from merge_engine.kv.tablet import KvTablet
 
 ROW_CAP = 64 << 10  # the row buffers' half of a 128 KiB budget
 

@@ -16,7 +16,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from aggfuncs import AggFunction as F
-from merge_engine import KvTablet, MergeMode, Schema, TableDescriptor
+from merge_engine import MergeMode, Schema, TableDescriptor
+from merge_engine.kv.tablet import KvTablet
 from merge_engine.testing import ColumnSpec, ReferenceTable, TableSpec
 from merge_engine.testing.harness import TabletHarness
 from merge_engine.testing.ops import Put

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from aggfuncs import AggFunction as F
-from merge_engine import KvTablet
+from merge_engine.kv.tablet import KvTablet
 from merge_engine.testing import ColumnSpec, ReferenceTable, TableSpec
 from merge_engine.testing.profiles import examples, load_profile
 from recovery import undo_bucket

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from rocksdict import Checkpoint
 
-from merge_engine import KvTablet
+from merge_engine.kv.tablet import KvTablet
 from tally.errors import InvalidOptionError, OffsetOutOfRangeError, RemoteStorageError, StorageError
 from tally.server.remote.snapshots import BucketPath, RemoteSnapshots, SnapshotInfo
 from tests.crashing_filesystem import SimulatedCrash, crashing_filesystem

@@ -6,7 +6,8 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
-from merge_engine import KvTablet, MergeMode, Schema, TableDescriptor
+from merge_engine import MergeMode, Schema, TableDescriptor
+from merge_engine.kv.tablet import KvTablet
 from merge_engine.write.preaggregate import preaggregate
 from recovery import undo_bucket
 from tally.errors import RetractionError

@@ -13,8 +13,9 @@ import pyarrow as pa
 from hypothesis import given, settings, strategies as st
 
 from aggfuncs import AggFunction
-from merge_engine import KvTablet, Schema, TableDescriptor
+from merge_engine import Schema, TableDescriptor
 from merge_engine.kv.buffer import ABSENT, REMOVED, RowBuffer
+from merge_engine.kv.tablet import KvTablet
 from merge_engine.write.keys import KeyArray, encode_keys, group_keys, key_array, rows_as_bytes
 from merge_engine.write.state import StateBatch
 

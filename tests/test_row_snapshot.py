@@ -12,11 +12,11 @@ import tempfile
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from aggfuncs import AggFunction
-from merge_engine import KvTablet, Schema, TableDescriptor
+from merge_engine import Schema, TableDescriptor
+from merge_engine.kv.tablet import KvTablet
 from tally.errors import InvalidInputError, StorageError
 
 SCHEMA = (Schema.builder().column("k", pa.string()).column("n", pa.int32())

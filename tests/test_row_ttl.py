@@ -13,7 +13,8 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from merge_engine import KvTablet, Schema, TableDescriptor
+from merge_engine import Schema, TableDescriptor
+from merge_engine.kv.tablet import KvTablet
 from merge_engine.table.hidden_columns import CHANGE_TYPE, EXPIRED, OFFSET, WRITTEN_MS
 from merge_engine.testing.model import ReferenceTable
 from merge_engine.testing.ttl_model import ExpiringTable

@@ -19,7 +19,8 @@ import pyarrow as pa
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from aggfuncs import AggFunction
-from merge_engine import KvTablet, Schema, TableDescriptor
+from merge_engine import Schema, TableDescriptor
+from merge_engine.kv.tablet import KvTablet
 from merge_engine.table.hidden_columns import UNWRITTEN
 from merge_engine.testing import ReferenceTable, records_from_arrow
 

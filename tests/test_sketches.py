@@ -8,14 +8,13 @@ import random
 import datasketches as ds
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
-from aggfuncs import AggFunction as F
-from aggfuncs import (build_hll_sketch, build_kll_sketch, build_sketch, build_theta_sketch,
-                      hll_sketch_estimate, kll_sketch_quantile, kll_sketch_rank,
+from aggfuncs import (AggFunction as F, build_hll_sketch, build_kll_sketch, build_sketch,
+                      build_theta_sketch, hll_sketch_estimate, kll_sketch_quantile, kll_sketch_rank,
                       theta_sketch_estimate)
-from merge_engine import KvTablet, MergeMode, Schema, TableDescriptor
+from merge_engine import MergeMode, Schema, TableDescriptor
+from merge_engine.kv.tablet import KvTablet
 from merge_engine.testing import ColumnSpec, TableSpec
 from merge_engine.testing.harness import TabletHarness
 from merge_engine.testing.profiles import examples, load_profile

@@ -29,11 +29,11 @@ from hypothesis import event, given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from aggfuncs import AggFunction as F
-from merge_engine import KvTablet
 from merge_engine.kv import pending_write
 from merge_engine.kv.pending_write import SPLIT_FROM_BYTES
 from merge_engine.kv.rows import PERSIST_FROM_BYTES, BucketRows
 from merge_engine.kv.stored_keys import StoredKeys, key_hashes
+from merge_engine.kv.tablet import KvTablet
 from merge_engine.testing import ColumnSpec, Delete, Put, TableSpec
 from merge_engine.testing.harness import TabletHarness
 from merge_engine.testing.ops import Reopen

@@ -4,13 +4,9 @@ import pyarrow as pa
 import pytest
 
 from aggfuncs import AggFunction
-from merge_engine import KvTablet, MergeMode, Schema, TableDescriptor
-from tally.errors import (
-    DeleteDisabledError,
-    InvalidInputError,
-    OffsetOutOfRangeError,
-    StorageError,
-)
+from merge_engine import MergeMode, Schema, TableDescriptor
+from merge_engine.kv.tablet import KvTablet
+from tally.errors import DeleteDisabledError, InvalidInputError, OffsetOutOfRangeError, StorageError
 
 
 def schema():

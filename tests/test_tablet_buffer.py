@@ -30,8 +30,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from merge_engine import KvTablet
 from merge_engine.kv.storage import END_OFFSET, KV_APPLIED, START_OFFSET, TabletStore
+from merge_engine.kv.tablet import KvTablet
 from merge_engine.table.descriptor import DEFAULT_KV_BUFFER_SIZE, KV_BUFFER_SIZE
 from merge_engine.testing import ReferenceTable, diff_records, records_from_arrow, same_row
 from tally.errors import InvalidOptionError, TallyError

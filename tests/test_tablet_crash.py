@@ -184,7 +184,7 @@ def check_reopened(path: Path, seed: int, last_seq: int, last_offset: int,
                    applied_offset: int | None, buffer_size: str | None = None) -> bool:
     """Reopen after a kill (with `table.kv.buffer-size` = buffer_size) and check every
     invariant; True when the in-flight write landed."""
-    from merge_engine import KvTablet
+    from merge_engine.kv.tablet import KvTablet
     from merge_engine.testing.model import ReferenceTable
     from tests.crash_writer import descriptor
 

@@ -11,8 +11,9 @@ import os
 import pyarrow as pa
 import pytest
 
-from merge_engine import KvTablet, Schema, TableDescriptor
+from merge_engine import Schema, TableDescriptor
 from merge_engine.kv.storage import without_paths
+from merge_engine.kv.tablet import KvTablet
 from tally.errors import DiskFullError, StorageWriteError
 from tests.small_disk import fill, small_filesystem
 

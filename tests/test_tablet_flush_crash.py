@@ -14,7 +14,7 @@ flight when its changelog had committed, and the replay of its own changelog.
 
 from __future__ import annotations
 
-from merge_engine import KvTablet
+from merge_engine.kv.tablet import KvTablet
 from merge_engine.testing import ReferenceTable
 from tests import buffer_writer as bw
 from tests.test_tablet_buffer import check_tablet, feed, live_rows_at, props, run_writer, stored

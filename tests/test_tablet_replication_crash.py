@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-from merge_engine import KvTablet
+from merge_engine.kv.tablet import KvTablet
 from merge_engine.testing import ReferenceTable, records_from_arrow, same_row
 from tests import buffer_writer as bw
 from tests.test_tablet_buffer import ROOT, props, run_writer

@@ -5,8 +5,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from aggfuncs import AggFunction
-from merge_engine import KvTablet, MergeMode, Schema, TableDescriptor
+from merge_engine import MergeMode, Schema, TableDescriptor
 from merge_engine.kv.log_retention import enforce_retention, retention_offset
+from merge_engine.kv.tablet import KvTablet
 from recovery import undo_bucket
 from tally.errors import RecoveryError
 

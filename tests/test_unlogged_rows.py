@@ -18,8 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tests import crash_model
 from tests.crash_writer import descriptor, make_write
@@ -56,7 +55,7 @@ def expected(seed: int, kept: list[int]) -> crash_model.State:
 
 
 def stored(path: str) -> tuple[crash_model.State, int, int]:
-    from merge_engine import KvTablet
+    from merge_engine.kv.tablet import KvTablet
 
     with KvTablet.open(path, descriptor()) as tablet:
         return (crash_model.table_state(tablet.to_arrow()), tablet.log_end_offset,

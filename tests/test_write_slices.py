@@ -8,7 +8,8 @@ from __future__ import annotations
 import pyarrow as pa
 from hypothesis import given, settings, strategies as st
 
-from merge_engine import KvTablet, MergeMode, Schema, TableDescriptor
+from merge_engine import MergeMode, Schema, TableDescriptor
+from merge_engine.kv.tablet import KvTablet
 from tally.errors import InvalidInputError, TallyError
 
 

@@ -11,11 +11,11 @@ with the same writer sequence, is applied once.
 from __future__ import annotations
 
 import pyarrow as pa
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from aggfuncs import AggFunction
-from merge_engine import KvTablet, MergeMode, Schema, TableDescriptor  # noqa: F401
+from merge_engine import MergeMode, Schema, TableDescriptor  # noqa: F401
+from merge_engine.kv.tablet import KvTablet
 
 W_COLUMNS = ["k", "w_sum", "w_list"]
 OTHER_COLUMNS = ["k", "o_sum"]

@@ -27,7 +27,7 @@ SMALL_BUFFER = "8kb"  # the row buffer is flushed every few writes
 def run(path: str, seed: int, plan: list):
     """(the open tablet, what the parent checks): the caller must hold the tablet until the
     kill, since dropping it closes RocksDB, which flushes the memtables."""
-    from merge_engine import KvTablet
+    from merge_engine.kv.tablet import KvTablet
 
     tablet = KvTablet.open(path, descriptor(SMALL_BUFFER))
     seq, kept, starts, checkpoints = 0, [], {}, []

@@ -27,7 +27,7 @@ class TabletHarness:
     """
 
     def __init__(self, table: Any, path: str, check_changelog: bool = True):
-        from merge_engine import KvTablet
+        from merge_engine.kv.tablet import KvTablet
 
         self.spec = TableSpec.of(table)
         self.descriptor = table if not isinstance(table, TableSpec) else table.descriptor()

@@ -15,7 +15,7 @@ def ingest(path: str, workload: Workload, progress=None) -> dict:
     by the timed flush() at the end, so the measure includes every row reaching RocksDB; close()
     (RocksDB closing its files) is timed apart, as the naive loop's is not timed at all.
     """
-    from merge_engine import KvTablet
+    from merge_engine.kv.tablet import KvTablet
 
     tablet = KvTablet.open(path, table_descriptor())
     elapsed = cpu = 0.0
@@ -46,14 +46,14 @@ def ingest(path: str, workload: Workload, progress=None) -> dict:
 
 def read_rows(path: str, ids: list[int]) -> dict[int, dict | None]:
     """The stored rows of `ids` through the public lookup()."""
-    from merge_engine import KvTablet
+    from merge_engine.kv.tablet import KvTablet
 
     with KvTablet.open(path, table_descriptor()) as tablet:
         return {key_id: tablet.lookup({"id": key_id}) for key_id in ids}
 
 
 def count_rows(path: str) -> int:
-    from merge_engine import KvTablet
+    from merge_engine.kv.tablet import KvTablet
 
     with KvTablet.open(path, table_descriptor()) as tablet:
         return tablet.to_arrow().num_rows

@@ -30,7 +30,7 @@ TARGET_RATIO = 1.5
 
 
 def _build_table(path: str, rows: int, progress: Progress):
-    from merge_engine import KvTablet
+    from merge_engine.kv.tablet import KvTablet
 
     tablet = KvTablet.open(path, table_descriptor())
     for batch in Workload(rows, None, batch=100_000, seed=7).batches():

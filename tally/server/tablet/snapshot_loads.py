@@ -73,7 +73,8 @@ class SnapshotLoads:
     def restore(self, body: dict) -> dict:
         """Build a bucket from its newest remote snapshot and the segments after it, and host
         it here (the coordinator then makes this server its leader)."""
-        from merge_engine import KvTablet, TableDescriptor
+        from merge_engine import TableDescriptor
+        from merge_engine.kv.tablet import KvTablet
 
         key = TabletKey(field(body, "table_id", int), field(body, "partition_id", int),
                         field(body, "bucket", int))

@@ -17,8 +17,9 @@ import time
 import uuid
 from typing import Callable
 
-from merge_engine import KvTablet, TableDescriptor
+from merge_engine import TableDescriptor
 from merge_engine.kv.budget import MemoryBudget
+from merge_engine.kv.tablet import KvTablet
 from tally.errors import StaleMetadataError
 from tally.wire.routing import TableRouting
 
@@ -40,7 +41,7 @@ class TabletKey:
 @dataclasses.dataclass
 class HostedTablet:
     key: TabletKey
-    tablet: object            # merge_engine.KvTablet
+    tablet: object            # merge_engine.kv.tablet.KvTablet
     routing: TableRouting
     partition: str | None
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
