@@ -122,10 +122,6 @@ class Schema:
     def value_columns(self) -> list[Column]:
         return [c for c in self.columns if c.name not in self.primary_key]
 
-    @property
-    def has_agg_functions(self) -> bool:
-        return any(c.agg is not None for c in self.columns)
-
     def with_column(self, name: str, arrow_type: pa.DataType, function: AggFunction | str | None = None,
                     **params) -> "Schema":
         """This schema plus one nullable value column at the end, with the next stable id

@@ -12,7 +12,6 @@ from merge_engine.table.hidden_columns import (CHANGE_TYPE, CONTRIBUTIONS, OFFSE
 from merge_engine.testing.values import same_row
 
 CHANGE_TYPES = ("+I", "-U", "+U", "-D")
-META_COLUMNS = (OFFSET, CHANGE_TYPE, UNWRITTEN, CONTRIBUTIONS, TOKENS, SEQUENCES)
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,6 @@ class ZooKeeperStore(MetadataStore):
                  retry_deadline: float | None = None):
         """`timeout` bounds connecting; `retry_deadline` (default: `timeout`) how long one
         operation is retried across connection losses before it fails as unavailable."""
-        self.connect_string = connect
         hosts, self._chroot = parse_connect_string(connect)
         retry = dict(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0,
                      deadline=timeout if retry_deadline is None else retry_deadline)

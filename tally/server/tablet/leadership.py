@@ -130,10 +130,6 @@ class Leadership:
             self._cond.notify_all()
             return lost
 
-    def follower_offsets(self) -> dict[str, int]:
-        with self._cond:
-            return dict(self._fetched)
-
     # --- waits --------------------------------------------------------------------------
 
     def check_insync(self) -> None:
@@ -244,12 +240,3 @@ class Leadership:
             if wanted == set(self.isr):
                 return None
             return tuple(s for s in self.replicas if s in wanted)
-
-    def follower_states(self) -> dict[str, dict]:
-        """Per follower: the offset it holds up to (None before its first fetch), seconds
-        since it last caught up, and whether it is in sync (for `tally servers` and metrics)."""
-        with self._cond:
-            now = self._clock()
-            return {f: {"offset": self._fetched.get(f), "in_sync": f in self.isr,
-                        "behind_seconds": max(0.0, now - self._caught_up.get(f, now))}
-                    for f in self.replicas if f != self.server_id}
