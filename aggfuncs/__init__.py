@@ -1,7 +1,8 @@
 """Aggregate functions over Arrow data: the AggFunction enum and one aggregator per function.
 
 `make_aggregator(function, column, arrow_type, params)` validates the type and parameters and
-returns the aggregator a RowMerger folds a column with.
+returns the aggregator a RowMerger folds a column with; `aggregator_class(function)` is its
+class, where every fact about the function is kept.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from aggfuncs.min import MinAggregator
 from aggfuncs.product import ProductAggregator
 from aggfuncs.segments import Segments
 from aggfuncs.sketch_values import (SKETCH_FUNCTIONS, build_hll_sketch, build_kll_sketch,
-                                    build_sketch, build_theta_sketch, hll_sketch_estimate, kll_sketch_quantile,
-                                    kll_sketch_rank, theta_sketch_estimate)
+                                    build_sketch, build_theta_sketch, hll_sketch_estimate,
+                                    kll_sketch_quantile, kll_sketch_rank, theta_sketch_estimate)
 from aggfuncs.sketches import HllSketchAggregator, KllSketchAggregator, ThetaSketchAggregator
 from aggfuncs.string_agg import StringAggAggregator
 from aggfuncs.sum import SumAggregator
@@ -54,12 +55,18 @@ AGGREGATORS: dict[AggFunction, type[Aggregator]] = {
 }
 
 
+def aggregator_class(function: AggFunction | str) -> type[Aggregator]:
+    """The class of a function's aggregators: what the function is (replay-idempotent,
+    estimated, value selection, its input rules) is read from it, never from the enum."""
+    return AGGREGATORS[AggFunction.parse(function)]
+
+
 def make_aggregator(
     function: AggFunction | str, column: str, arrow_type: pa.DataType, params: dict | None = None
 ) -> Aggregator:
     """The aggregator for `column`, its type and parameters checked."""
     function = AggFunction.parse(function, column)
-    return AGGREGATORS[function](column, arrow_type, params)
+    return aggregator_class(function)(column, arrow_type, params)
 
 
 __all__ = [
@@ -68,6 +75,7 @@ __all__ = [
     "AggFunction",
     "Aggregator",
     "Segments",
+    "aggregator_class",
     "SKETCH_FUNCTIONS",
     "bitmap_ids",
     "build_bitmap",

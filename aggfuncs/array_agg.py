@@ -39,6 +39,12 @@ class ArrayAggAggregator(Aggregator):
     def input_type(self, given: pa.DataType) -> pa.DataType:
         return self.type if _is_list(given) else self.type.value_type
 
+    def takes_type(self, given, widens, states=False, replaces=False) -> bool:
+        """Lists, or single elements (each appended); a replacing cell is a whole list."""
+        if replaces:
+            return widens(given, self.type)
+        return widens(given, self.type) or widens(given, self.type.value_type)
+
     def to_state(self, values: pa.Array) -> pa.Array:
         if _is_list(values.type):
             # An empty list holds no element: like a null, it contributes nothing.

@@ -20,7 +20,6 @@ from aggfuncs.functions import AggFunction
 from aggfuncs.segments import Segments
 from tally.errors import InvalidAggFunctionError, InvalidInputError, RetractionError
 
-
 IGNORE_RETRACT = "ignore-retract"
 
 
@@ -58,6 +57,22 @@ class Aggregator:
     # cells (new keys) skips the fold: the merger takes the states as they are. A property
     # test proves each function that says so against the plain-Python model.
     folds_one_as_state: ClassVar[bool] = False
+
+    # --- what the function is (read by recovery, the sink and the table descriptor) ---------
+
+    # Does folding the same rows in a second time leave every state as it was (max, min,
+    # bool_and, bool_or, first_value*)? Then a writer that only ever replays the rows it sent
+    # before (a Spark batch replayed from its offsets) needs no undo after a crash.
+    replay_idempotent: ClassVar[bool] = False
+    # Is the state a sketch, read as an estimate (distinct items, a quantile) when a reader
+    # asks for estimates rather than images?
+    estimated: ClassVar[bool] = False
+    # Does the function pick one written value rather than combine them? Then a sequence field,
+    # when the table has one, decides which write is latest or earliest (aggfuncs.sequenced).
+    selects_value: ClassVar[bool] = False
+    # Does the cell show the latest write's value? A sequence column may declare only such a
+    # function: it holds the sequence of the latest write.
+    keeps_latest: ClassVar[bool] = False
 
     def __init__(self, column: str, arrow_type: pa.DataType, params: dict | None = None):
         self.column = column
@@ -106,6 +121,28 @@ class Aggregator:
     def cast_input(self, values: pa.Array) -> pa.Array:
         """Cast a written array to the input type, naming the column when it does not fit."""
         return cast_column(values, self.input_type(values.type), self)
+
+    def takes_type(self, given: pa.DataType, widens: Callable[[pa.DataType, pa.DataType], bool],
+                   states: bool = False, replaces: bool = False) -> bool:
+        """Whether written columns of Arrow type `given` may feed this column, decided before
+        any row is written (a job refuses a column up front instead of failing on its first
+        bad value). `widens(a, b)`: every value of type a is exactly one of type b. `states`:
+        the inputs are partial states (MERGE_STATE); `replaces`: they replace the stored cells
+        (OVERWRITE); else they are raw values to aggregate. By default: the column's type."""
+        return widens(given, self.type)
+
+    def python_inputs(self, values: list) -> tuple[list, pa.DataType]:
+        """Python values written to the column (rows given as dicts), as the values and the
+        Arrow type their input array is built with: the column's type, where a list column
+        also takes single elements (each a one-element list)."""
+        if pa.types.is_list(self.type) or pa.types.is_large_list(self.type):
+            values = [v if v is None or isinstance(v, (list, tuple)) else [v] for v in values]
+        return values, self.type
+
+    def fallback_inputs(self, values: list) -> pa.Array | None:
+        """The input array of Python values no array of `python_inputs`' type holds, or None:
+        they are an error naming the value (count overrides: it counts anything)."""
+        return None
 
     # --- folding ----------------------------------------------------------------------------
 

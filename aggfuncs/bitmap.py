@@ -25,6 +25,10 @@ def _is_binary(arrow_type: pa.DataType) -> bool:
     return pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type)
 
 
+def _is_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 class _BitmapAggregator(Aggregator):
     type_names = "binary, large_binary"
     accepts = staticmethod(_is_binary)
@@ -38,6 +42,13 @@ class _BitmapAggregator(Aggregator):
 
     def input_type(self, given: pa.DataType) -> pa.DataType:
         return given if pa.types.is_integer(given) else self.type
+
+    def python_inputs(self, values: list) -> tuple[list, pa.DataType]:
+        """Integer ids are taken too: each becomes a one-id bitmap."""
+        if any(_is_id(v) for v in values):
+            values = [self.to_state(pa.array([v])).to_pylist()[0] if _is_id(v) else v
+                      for v in values]
+        return values, self.type
 
     def to_state(self, values: pa.Array) -> pa.Array:
         if not pa.types.is_integer(values.type):

@@ -13,6 +13,7 @@ from aggfuncs.segments import Segments
 class _BoolAggregator(Aggregator):
     type_names = "bool"
     ufunc: np.ufunc
+    replay_idempotent = True  # and/or of a value again is that value's and/or (idempotent ops)
 
     @staticmethod
     def accepts(arrow_type: pa.DataType) -> bool:

@@ -26,6 +26,16 @@ class CountAggregator(Aggregator):
         # In AGGREGATE mode the input is whatever is being counted: only its nullness matters.
         return given
 
+    def takes_type(self, given, widens, states=False, replaces=False) -> bool:
+        """AGGREGATE counts non-null inputs of any type; MERGE_STATE adds partial counts."""
+        if replaces:
+            return widens(given, self.type)
+        return pa.types.is_integer(given) if states else True
+
+    def fallback_inputs(self, values: list) -> pa.Array:
+        """Values no BIGINT holds are still counted: only their nullness matters."""
+        return pa.array([None if v is None else True for v in values], type=pa.bool_())
+
     def to_state(self, values: pa.Array) -> pa.Array:
         return pc.cast(values.is_valid(), pa.int64())
 

@@ -17,6 +17,8 @@ from aggfuncs.segments import Segments
 class FirstValueAggregator(Aggregator):
     function = AggFunction.FIRST_VALUE
     written_is_state = True
+    selects_value = True
+    replay_idempotent = True  # a replayed row comes after the first one, which stays
 
     def fold(self, states: pa.Array, written: np.ndarray, segments: Segments) -> pa.Array:
         return take_or_null(states, segments.pick(written, last=False))
@@ -24,6 +26,8 @@ class FirstValueAggregator(Aggregator):
 
 class FirstValueIgnoreNullsAggregator(Aggregator):
     function = AggFunction.FIRST_VALUE_IGNORE_NULLS
+    selects_value = True
+    replay_idempotent = True  # a replayed row comes after the first non-null one, which stays
 
     def fold(self, states: pa.Array, written: np.ndarray, segments: Segments) -> pa.Array:
         return take_or_null(states, segments.pick(written & valid_mask(states), last=False))

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-
 import pyarrow.compute as pc
 
 from aggfuncs import stored_folds
-from aggfuncs.base import (Aggregator, stored_contributions, take_clamped, take_or_null,
-                           valid_mask)
-from aggfuncs.fixed_width import (array_of, numpy_dtype, stored_cells, validity_of,
-                                  values_of)
+from aggfuncs.base import Aggregator, stored_contributions, take_clamped, take_or_null, valid_mask
+from aggfuncs.fixed_width import array_of, numpy_dtype, stored_cells, validity_of, values_of
 from aggfuncs.functions import AggFunction
 from aggfuncs.segments import Segments
 from aggfuncs.string_rows import is_string, take_rows
@@ -21,6 +18,8 @@ class LastValueAggregator(Aggregator):
     """A null input overwrites: the last write wins, whatever it holds."""
 
     function = AggFunction.LAST_VALUE
+    selects_value = True
+    keeps_latest = True
     retractable = True
 
     def step(self, acc, value, sign):
@@ -37,6 +36,8 @@ class LastValueIgnoreNullsAggregator(Aggregator):
     """A null input keeps the stored value: the default for columns without a function."""
 
     function = AggFunction.LAST_VALUE_IGNORE_NULLS
+    selects_value = True
+    keeps_latest = True
     retractable = True
     folds_one_as_state = True
 

@@ -16,6 +16,7 @@ class MinAggregator(Aggregator):
     type_names = ORDERABLE_TYPE_NAMES
     accepts = staticmethod(is_orderable)
     folds_one_as_state = True
+    replay_idempotent = True  # the smallest of x, y, x, y is the smallest of x, y
 
     def fold(self, states: pa.Array, written: np.ndarray, segments: Segments) -> pa.Array:
         return take_or_null(states, pick_extreme(states, written, segments, largest=False))

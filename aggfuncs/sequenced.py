@@ -29,10 +29,6 @@ from aggfuncs.segments import Segments
 
 VALUE, SEQUENCE = "value", "sequence"
 
-SEQUENCED_FUNCTIONS = (AggFunction.LAST_VALUE, AggFunction.LAST_VALUE_IGNORE_NULLS,
-                       AggFunction.FIRST_VALUE, AggFunction.FIRST_VALUE_IGNORE_NULLS)
-
-
 def orderable_sequence(arrow_type: pa.DataType) -> bool:
     """Types a sequence column may have: an exact total order (no floats, whose NaN and -0.0
     have no agreed place)."""
@@ -56,7 +52,10 @@ class SequencedAggregator(Aggregator):
         self.type = inner.type
         self.params = inner.params
         self.sequence_type = sequence_type
-        self.last = inner.function in (AggFunction.LAST_VALUE, AggFunction.LAST_VALUE_IGNORE_NULLS)
+        # What the function is stays the inner one's: only the order between writes changed.
+        self.selects_value, self.keeps_latest = inner.selects_value, inner.keeps_latest
+        self.replay_idempotent = inner.replay_idempotent
+        self.last = inner.keeps_latest
         self.ignore_nulls = inner.function in (AggFunction.LAST_VALUE_IGNORE_NULLS,
                                                AggFunction.FIRST_VALUE_IGNORE_NULLS)
 

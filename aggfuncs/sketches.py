@@ -67,12 +67,17 @@ def one_of(*choices: str):
     return parse
 
 
+def _is_raw(value) -> bool:
+    return value is not None and not isinstance(value, (bytes, bytearray))
+
+
 class SketchAggregator(Aggregator):
     """A binary column of sketch images; subclasses say how to build, load and merge them."""
 
     type_names = "binary, large_binary"
     accepts = staticmethod(_is_binary)
     kind: ClassVar[str]  # what the bytes must be, for messages
+    estimated = True
 
     # --- what subclasses provide --------------------------------------------------------
 
@@ -100,6 +105,28 @@ class SketchAggregator(Aggregator):
 
     def input_type(self, given: pa.DataType) -> pa.DataType:
         return self.raw_type(given) if self.takes_raw(given) else self.type
+
+    def takes_type(self, given, widens, states=False, replaces=False) -> bool:
+        """Sketch images, or raw values each row adds (replacing: the sketch of that value)."""
+        return widens(given, self.type) or self.takes_raw(given)
+
+    def python_inputs(self, values: list) -> tuple[list, pa.DataType]:
+        """Raw values (numbers, strings) are taken too: each becomes a one-value sketch."""
+        if any(_is_raw(v) for v in values):
+            values = [self._one_value_image(v) if _is_raw(v) else v for v in values]
+        return values, self.type
+
+    def _one_value_image(self, value) -> bytes:
+        """The one-value sketch of a raw Python value, or an error naming it."""
+        try:
+            raw = pa.array([value])
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+            raw = None
+        if raw is None or not self.takes_raw(raw.type):
+            raise InvalidInputError(
+                f"Column '{self.column}' ({self.name}) takes sketch images (bytes) or raw "
+                f"values it can add, not {value!r}")
+        return self.sketch_of(self.cast_input(raw).to_pylist())
 
     def load(self, data: bytes):
         try:

@@ -27,7 +27,6 @@ from aggfuncs.segments import Segments
 from aggfuncs.tokens import apply_items, fold_lists
 from tally.errors import InvalidAggFunctionError, InvalidInputError
 
-
 # The most bytes an Arrow string array holds (int32 offsets); large_string holds more.
 STRING_COLUMN_BYTES = 2**31 - 1
 
@@ -85,6 +84,15 @@ class StringAggAggregator(Aggregator):
 
     def input_type(self, given: pa.DataType) -> pa.DataType:
         return pa.list_(self.type) if _is_list(given) else self.type
+
+    def python_inputs(self, values: list) -> tuple[list, pa.DataType]:
+        """Token lists are taken as such (pre-aggregated states and undo images come so); where
+        any is given, a string among them stands for its tokens."""
+        if not any(isinstance(v, (list, tuple)) for v in values):
+            return values, self.type
+        delimiter = self.params["delimiter"]
+        return [v.split(delimiter) if isinstance(v, str) else v for v in values], \
+            pa.list_(self.type)
 
     def to_state(self, values: pa.Array) -> pa.Array:
         if _is_list(values.type):

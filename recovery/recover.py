@@ -14,17 +14,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from aggfuncs import AggFunction
+from aggfuncs import aggregator_class
 from recovery.bucket_undo import UndoResult
 from recovery.remote_bucket import undo_remote
 from tally.errors import RecoveryError, UnrecoveredLockError
 from tally.timestamps import duration
-
-# Functions whose result is the same when the same rows are written twice.
-REPLAY_IDEMPOTENT = {
-    AggFunction.MAX, AggFunction.MIN, AggFunction.BOOL_AND, AggFunction.BOOL_OR,
-    AggFunction.FIRST_VALUE, AggFunction.FIRST_VALUE_IGNORE_NULLS,
-}
 
 
 @dataclass
@@ -63,13 +57,14 @@ class RecoveryReport:
 def undo_can_be_skipped(schema, target_columns, writer_deletes: bool) -> str | None:
     """Why undo cannot matter for this writer, or None. Conservative: only when the writer never
     deletes and every target column's function gives the same result for rows written twice
-    (max, min, bool_and, bool_or, first_value*). This assumes a replay re-sends the same rows,
-    as Spark does for a batch replayed from its recorded offsets."""
+    (its aggregator class says `replay_idempotent`). This assumes a replay re-sends the same
+    rows, as Spark does for a batch replayed from its recorded offsets."""
     if writer_deletes:
         return None
     names = target_columns or schema.names
     functions = [schema.column(n).agg for n in names if n not in schema.primary_key]
-    if functions and all(f in REPLAY_IDEMPOTENT for f in functions):
+    if functions and all(f is not None and aggregator_class(f).replay_idempotent
+                         for f in functions):
         return ("every target column is idempotent under replay "
                 f"({', '.join(sorted({f.value for f in functions}))}) and the writer never deletes")
     return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from aggfuncs import SKETCH_FUNCTIONS, AggFunction, make_aggregator
+from aggfuncs import DEFAULT_FUNCTION, make_aggregator
 from merge_engine import MergeMode
 
 
@@ -77,19 +77,12 @@ def _is_list(t: pa.DataType) -> bool:
 def accepts(column, is_key: bool, src: pa.DataType, mode: MergeMode, aggregation: bool) -> bool:
     """Whether a DataFrame column of Arrow type `src` may feed the table `column`."""
     dst = column.type
-    if not is_key and aggregation and column.agg in SKETCH_FUNCTIONS:
-        # Sketch images, or raw values each row adds (in OVERWRITE: the sketch of that value).
-        return widens(src, dst) or \
-            make_aggregator(column.agg, column.name, dst, column.params).takes_raw(src)
-    if is_key or not aggregation or mode is MergeMode.OVERWRITE:
+    if is_key or not aggregation:
         return widens(src, dst)
-    fn = column.agg or AggFunction.LAST_VALUE_IGNORE_NULLS
-    if fn is AggFunction.COUNT:
-        # AGGREGATE counts non-null inputs of any type; MERGE_STATE adds partial counts.
-        return True if mode is MergeMode.AGGREGATE else pa.types.is_integer(src)
-    if fn is AggFunction.ARRAY_AGG and _is_list(dst):
-        return widens(src, dst) or widens(src, dst.value_type)
-    return widens(src, dst)
+    # The function says what else it takes (counts anything, single elements, raw values).
+    aggregator = make_aggregator(column.agg or DEFAULT_FUNCTION, column.name, dst, column.params)
+    return aggregator.takes_type(src, widens, states=mode is MergeMode.MERGE_STATE,
+                                 replaces=mode is MergeMode.OVERWRITE)
 
 
 def arrow_to_spark(data_type: pa.DataType):

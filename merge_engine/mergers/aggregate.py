@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -10,6 +12,7 @@ from aggfuncs import Aggregator, Segments
 from aggfuncs.base import IGNORE_RETRACT, valid_mask
 from merge_engine.mergers.row_merger import RowMerger
 from merge_engine.table.modes import MergeMode
+from merge_engine.write.folds import column_states, fold_states, row_contributions
 from merge_engine.write.input import WriteInput
 from merge_engine.write.state import StateBatch
 from tally.errors import RetractionError
@@ -31,10 +34,8 @@ class AggregateRowMerger(RowMerger):
         counts = stored.counts().copy()
         signs = write.signs
         placed = self._one_row_each(group_ids, m, n) if signs is None else None
-        for i, agg in self.targets(write):
-            values = self.with_sequence(agg, agg.cast_input(write.columns[agg.column]), write)
-            states = agg.to_state(values) if mode is MergeMode.AGGREGATE \
-                else agg.from_merge_state(values)
+        attach = partial(self.with_sequence, write=write)
+        for i, agg, states in column_states(self.targets(write), write.columns, mode, attach):
             takes = self._taking_rows(agg, signs, n)
             if placed is not None and agg.folds_one_as_state and not agg.sequenced \
                     and not stored.written[:, i].any():
@@ -58,11 +59,9 @@ class AggregateRowMerger(RowMerger):
                 segments = Segments.after_stored(input_groups)
             all_states = pa.concat_arrays([stored.columns[i], states.cast(stored.columns[i].type)])
             all_written = np.concatenate([stored.written[:, i], takes])
-            if signs is None:
-                columns[i] = agg.fold(all_states, all_written, segments)
-            else:
-                all_signs = np.concatenate([np.ones(m, dtype=np.int8), signs])
-                columns[i] = agg.fold_signed(all_states, all_written, segments, all_signs)
+            all_signs = None if signs is None else \
+                np.concatenate([np.ones(m, dtype=np.int8), signs])
+            columns[i] = fold_states(agg, all_states, all_written, segments, all_signs)
             self._settle(agg, i, columns, counts, states, takes, write, input_groups)
             written[:, i] |= input_groups.any(takes)
         return StateBatch(columns, written, counts)
@@ -115,12 +114,7 @@ class AggregateRowMerger(RowMerger):
 
     def _count_signed(self, agg, i, counts, states, takes, write, groups) -> None:
         """_count's counts for a write with retractions or given contribution counts."""
-        if write.contributions is not None:
-            slot = self.counted.index(i)
-            each = np.array([1 if c is None else int(c[slot]) for c in write.contributions],
-                            dtype=np.int64)
-        else:
-            each = valid_mask(states).astype(np.int64)
+        each = row_contributions(write.contributions, self.counted.index(i), states)
         signs = np.ones(len(each), dtype=np.int64) if write.signs is None else write.signs
         lowest, _, delta = groups.extremes(groups.running(each * signs * takes))
         if (counts[:, i] + lowest < 0).any():

@@ -66,7 +66,7 @@ AGGREGATION = "aggregation"
 
 def sequence_field_problem(descriptor: "TableDescriptor", names: tuple[str, ...]) -> str | None:
     """Why `names` cannot be the sequence field of the table, or None."""
-    from aggfuncs import AggFunction
+    from aggfuncs import aggregator_class
     from aggfuncs.sequenced import orderable_sequence
 
     schema = descriptor.schema
@@ -84,7 +84,7 @@ def sequence_field_problem(descriptor: "TableDescriptor", names: tuple[str, ...]
         if not orderable_sequence(column.type):
             return (f"column '{name}' has type {column.type}; a sequence column must be an "
                     "integer, decimal, date, time, timestamp, string or binary")
-        if column.agg not in (None, AggFunction.LAST_VALUE, AggFunction.LAST_VALUE_IGNORE_NULLS):
+        if column.agg is not None and not aggregator_class(column.agg).keeps_latest:
             return (f"column '{name}' has the function {column.agg.value}; a sequence column "
                     "takes no function (it holds the sequence of the latest write)")
     return None
@@ -235,7 +235,7 @@ class TableDescriptor:
         if not fields:
             return aggregators
         from aggfuncs import AggFunction, make_aggregator
-        from aggfuncs.sequenced import SEQUENCED_FUNCTIONS, SequencedAggregator
+        from aggfuncs.sequenced import SequencedAggregator
 
         sequence_type = pa.struct([pa.field(n, self.schema.column(n).type) for n in fields])
         keys = set(self.schema.primary_key)
@@ -244,7 +244,7 @@ class TableDescriptor:
             if agg.column in fields:
                 # A sequence column shows the sequence of the latest write: its highest value.
                 agg = make_aggregator(AggFunction.LAST_VALUE, agg.column, agg.type)
-            if agg.column not in keys and agg.function in SEQUENCED_FUNCTIONS:
+            if agg.column not in keys and agg.selects_value:
                 agg = SequencedAggregator(agg, sequence_type)
             wrapped.append(agg)
         return wrapped

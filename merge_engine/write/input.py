@@ -10,7 +10,6 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from aggfuncs import SKETCH_FUNCTIONS, AggFunction
 from merge_engine.table.hidden_columns import CHANGE_TYPE, CONTRIBUTIONS, UNWRITTEN, WRITTEN_MS
 from merge_engine.table.schema import Schema
 from tally.errors import InvalidInputError
@@ -68,51 +67,20 @@ def _target_names(schema: Schema, target_columns) -> list[str]:
 
 
 def _from_python(values: list, column, aggregator) -> pa.Array:
-    """An Arrow array of the column's type from Python values.
-
-    List columns (array_agg) also take single elements: those become one-element lists.
-    Bitmap columns (rbm32/rbm64) also take integer ids: those become one-id bitmaps.
-    Sketch columns also take raw values (numbers, strings): those become one-value sketches.
-    string_agg columns also take token lists: then strings become their tokens.
-    """
-    arrow_type = column.type
-    if column.agg is AggFunction.STRING_AGG and any(isinstance(v, (list, tuple)) for v in values):
-        delimiter = aggregator.params["delimiter"]
-        values = [v.split(delimiter) if isinstance(v, str) else v for v in values]
-        arrow_type = pa.list_(column.type)
-    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
-        values = [v if v is None or isinstance(v, (list, tuple)) else [v] for v in values]
-    if column.agg in (AggFunction.RBM32, AggFunction.RBM64) and \
-            any(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        values = [aggregator.to_state(pa.array([v])).to_pylist()[0]
-                  if isinstance(v, int) and not isinstance(v, bool) else v for v in values]
-    if column.agg in SKETCH_FUNCTIONS and \
-            any(v is not None and not isinstance(v, (bytes, bytearray)) for v in values):
-        values = [_raw_sketch_value(v, column, aggregator)
-                  if v is not None and not isinstance(v, (bytes, bytearray)) else v for v in values]
+    """An Arrow array of the column's inputs from Python values, built by the function's rules
+    (`Aggregator.python_inputs`: e.g. single elements, ids or raw values for list, bitmap or
+    sketch columns), or an error naming the first value that does not fit."""
+    values, arrow_type = aggregator.python_inputs(values)
     try:
         return pa.array(values, type=arrow_type)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
-        if column.agg is AggFunction.COUNT:
-            # count's AGGREGATE input may be anything: only its nullness is counted.
-            return pa.array([None if v is None else True for v in values], type=pa.bool_())
+        fallback = aggregator.fallback_inputs(values)
+        if fallback is not None:
+            return fallback
         bad = _first_bad(values, arrow_type)
         raise InvalidInputError(
             f"Column '{column.name}' (type {column.type}) cannot take the value {bad!r}: {exc}"
         ) from None
-
-
-def _raw_sketch_value(value, column, aggregator) -> bytes:
-    """The one-value sketch of a raw value written to a sketch column, or an error naming it."""
-    try:
-        raw = pa.array([value])
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
-        raw = None
-    if raw is None or not aggregator.takes_raw(raw.type):
-        raise InvalidInputError(
-            f"Column '{column.name}' ({column.agg.value}) takes sketch images (bytes) or raw "
-            f"values it can add, not {value!r}")
-    return aggregator.sketch_of(aggregator.cast_input(raw).to_pylist())
 
 
 def _first_bad(values: list, arrow_type: pa.DataType):

@@ -19,10 +19,10 @@ import numpy as np
 import pyarrow as pa
 
 from aggfuncs import Segments
-from aggfuncs.base import valid_mask
 from merge_engine.table.descriptor import TableDescriptor
 from merge_engine.table.hidden_columns import CHANGE_TYPE, CONTRIBUTIONS
 from merge_engine.table.modes import MergeMode
+from merge_engine.write.folds import column_states, fold_states, row_contributions
 from merge_engine.write.input import prepare_write
 from merge_engine.write.keys import encode_keys, group_keys
 from merge_engine.write.runs import exact_runs
@@ -49,16 +49,11 @@ def preaggregate(rows, descriptor: TableDescriptor, target_columns=None,
     taken = pa.array(permutation, type=pa.int64())
     _, key_groups, _ = group_keys([c.take(taken) for c in write.key_columns(schema)])
     signs = np.ones(write.rows, dtype=np.int8) if write.signs is None else write.signs[permutation]
-    states = {}
-    for i in targets:
-        agg, values = aggregators[i], write.columns[schema.names[i]].take(taken)
-        if schema.names[i] not in schema.primary_key:
-            values = agg.cast_input(values)
-            values = agg.to_state(values) if mode is MergeMode.AGGREGATE \
-                else agg.from_merge_state(values)
-        states[i] = values
-    values_of = [(aggregators[i], states[i]) for i in targets
-                 if schema.names[i] not in schema.primary_key]
+    ordered = {name: write.columns[name].take(taken) for name in names}
+    value_targets = [(i, aggregators[i]) for i in targets
+                     if schema.names[i] not in schema.primary_key]
+    states = {i: s for i, _, s in column_states(value_targets, ordered, mode)}
+    values_of = [(aggregators[i], states[i]) for i, _ in value_targets]
     if descriptor.sequence_fields:
         # Each row carries its own sequence, which a folded run could not: one run per row.
         by_key = np.argsort(key_groups, kind="stable")
@@ -74,11 +69,14 @@ def preaggregate(rows, descriptor: TableDescriptor, target_columns=None,
     columns = []
     for i in targets:
         if schema.names[i] in schema.primary_key:
-            columns.append(states[i].take(pa.array(firsts, type=pa.int64())))
+            columns.append(ordered[schema.names[i]].take(pa.array(firsts, type=pa.int64())))
             continue
-        columns.append(aggregators[i].fold(states[i], np.ones(write.rows, dtype=bool), runs))
+        columns.append(fold_states(aggregators[i], states[i], np.ones(write.rows, dtype=bool),
+                                   runs))
         if i in counted:
-            each = _contributions(write, counted, i, states[i], permutation)
+            given = None if write.contributions is None else \
+                [write.contributions[r] for r in permutation]
+            each = row_contributions(given, counted.index(i), states[i])
             counts[:, i] = np.bincount(runs.group_ids, weights=each,
                                        minlength=runs.count).astype(np.int64)
     table = pa.Table.from_arrays(columns, names=names)
@@ -116,11 +114,3 @@ def last_per_key(rows: pa.Table, key_columns, order: np.ndarray) -> pa.Table:
     last[codes] = np.arange(len(codes))
     return ordered.take(pa.array(np.sort(last), type=pa.int64()))
 
-
-def _contributions(write, counted, i, states, permutation) -> np.ndarray:
-    """How many contributions each row brings to counted column i (partial states may say)."""
-    if write.contributions is None:
-        return valid_mask(states).astype(np.int64)
-    slot = counted.index(i)
-    given = [write.contributions[r] for r in permutation]
-    return np.array([1 if c is None else int(c[slot]) for c in given], dtype=np.int64)
