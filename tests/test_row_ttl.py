@@ -42,7 +42,7 @@ class Clock:
 
 def crash(tablet: KvTablet) -> None:
     """What kill -9 leaves behind: RocksDB's committed write batches, not the row buffer."""
-    tablet._closed = True
+    tablet._guard.closed = True
     tablet._store.close()
 
 

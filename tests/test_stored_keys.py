@@ -62,7 +62,7 @@ def spec(text_keys: bool, buffer_size: str | None) -> TableSpec:
 
 def crash(tablet: KvTablet) -> None:
     """What kill -9 leaves behind: RocksDB's committed write batches, not the row buffer."""
-    tablet._closed = True
+    tablet._guard.closed = True
     tablet._store.close()
 
 

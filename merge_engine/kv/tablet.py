@@ -1,68 +1,61 @@
 """KvTablet: one bucket of a primary-key table, rows in RocksDB plus an Arrow changelog.
 
-Reads, the changelog's reading and truncation, the row TTL's sweep and replication (a follower's
-copy of the leader's changelog, leader epochs, cutting the log's tail, checkpoints) are parts of
-the class kept in modules of their own (tablet_reads, tablet_log, tablet_expiry,
-tablet_replica, tablet_epochs).
+The bucket is the one face of parts it owns, each given just the state it works on: reads
+(TabletReads), the write path (TabletWrites, which commits through the Committer), the stored
+changelog (StoredLog: its reading, truncation and the replay at open) and the row TTL's sweep
+(TabletExpiry). They share the bucket's lock and open state (BucketGuard) and its log offsets
+(LogOffsets). Replication and leader epochs are still mixins of the class (tablet_replica,
+tablet_epochs).
 
-A write runs in four steps: validate the input and group its rows by key; then, a slice of
-keys at a time (merge_engine.write.slices), take those keys' current rows (BucketRows: the
-in-memory row buffer, then RocksDB) and merge them with the RowMerger of the mode; then commit
-the changelog records, the new offsets and the writer's sequence in one atomic RocksDB write
-batch (merge_engine.kv.pending_write), after which the changed rows join the row buffer, which is
-flushed to RocksDB in batches of its own when full. The changelog is the write-ahead log: a
-reopened bucket replays it past the last flush of the row buffer (BucketRows, RowBuffer).
+The changelog is the write-ahead log: a write's records, offsets and writer sequence commit in
+one atomic RocksDB write batch before its rows join the in-memory row buffer, and a reopened
+bucket replays the log past the last flush of that buffer (BucketRows, RowBuffer).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import threading
 import time
-import weakref
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
 
 from merge_engine.format.visible_row import VisibleRows, flat
-from merge_engine.kv import changelog as log
 from merge_engine.kv.allocator import use_bucket_allocator
 from merge_engine.kv.budget import MemoryBudget
-from merge_engine.kv.pending_write import PendingWrite
+from merge_engine.kv.changelog import Images
+from merge_engine.kv.committer import Committer
+from merge_engine.kv.expiry import TabletExpiry
+from merge_engine.kv.guard import BucketGuard, LogOffsets
+from merge_engine.kv.reads import TabletReads
 from merge_engine.kv.row_layouts import RowLayouts, add_columns
+from merge_engine.kv.row_snapshot import RowSnapshot
 from merge_engine.kv.row_ttl import Clock, RowTtl
 from merge_engine.kv.rows import BucketRows
 from merge_engine.kv.storage import BASE_WIDTH, DESCRIPTOR, END_OFFSET, START_OFFSET, TabletStore
+from merge_engine.kv.stored_log import StoredLog
 from merge_engine.kv.tablet_epochs import TabletEpochs
-from merge_engine.kv.tablet_expiry import TabletExpiry
-from merge_engine.kv.tablet_log import TabletLog
-from merge_engine.kv.tablet_reads import TabletReads
 from merge_engine.kv.tablet_replica import TabletReplica
-from merge_engine.kv.write_undo import WriteUndo, plan_write_undo
-from merge_engine.mergers import AggregateRowMerger, DeleteMerger, OverwriteRowMerger
+from merge_engine.kv.write_undo import WriteUndo
+from merge_engine.kv.writes import TabletWrites
 from merge_engine.table.descriptor import KV_SYNC, TableDescriptor
-from merge_engine.table.modes import DeleteBehavior, MergeMode
+from merge_engine.table.modes import MergeMode
 from merge_engine.table.schema import Schema
-from merge_engine.write.input import WriteInput, prepare_write
-from merge_engine.write.keys import KeyArray, group_keys
-from merge_engine.write.slices import SLICE_ROWS, key_slices
+from merge_engine.write.keys import KeyArray
 from merge_engine.write.state import StateBatch
-from tally.errors import (DeleteDisabledError, InvalidInputError, OffsetOutOfRangeError,
-                          StorageError, StorageWriteError)
+from tally.errors import StorageError, StorageWriteError
 
 
-class KvTablet(TabletReads, TabletLog, TabletExpiry, TabletReplica, TabletEpochs):
+class KvTablet(TabletReplica, TabletEpochs):
     """One bucket. Thread-safe: writes are serialised, reads run alongside them."""
-
-    slice_rows = SLICE_ROWS  # rows merged at a time in a large write (whole keys)
 
     def __init__(self, path: str, descriptor: TableDescriptor, store: TabletStore,
                  budget: MemoryBudget | None = None, clock: Clock | None = None):
         self.path = path
         self.name = store.name  # what errors call the bucket (its path unless named)
         self.descriptor = descriptor
-        self.schema = descriptor.schema
+        self.schema = schema = descriptor.schema
         self.arrow_schema = self.schema.to_arrow()
         self.aggregators = descriptor.aggregators()
         names = self.schema.names
@@ -72,13 +65,13 @@ class KvTablet(TabletReads, TabletLog, TabletExpiry, TabletReplica, TabletEpochs
         self.counted = [i for i in self.value_positions
                         if descriptor.is_aggregation and self.aggregators[i].counts_contributions]
         ttl = descriptor.row_ttl_ms
-        self._clock = clock or time.time  # judges row expiry and stamps changelog entries
-        self._ttl = None if ttl is None else RowTtl(ttl, self._clock)
-        timed = self._ttl is not None
-        self._images = log.Images(self.arrow_schema, self.aggregators, self.value_positions,
-                                  self.counted, timed)
+        clock = clock or time.time  # judges row expiry and stamps changelog entries
+        row_ttl = None if ttl is None else RowTtl(ttl, clock)
+        timed = row_ttl is not None
+        images = Images(self.arrow_schema, self.aggregators, self.value_positions, self.counted,
+                        timed)
         base_width = store.get_int(BASE_WIDTH, len(self.schema.columns))
-        self.codec = RowLayouts(self._images.state_schema(), self.counted, timed,
+        self.codec = RowLayouts(images.state_schema(), self.counted, timed,
                                 self.aggregators, base_width)
         # A point lookup's answer (None: a nested column, answered as Arrow). Only sequenced
         # and token-keeping aggregators show values other than their states, and both keep
@@ -87,22 +80,28 @@ class KvTablet(TabletReads, TabletLog, TabletExpiry, TabletReplica, TabletEpochs
                                 for a, f in zip(self.aggregators, self.arrow_schema))
         self.visible_rows = VisibleRows(self.arrow_schema, self.codec.current,
                                         states_are_values) if flat(self.arrow_schema) else None
-        self._time_at = self.codec.current.time_offset  # a stored row's last-write time
         self.remove_on_empty = descriptor.bool_option("table.agg.remove-record-on-empty")
-        merger_args = (self.aggregators, self.key_positions, self.counted)
-        self._overwrite = OverwriteRowMerger(*merger_args)
-        self._engine = AggregateRowMerger(*merger_args) if descriptor.is_aggregation \
-            else self._overwrite
-        self._deletes = DeleteMerger(self.aggregators, self.key_positions)
         self._store = store
-        self._lock = threading.RLock()
-        self._end = store.get_int(END_OFFSET)
-        self._start = store.get_int(START_OFFSET)
-        self._rows = BucketRows(store, self.codec, descriptor.kv_buffer_size)
-        self._closed = False
-        self._snapshots: weakref.WeakSet = weakref.WeakSet()  # released at close
-        self._replay_unflushed()
+        self._guard = guard = BucketGuard(store.name)
+        self._offsets = offsets = LogOffsets(store.get_int(START_OFFSET),
+                                             store.get_int(END_OFFSET))
+        self._rows = rows = BucketRows(store, self.codec, descriptor.kv_buffer_size)
         self._budget = budget
+        self.log = StoredLog(guard, offsets, store, images, rows, schema.primary_key)
+        self.committer = Committer(guard, offsets, store, images, rows,
+                                   descriptor.kv_buffer_size, clock, self.log.row_changes)
+        self.writes = TabletWrites(
+            guard, offsets, self.committer, rows, self.codec, descriptor, self.aggregators,
+            self.key_positions, self.value_positions, self.counted, row_ttl, budget,
+            self.log.changelog)
+        self.expiry = TabletExpiry(row_ttl, guard, offsets, store, rows, self.codec, schema,
+                                   self.committer)
+        self.reads = TabletReads(
+            guard, offsets, store, rows, images, self.codec, self.expiry, schema,
+            self.arrow_schema, self.aggregators, self.value_positions, self.visible_rows,
+            self.writes.empty_rows, self.committer.flush)
+        self._images = images  # for replication and epochs, still mixins of the class
+        self.replayed_records = self.log.replay_unflushed()  # what opening it cost (metrics)
         if budget is not None:
             budget.join(self)
 
@@ -138,221 +137,49 @@ class KvTablet(TabletReads, TabletLog, TabletExpiry, TabletReplica, TabletEpochs
     @property
     def log_end_offset(self) -> int:
         """The offset the next changelog record will get (exclusive end of the log)."""
-        return self._end
+        return self._offsets.end
 
     @property
     def log_start_offset(self) -> int:
-        return self._start
+        return self._offsets.start
 
-    # --- writes -----------------------------------------------------------------------------
+    # --- writes (TabletWrites) --------------------------------------------------------------
+
+    @property
+    def slice_rows(self) -> int:
+        """Rows merged at a time in a large write (whole keys); tests make it small."""
+        return self.writes.slice_rows
+
+    @slice_rows.setter
+    def slice_rows(self, rows: int) -> None:
+        self.writes.slice_rows = rows
 
     def put(self, rows, mode: MergeMode = MergeMode.AGGREGATE, target_columns=None,
             writer: tuple[str, int] | None = None) -> int:
         """Merge `rows` into the bucket; returns the log end offset after the write."""
-        return self._write(self._put, rows, mode, target_columns, writer)
+        return self.writes.put(rows, mode, target_columns, writer)
 
     def delete(self, keys, mode: MergeMode = MergeMode.AGGREGATE, target_columns=None,
                writer: tuple[str, int] | None = None) -> int:
         """Delete keys (or, with target_columns, reset those columns); returns the end offset."""
-        return self._write(self._delete, keys, mode, target_columns, writer)
-
-    def _write(self, apply, data, mode, target_columns, writer) -> int:
-        """Run `apply` (_put or _delete) under the bucket's lock unless `writer` already applied
-        this write (then its recorded end offset); afterwards, outside the lock, let a shared
-        memory budget flush buffers."""
-        mode = MergeMode.parse(mode)
-        with self._lock:
-            self._check_open()
-            end = self._replayed(writer)
-            if end is None:
-                end = apply(data, mode, target_columns, writer)
-        if self._budget is not None:
-            self._budget.after_write()
-        return end
-
-    def _put(self, rows, mode, target_columns, writer) -> int:
-        """Under the lock, not a replay: merge the rows and commit them all at once."""
-        pending = self._pending()
-        self._merge_into(pending, rows, mode, target_columns)
-        return self._commit(pending, writer)
-
-    def _merge_into(self, pending: PendingWrite, rows, mode, target_columns) -> None:
-        """Merge the rows into `pending` (a slice of keys at a time, see
-        merge_engine.write.slices)."""
-        write = prepare_write(rows, self.schema, self.aggregators, target_columns,
-                              allow_unwritten=mode is MergeMode.OVERWRITE,
-                              allow_retractions=mode is not MergeMode.OVERWRITE)
-        if write.rows == 0:
-            return
-        merger = self._overwrite if mode is MergeMode.OVERWRITE else self._engine
-        slices = key_slices(write, *self._group(write), size=self.slice_rows)
-        for keys, part, group_ids, firsts in slices:
-            before, present = self._load(keys, part, firsts)
-            if self._ttl is not None:
-                before, present = self._ttl.expire_loaded(
-                    pending, keys, before, present,
-                    lambda rows, part=part, firsts=firsts: self._empty_rows(part, firsts[rows]))
-            after = merger.merge(before, part, group_ids, mode)
-            if self._ttl is not None:
-                RowTtl.stamp(after, before, part, group_ids, pending.now_ms)
-            outcome = np.where(present, np.where(self.codec.differs(before, after),
-                                                 log.UPDATED, log.UNCHANGED),
-                               log.INSERTED).astype(np.int8)
-            if self.remove_on_empty and mode is not MergeMode.OVERWRITE:
-                outcome = self._remove_empty(after, outcome, present)
-            expired = None
-            if self._ttl is not None:
-                outcome, expired = self._ttl.expire_merged(after, outcome, present,
-                                                           pending.now_ms)
-            pending.add(keys, before, after, outcome, expired)
-
-    def _delete(self, keys, mode, target_columns, writer) -> int:
-        """Under the lock, not a replay: apply the table's delete behavior, then commit."""
-        pending = self._pending()
-        self._delete_into(pending, keys, mode, target_columns)
-        return self._commit(pending, writer)
-
-    def _delete_into(self, pending: PendingWrite, keys, mode, target_columns) -> None:
-        behavior = DeleteBehavior.ALLOW if mode is MergeMode.OVERWRITE \
-            else self.descriptor.delete_behavior
-        if behavior is DeleteBehavior.DISABLE:
-            raise DeleteDisabledError(
-                "Delete operations are disabled for this table: 'table.delete.behavior' "
-                "is 'disable'. Nothing was applied."
-            )
-        write = prepare_write(keys, self.schema, self.aggregators, target_columns,
-                              keys_only=True)
-        if behavior is DeleteBehavior.IGNORE or write.rows == 0:
-            return
-        unique, _, firsts = self._group(write)
-        before, present = self._load(unique, write, firsts)
-        if self._ttl is not None:
-            before, present = self._ttl.expire_loaded(
-                pending, unique, before, present,
-                lambda rows: self._empty_rows(write, firsts[rows]))
-        after, removed = self._deletes.delete(before, write.target)
-        if self._ttl is not None:  # resetting columns is a write: it refreshes the key
-            after.touched = np.full(len(after), pending.now_ms, dtype=np.int64)
-        changed = self.codec.differs(before, after)
-        outcome = np.select([present & removed, present & changed], [log.REMOVED, log.UPDATED],
-                            log.UNCHANGED).astype(np.int8)
-        pending.add(unique, before, after, outcome)
+        return self.writes.delete(keys, mode, target_columns, writer)
 
     def undo_writes(self, ranges: list[tuple[int, int]], target_columns=None,
                     writer: tuple[str, int] | None = None) -> tuple[int, WriteUndo]:
-        """Take back the writes applied at offsets in `ranges` (one writer's, see
-        merge_engine.kv.write_undo) in one commit; or, if another writer changed one of their keys
-        since, nothing. The end offset after it, and what was planned (its conflicts)."""
-        with self._lock:
-            self._check_open()
-            end = self._replayed(writer)
-            if end is not None:  # a retried undo that was applied
-                return end, WriteUndo()
-            low = min(start for start, _ in ranges)
-            if not (self._start <= low and all(s <= e <= self._end for s, e in ranges)):
-                raise OffsetOutOfRangeError(
-                    f"cannot undo writes at {ranges}: the log of {self.name} holds "
-                    f"[{self._start}, {self._end}). Nothing was changed.")
-            undo = plan_write_undo(self.changelog(low, self._end), ranges, self.schema,
-                                   target_columns)
-            if undo.conflicts:
-                return self._end, undo
-            pending = self._pending()
-            if undo.restore is not None:
-                self._merge_into(pending, undo.restore, MergeMode.OVERWRITE, target_columns)
-            if undo.delete is not None:
-                self._delete_into(pending, undo.delete, MergeMode.OVERWRITE, target_columns)
-            return self._commit(pending, writer), undo
+        """Take back one writer's writes at offsets in `ranges`, unless another changed a key."""
+        return self.writes.undo_writes(ranges, target_columns, writer)
 
     def applied_end(self, writer: tuple[str, int] | None) -> int | None:
-        """The end offset recorded for this (writer id, sequence) if it was applied already:
-        a retry, which must not be applied again."""
-        with self._lock:
-            return self._replayed(writer)
-
-    def _remove_empty(self, after: StateBatch, outcome: np.ndarray, present: np.ndarray) -> np.ndarray:
-        """`table.agg.remove-record-on-empty`: a row whose every aggregate is back to its empty
-        state is removed (-D), and a new key that would be empty is never stored."""
-        empty = np.ones(len(after), dtype=bool)
-        for i in self.value_positions:
-            empty &= self.aggregators[i].holds_nothing(after.columns[i], after.written[:, i])
-        outcome = outcome.copy()
-        outcome[empty & present] = log.REMOVED
-        outcome[empty & ~present] = log.UNCHANGED
-        return outcome
-
-    def _replayed(self, writer) -> int | None:
-        """The recorded end offset if this (writer id, sequence) was already applied."""
-        if writer is None:
-            return None
-        if not (isinstance(writer, tuple) and len(writer) == 2 and isinstance(writer[0], str)
-                and isinstance(writer[1], int)):
-            raise InvalidInputError(f"writer must be a (writer_id: str, sequence: int) pair, got {writer!r}")
-        state = self._store.writer_state(writer[0])
-        if state is not None and writer[1] <= state[0]:
-            return state[1]
-        return None
-
-    def _group(self, write: WriteInput):
-        """The write's distinct encoded keys in key order, each row's group id (its key's
-        position), and each group's first row. Key order makes RocksDB's multi-get and
-        memtable inserts sequential, which is several times faster than random order."""
-        return group_keys(write.key_columns(self.schema))
-
-    def _load(self, keys: KeyArray, write: WriteInput, firsts: np.ndarray):
-        """The current state of each key (an empty row for new keys), and whether it exists."""
-        return self._rows.current(keys, lambda new: self._empty_rows(write, firsts[new]))
-
-    def _empty_rows(self, write: WriteInput, rows: np.ndarray) -> StateBatch:
-        index = pa.array(rows, type=pa.int64())
-        columns = []
-        for i, agg in enumerate(self.aggregators):
-            if i in self.key_positions:
-                columns.append(write.columns[agg.column].take(index))
-            else:
-                columns.append(agg.empty(len(rows)))
-        written = np.zeros((len(rows), len(columns)), dtype=bool)
-        written[:, sorted(self.key_positions)] = True
-        return StateBatch(columns, written, np.zeros(written.shape, dtype=np.int64))
-
-    def _pending(self) -> PendingWrite:
-        return PendingWrite(self._store, self._images, self._end, self.descriptor.kv_buffer_size,
-                            int(self._clock() * 1000))
-
-    def _commit(self, pending: PendingWrite, writer) -> int:
-        """The write's one atomic RocksDB write batch: its changelog, offsets and writer
-        sequence; then its changed rows join the buffer, which may flush. The end offset
-        after it."""
-        staged = pending.seal(self._rows, writer)
-        return self._commit_batch(pending.batch, staged, pending.end)
-
-    def _commit_batch(self, batch, staged, end: int) -> int:
-        """Commit `batch` (changelog entries up to `end`, END_OFFSET), then hand the rows
-        `staged` for it (if any) to the row buffer. The new log end offset."""
-        start = self._end
-        if not batch.is_empty():
-            self._store.commit(batch)
-        self._end = end
-        if staged is not None:
-            # The write is committed even if the disk refuses the flush: the buffer keeps its
-            # rows, and the store refuses the next write (a reopen replays the changelog).
-            with contextlib.suppress(StorageWriteError):
-                self._rows.committed(staged, start, self._end,
-                                     functools.partial(self._row_changes, start, self._end))
-        return self._end
+        """The end offset recorded for this (writer id, sequence) if it was applied already."""
+        return self.writes.applied_end(writer)
 
     def flush(self) -> None:
         """Write the buffered rows to RocksDB now (close and log truncation do this too)."""
-        with self._lock:
-            self._check_open()
-            self._rows.flush(self._end)
+        self.committer.flush()
 
     def flush_if_open(self) -> None:
-        """flush(), or nothing once closed (a memory budget may ask while another thread closes)
-        or once the disk refused a write (storage_failure, which a refused flush sets)."""
-        with self._lock, contextlib.suppress(StorageWriteError):
-            if not self._closed and self._store.failure is None:
-                self._rows.flush(self._end)
+        """flush(), or nothing once closed or once the disk refused a write."""
+        self.committer.flush_if_open()
 
     @property
     def buffered_bytes(self) -> int:
@@ -362,47 +189,107 @@ class KvTablet(TabletReads, TabletLog, TabletExpiry, TabletReplica, TabletEpochs
     @property
     def memtable_bytes(self) -> int:
         """What the bucket's RocksDB memtables hold now; 0 once closed."""
-        with self._lock:
-            return 0 if self._closed else self._store.memtable_bytes
+        with self._guard.lock:
+            return 0 if self._guard.closed else self._store.memtable_bytes
 
-    def _replay_unflushed(self) -> None:
-        """After a crash: rebuild the row buffer from the changelog past the last flush."""
-        applied = self._rows.applied_offset()
-        self.replayed_records = self._end - applied  # what opening it cost (server metrics)
-        if applied == self._end:
-            return
-        if not self._start <= applied < self._end:
-            raise StorageError(
-                f"The rows of {self.name} are applied up to offset {applied}, outside its log "
-                f"[{self._start}, {self._end}): the tablet is corrupt")
-        self._rows.replay(self._row_changes(applied, self._end), self._end)
+    # --- reads (TabletReads) ----------------------------------------------------------------
 
-    def _row_changes(self, start: int, end: int):
-        """What the changelog records of [start, end) do to the rows, a stored entry at a time."""
-        return (self._images.row_changes(records, self.schema.primary_key)
-                for records in self.iter_changelog(start, end))
+    def lookup(self, key: dict) -> dict | None:
+        """The row of `key` (a dict of the primary-key columns), or None."""
+        return self.reads.lookup(key)
+
+    def lookup_row(self, key_columns: list[pa.Array]) -> pa.RecordBatch | None:
+        """The row of one key (one typed value per primary-key column) as a one-row batch."""
+        return self.reads.lookup_row(key_columns)
+
+    def lookup_key(self, key: KeyArray) -> pa.RecordBatch | None:
+        """lookup_row() of a key already encoded as the store encodes it (one key)."""
+        return self.reads.lookup_key(key)
+
+    def lookup_visible(self, key: KeyArray) -> bytes | None:
+        """lookup_key() as a visible row (merge_engine.format.visible_row), or None."""
+        return self.reads.lookup_visible(key)
+
+    def lookup_many(self, keys, unwritten: bool = False) -> tuple[pa.Table, np.ndarray]:
+        """The rows of many keys, one per key in input order, and whether each key has one."""
+        return self.reads.lookup_many(keys, unwritten)
+
+    def snapshot(self) -> RowSnapshot:
+        """The rows as of the log end offset now, to read without holding the lock."""
+        return self.reads.snapshot()
+
+    def to_arrow(self) -> pa.Table:
+        """Every row, ordered by primary key (buffered rows are flushed first)."""
+        return self.reads.to_arrow()
+
+    # --- the changelog (StoredLog) ----------------------------------------------------------
+
+    def changelog(self, start: int | None = None, end: int | None = None) -> pa.Table:
+        """Changelog records with offsets in [start, end) (default: the whole log held)."""
+        return self.log.changelog(start, end)
+
+    def iter_changelog(self, start: int | None = None, end: int | None = None) -> Iterator[pa.Table]:
+        """The records of [start, end) one stored batch at a time: bounded memory for undo."""
+        return self.log.iter_changelog(start, end)
+
+    def records_to_state(self, records: pa.Table) -> StateBatch:
+        """Row states of changelog records, written bits included (for replay and undo)."""
+        return self.log.records_to_state(records)
+
+    def log_entry_spans(self) -> list[tuple[int, int, int]]:
+        """(first offset, end offset, written-at ms) of every stored changelog batch."""
+        return self.log.log_entry_spans()
+
+    def truncate_log(self, before: int) -> int:
+        """Drop changelog records below offset `before`; returns the new log start offset."""
+        return self.log.truncate_log(before)
+
+    # --- the row TTL (TabletExpiry) ---------------------------------------------------------
+
+    def expire_rows(self) -> int:
+        """The sweep of the row TTL: write the -D of every row past it; returns how many."""
+        return self.expiry.expire_rows()
+
+    # --- what the replication and epoch mixins read -------------------------------------
+
+    @property
+    def _lock(self):
+        return self._guard.lock
+
+    def _check_open(self) -> None:
+        self._guard.check_open()
+
+    @property
+    def _start(self) -> int:
+        return self._offsets.start
+
+    @property
+    def _end(self) -> int:
+        return self._offsets.end
+
+    @_end.setter
+    def _end(self, end: int) -> None:
+        self._offsets.end = end
+
+    def _commit_batch(self, batch, staged, end: int) -> int:
+        return self.committer.commit_batch(batch, staged, end)
 
     # --- lifecycle --------------------------------------------------------------------------
 
     @property
     def storage_failure(self) -> StorageWriteError | None:
-        """The write the disk refused: writes fail until the bucket is reopened (storage.py)."""
+        """The write the disk refused: writes fail until the bucket is reopened (TabletStore)."""
         return self._store.failure
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StorageError(f"{self.name} is closed")
 
     def close(self) -> None:
         """Flush the row buffer and close; a disk that refuses the flush loses nothing (the
         next open replays the changelog), so the bucket closes all the same."""
-        with self._lock:
-            if not self._closed:
-                for snapshot in list(self._snapshots):
-                    snapshot.release()  # an open iterator would keep RocksDB open
+        with self._guard.lock:
+            if not self._guard.closed:
+                self.reads.release_snapshots()  # an open iterator would keep RocksDB open
                 with contextlib.suppress(StorageWriteError):
-                    self._rows.flush(self._end)
-                self._closed = True
+                    self._rows.flush(self._offsets.end)
+                self._guard.closed = True
                 self._store.close()
         if self._budget is not None:
             self._budget.leave(self)
@@ -414,4 +301,4 @@ class KvTablet(TabletReads, TabletLog, TabletExpiry, TabletReplica, TabletEpochs
         self.close()
 
     def __repr__(self) -> str:
-        return f"KvTablet({self.path!r}, offsets [{self._start}, {self._end}))"
+        return f"KvTablet({self.path!r}, offsets [{self._offsets.start}, {self._offsets.end}))"
