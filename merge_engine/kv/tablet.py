@@ -2,10 +2,10 @@
 
 The bucket is the one face of parts it owns, each given just the state it works on: reads
 (TabletReads), the write path (TabletWrites, which commits through the Committer), the stored
-changelog (StoredLog: its reading, truncation and the replay at open) and the row TTL's sweep
-(TabletExpiry). They share the bucket's lock and open state (BucketGuard) and its log offsets
-(LogOffsets). Replication and leader epochs are still mixins of the class (tablet_replica,
-tablet_epochs).
+changelog (StoredLog: its reading, truncation and the replay at open), the row TTL's sweep
+(TabletExpiry), replication (TabletReplica: a leader's entries out, a follower's copy in,
+checkpoints) and leader epochs with the cut of a diverged tail (TabletEpochs). They share the
+bucket's lock and open state (BucketGuard) and its log offsets (LogOffsets).
 
 The changelog is the write-ahead log: a write's records, offsets and writer sequence commit in
 one atomic RocksDB write batch before its rows join the in-memory row buffer, and a reopened
@@ -26,17 +26,18 @@ from merge_engine.kv.allocator import use_bucket_allocator
 from merge_engine.kv.budget import MemoryBudget
 from merge_engine.kv.changelog import Images
 from merge_engine.kv.committer import Committer
+from merge_engine.kv.epochs import TabletEpochs
 from merge_engine.kv.expiry import TabletExpiry
 from merge_engine.kv.guard import BucketGuard, LogOffsets
 from merge_engine.kv.reads import TabletReads
+from merge_engine.kv.replica import TabletReplica
+from merge_engine.kv.replica_entries import ReplicatedEntry
 from merge_engine.kv.row_layouts import RowLayouts, add_columns
 from merge_engine.kv.row_snapshot import RowSnapshot
 from merge_engine.kv.row_ttl import Clock, RowTtl
 from merge_engine.kv.rows import BucketRows
 from merge_engine.kv.storage import BASE_WIDTH, DESCRIPTOR, END_OFFSET, START_OFFSET, TabletStore
 from merge_engine.kv.stored_log import StoredLog
-from merge_engine.kv.tablet_epochs import TabletEpochs
-from merge_engine.kv.tablet_replica import TabletReplica
 from merge_engine.kv.write_undo import WriteUndo
 from merge_engine.kv.writes import TabletWrites
 from merge_engine.table.descriptor import KV_SYNC, TableDescriptor
@@ -47,7 +48,7 @@ from merge_engine.write.state import StateBatch
 from tally.errors import StorageError, StorageWriteError
 
 
-class KvTablet(TabletReplica, TabletEpochs):
+class KvTablet:
     """One bucket. Thread-safe: writes are serialised, reads run alongside them."""
 
     def __init__(self, path: str, descriptor: TableDescriptor, store: TabletStore,
@@ -100,7 +101,9 @@ class KvTablet(TabletReplica, TabletEpochs):
             guard, offsets, store, rows, images, self.codec, self.expiry, schema,
             self.arrow_schema, self.aggregators, self.value_positions, self.visible_rows,
             self.writes.empty_rows, self.committer.flush)
-        self._images = images  # for replication and epochs, still mixins of the class
+        self.replica = TabletReplica(guard, offsets, store, images, rows, self.committer, budget,
+                                     descriptor.kv_buffer_size, schema.primary_key)
+        self.epochs = TabletEpochs(guard, offsets, store, images, rows, schema.primary_key)
         self.replayed_records = self.log.replay_unflushed()  # what opening it cost (metrics)
         if budget is not None:
             budget.join(self)
@@ -250,29 +253,40 @@ class KvTablet(TabletReplica, TabletEpochs):
         """The sweep of the row TTL: write the -D of every row past it; returns how many."""
         return self.expiry.expire_rows()
 
-    # --- what the replication and epoch mixins read -------------------------------------
+    # --- replication (TabletReplica) and leader epochs (TabletEpochs) -----------------------
+
+    def replication_entries(self, start: int, max_bytes: int = 8 << 20) -> list[ReplicatedEntry]:
+        """The stored changelog entries from offset `start`, whole, up to `max_bytes`."""
+        return self.replica.replication_entries(start, max_bytes)
+
+    def apply_replicated(self, entries: list[ReplicatedEntry]) -> int:
+        """Append the leader's `entries` and apply their rows; returns the new log end."""
+        return self.replica.apply_replicated(entries)
+
+    def writer_states(self) -> dict[str, tuple[int, int]]:
+        """Every idempotent writer's (last applied sequence, log end offset after it)."""
+        return self.replica.writer_states()
+
+    def checkpoint(self, directory: str) -> int:
+        """Copy the bucket as of its log end offset now into `directory`; that offset."""
+        return self.replica.checkpoint(directory)
 
     @property
-    def _lock(self):
-        return self._guard.lock
+    def leader_epochs(self) -> list[tuple[int, int]]:
+        """(leader epoch, start offset) pairs recorded, ascending; [] for a new bucket."""
+        return self.epochs.leader_epochs
 
-    def _check_open(self) -> None:
-        self._guard.check_open()
+    def record_leader_epoch(self, epoch: int, start_offset: int) -> None:
+        """Record that leader epoch `epoch` starts at `start_offset`."""
+        self.epochs.record_leader_epoch(epoch, start_offset)
 
-    @property
-    def _start(self) -> int:
-        return self._offsets.start
+    def epoch_end_offset(self, epoch: int) -> int:
+        """Where leader epoch `epoch` ended in this log (Kafka's OffsetsForLeaderEpoch)."""
+        return self.epochs.epoch_end_offset(epoch)
 
-    @property
-    def _end(self) -> int:
-        return self._offsets.end
-
-    @_end.setter
-    def _end(self, end: int) -> None:
-        self._offsets.end = end
-
-    def _commit_batch(self, batch, staged, end: int) -> int:
-        return self.committer.commit_batch(batch, staged, end)
+    def truncate_tail(self, offset: int) -> int:
+        """Drop the records at and above `offset`, restoring rows, writers and epochs."""
+        return self.epochs.truncate_tail(offset)
 
     # --- lifecycle --------------------------------------------------------------------------
 

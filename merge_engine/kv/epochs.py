@@ -1,6 +1,6 @@
 """Where a bucket's log diverged from its leader's, and cutting it back there.
 
-Part of KvTablet, kept apart by concern. Each leader of a bucket leads under an epoch and
+Each leader of a bucket leads under an epoch and
 records (epoch, the log end offset it started at); followers copy the list. A deposed leader
 asks the new one where its own last epoch ended there (`epoch_end_offset`, Kafka's
 OffsetsForLeaderEpoch), cuts its log back to that offset (`truncate_tail`) and then follows.
@@ -18,6 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from merge_engine.kv import changelog as log
+from merge_engine.kv.guard import BucketGuard, LogOffsets
+from merge_engine.kv.rows import BucketRows
 from merge_engine.kv.storage import END_OFFSET, KV_APPLIED, TabletStore
 from merge_engine.table.change_types import INSERT
 from merge_engine.table.hidden_columns import CHANGE_TYPE
@@ -26,15 +28,24 @@ from tally.errors import FencedLeaderEpochError, InvalidInputError, OffsetOutOfR
 
 
 class TabletEpochs:
-    """KvTablet's leader epochs and tail truncation (a part of KvTablet, not used alone)."""
+    """A bucket's leader epochs, and the cut of a tail that diverged from the leader's log."""
+
+    def __init__(self, guard: BucketGuard, offsets: LogOffsets, store: TabletStore,
+                 images: log.Images, rows: BucketRows, primary_key: list[str]):
+        self._guard = guard
+        self._offsets = offsets
+        self._store = store
+        self._images = images
+        self._rows = rows
+        self._primary_key = primary_key
 
     # --- leader epochs ----------------------------------------------------------------------
 
     @property
     def leader_epochs(self) -> list[tuple[int, int]]:
         """(leader epoch, start offset) pairs recorded, ascending; [] for a new bucket."""
-        with self._lock:
-            self._check_open()
+        with self._guard.lock:
+            self._guard.check_open()
             return self._store.leader_epochs()
 
     def record_leader_epoch(self, epoch: int, start_offset: int) -> None:
@@ -44,8 +55,8 @@ class TabletEpochs:
         for name, value in (("epoch", epoch), ("start_offset", start_offset)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise InvalidInputError(f"{name} must be a non-negative int, got {value!r}")
-        with self._lock:
-            self._check_open()
+        with self._guard.lock:
+            self._guard.check_open()
             epochs = self._store.leader_epochs()
             if epochs:
                 last, last_start = epochs[-1]
@@ -53,11 +64,11 @@ class TabletEpochs:
                     return
                 if epoch <= last:
                     raise FencedLeaderEpochError(
-                        f"{self.name} has recorded leader epoch {last} from offset "
+                        f"{self._guard.name} has recorded leader epoch {last} from offset "
                         f"{last_start}: cannot record epoch {epoch} from offset {start_offset}")
                 if start_offset < last_start:
                     raise OffsetOutOfRangeError(
-                        f"Leader epoch {epoch} of {self.name} cannot start at offset "
+                        f"Leader epoch {epoch} of {self._guard.name} cannot start at offset "
                         f"{start_offset}, below the start {last_start} of epoch {last}")
             batch = self._store.new_batch()
             TabletStore.put_leader_epochs(batch, epochs + [(epoch, start_offset)])
@@ -67,12 +78,12 @@ class TabletEpochs:
         """Where leader epoch `epoch` ended in this log: the start offset of the first
         recorded epoch above it, or the log end offset when none is (the current epoch's
         log has not ended). An epoch below every recorded one ends where the first starts."""
-        with self._lock:
-            self._check_open()
+        with self._guard.lock:
+            self._guard.check_open()
             for recorded, start in self._store.leader_epochs():
                 if recorded > epoch:
                     return start
-            return self._end
+            return self._offsets.end
 
     # --- cutting the tail -------------------------------------------------------------------
 
@@ -85,21 +96,22 @@ class TabletEpochs:
         deleted entries, the new log end and KV_APPLIED (equal, so a reopen replays nothing),
         the writers' states and the epochs: a crash leaves the bucket before or after the cut.
         The dropped records are held in memory at once (a diverged tail is short)."""
-        with self._lock:
-            self._check_open()
-            if not isinstance(offset, int) or not self._start <= offset <= self._end:
+        name, offsets = self._guard.name, self._offsets
+        with self._guard.lock:
+            self._guard.check_open()
+            if not isinstance(offset, int) or not offsets.start <= offset <= offsets.end:
                 raise OffsetOutOfRangeError(
-                    f"Cannot truncate {self.name} from offset {offset!r}: its log is "
-                    f"[{self._start}, {self._end})")
+                    f"Cannot truncate {name} from offset {offset!r}: its log is "
+                    f"[{offsets.start}, {offsets.end})")
             dropped = [(first, self._images.conform(log.deserialize(data, first)))
                        for first, data in self._store.log_entries(offset)] \
-                if offset < self._end else []
+                if offset < offsets.end else []
             cut = dropped[0][0] if dropped else offset
-            if cut < self._start:
+            if cut < offsets.start:
                 raise OffsetOutOfRangeError(
-                    f"Cannot truncate {self.name} from offset {offset}: its changelog entry "
-                    f"starts at offset {cut}, below the log start {self._start}")
-            self._rows.flush(self._end)  # the rows to restore are then all in RocksDB
+                    f"Cannot truncate {name} from offset {offset}: its changelog entry "
+                    f"starts at offset {cut}, below the log start {offsets.start}")
+            self._rows.flush(offsets.end)  # the rows to restore are then all in RocksDB
             self._rows.persist()  # the entries to go must not be the only copy of rows
             batch = self._store.new_batch()
             if dropped:
@@ -114,14 +126,14 @@ class TabletEpochs:
             TabletStore.put_int(batch, END_OFFSET, cut)
             TabletStore.put_int(batch, KV_APPLIED, cut)
             self._store.commit(batch)
-            self._end = cut
+            offsets.end = cut
             return cut
 
     def _restore_rows(self, batch, dropped: list) -> None:
         """Put each key the dropped records touch back as its first record found it."""
         records = pa.concat_tables(dropped)
         keys, _, firsts = group_keys([records.column(k).combine_chunks()
-                                      for k in self.schema.primary_key])
+                                      for k in self._primary_key])
         change = records.column(CHANGE_TYPE).combine_chunks().take(pa.array(firsts))
         inserted = pc.equal(change, INSERT).to_numpy(zero_copy_only=False)
         existed = np.flatnonzero(~inserted)
