@@ -4,7 +4,10 @@
 
 The driver plans the read once (tally.client.table_scan): one Spark partition per bucket, each
 read by its task in one request at one changelog offset of that bucket, streamed as Arrow
-batches; tasks read the driver's plan without asking the coordinator again. Read options:
+batches; tasks read the driver's plan without asking the coordinator again. One `load()` parses
+its options once and asks the coordinator for the table once (`ReadPlan`): the data source
+keeps the plan from `schema()` for `reader()`, and the reader hands its metadata to the tasks.
+Read options:
 
 - `spark-partitions`: at most this many Spark partitions, each reading a run of whole buckets
   one after another (each still at one offset of its own). A Python data source pays a fixed
@@ -158,6 +161,43 @@ class ReadOptions:
                    timeouts=client_timeouts(raw))
 
 
+@dataclasses.dataclass(frozen=True)
+class ReadPlan:
+    """One `load()`'s read as the driver decided it: the options, parsed once, and the table's
+    metadata, asked of the coordinator once. Picklable: Spark pickles the data source between
+    `schema()` and `reader()` (each may run in another Python worker), and the reader to its
+    tasks, so every step of the read starts from the same answer."""
+
+    options: ReadOptions
+    meta: object  # tally.client.metadata.TableMeta
+
+    @classmethod
+    def of(cls, options) -> "ReadPlan":
+        """Parse `options` and ask the coordinator for the table (the read's one time)."""
+        from sink import remote
+
+        parsed = ReadOptions.parse(options)
+        conn = remote.shared_connection(parsed.url, parsed.token, parsed.tls, parsed.timeouts)
+        return cls(parsed, conn.table_meta(parsed.table, refresh=True))
+
+    @property
+    def arrow_schema(self) -> pa.Schema:
+        return self.meta.routing.arrow_schema
+
+    def table(self):
+        """A handle on the planned table (its id) on this process's shared connection, which
+        routes from the plan's metadata unless it holds the table's already: a stale route is
+        refused by its server and refreshed then, as any cached one is."""
+        from sink import remote
+        from tally.client.table import Table
+
+        options = self.options
+        conn = remote.shared_connection(options.url, options.token, options.tls,
+                                         options.timeouts)
+        conn.adopt(options.table, self.meta)
+        return Table(conn, options.table, self.meta.table_id)
+
+
 def _open_table(options: ReadOptions, table_id: int | None = None):
     """A handle on the table (on `table_id`, the table the driver planned, in tasks: a table
     dropped and re-created meanwhile raises TableRecreatedError instead of being read)."""
@@ -218,32 +258,34 @@ def _kll_rank(value, estimates: bool) -> float:
     return rank
 
 
-def estimated_columns(options: ReadOptions) -> dict[str, SketchEstimate]:
+def estimated_columns(plan: ReadPlan) -> dict[str, SketchEstimate]:
     """{column: how it is read} of the sketch columns read as estimates (none unless
-    `sketch-estimates`)."""
+    `sketch-estimates`), from the descriptor in the plan's metadata."""
+    options = plan.options
     if not options.estimates:
         return {}
-    from sink import remote
-
-    conn = remote.shared_connection(options.url, options.token, options.tls,
-                                     options.timeouts)
-    descriptor = conn.admin.describe_table(options.table).descriptor
+    descriptor = plan.meta.descriptor
     return {agg.column: SketchEstimate(agg.function, agg.params.get("items"), options.kll_rank)
             for agg in descriptor.schema.aggregators(descriptor.is_aggregation)
             if agg.function in ESTIMATED_FUNCTIONS}
 
 
 def read_schema(options: dict) -> StructType:
+    """The Spark schema of a read of `options` (see `plan_schema`)."""
+    return plan_schema(ReadPlan.of(options))
+
+
+def plan_schema(plan: ReadPlan) -> StructType:
     """The Spark schema of a read: the table's columns (or the `columns` option's), then
     `_unwritten` when asked for."""
-    parsed = ReadOptions.parse(options)
-    arrow = _open_table(parsed).routing.arrow_schema
+    parsed = plan.options
+    arrow = plan.arrow_schema
     names = list(parsed.columns) if parsed.columns else arrow.names
     unknown = [c for c in names if c not in arrow.names]
     if unknown:
         raise InvalidOptionError(f"Option '{COLUMNS}' names unknown column(s) {unknown} of "
                                  f"{parsed.table}; it has {arrow.names}")
-    estimated = estimated_columns(parsed)
+    estimated = estimated_columns(plan)
     fields = [StructField(c, arrow_to_spark(estimated[c].arrow_type if c in estimated
                                             else arrow.field(c).type), arrow.field(c).nullable)
               for c in names]
@@ -271,13 +313,15 @@ def grouped(parts: list, most: int | None) -> list[list]:
 class TallyBatchReader(DataSourceReader):
     """Plans on the driver; each task reads its parts."""
 
-    def __init__(self, options: dict, schema: StructType) -> None:
+    def __init__(self, plan: ReadPlan | dict, schema: StructType) -> None:
         from tally.client.table_scan import TableScan
 
-        self.options = ReadOptions.parse(options)
-        table = _open_table(self.options)
+        plan = plan if isinstance(plan, ReadPlan) else ReadPlan.of(plan)
+        self.plan = plan
+        self.options = plan.options
+        table = plan.table()
         self.table_id = table.table_id
-        arrow = table.routing.arrow_schema
+        arrow = plan.arrow_schema
         names = [f.name for f in schema.fields]
         self.unwritten = UNWRITTEN in names
         self.columns = [n for n in names if n != UNWRITTEN]
@@ -290,9 +334,9 @@ class TallyBatchReader(DataSourceReader):
         self.arrow_schema = pa.schema([pa.field(f.name, spark_to_arrow(f.dataType), f.nullable)
                                        for f in schema.fields])
         scan = TableScan(table, self.columns, self.options.filter, self.options.batch_size,
-                         self.unwritten)
+                         self.unwritten, meta=plan.meta)
         self.parts = scan.parts
-        self.estimated = estimated_columns(self.options)
+        self.estimated = estimated_columns(plan)
 
     def partitions(self):
         if not self.parts:
@@ -305,9 +349,8 @@ class TallyBatchReader(DataSourceReader):
 
         if not partition.parts:
             return
-        scan = TableScan(_open_table(self.options, self.table_id), self.columns,
-                         self.options.filter, self.options.batch_size, self.unwritten,
-                         parts=partition.parts)
+        scan = TableScan(self.plan.table(), self.columns, self.options.filter,
+                         self.options.batch_size, self.unwritten, parts=partition.parts)
         schema = self.arrow_schema
         for part in partition.parts:
             for batch in scan.read_part(part):

@@ -23,7 +23,9 @@ Streams read the table's changelog (sink.stream_reader), asked for with the `cha
 
 Every check of the options, the table and the DataFrame's columns runs in the methods Spark
 calls while it plans (schema, reader, writer and their streaming forms), before any job: a
-Tally error raised there reaches the user as its one line (sink.spark_errors).
+Tally error raised there reaches the user as its one line (sink.spark_errors). A batch read
+parses its options and asks the coordinator for the table once (sink.batch_reader.ReadPlan),
+kept on the instance: Spark pickles it after `schema()` and calls `reader()` on the copy.
 """
 
 from __future__ import annotations
@@ -32,12 +34,8 @@ import dataclasses
 import logging
 
 import pyarrow as pa
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceArrowWriter,
-    DataSourceStreamArrowWriter,
-    WriterCommitMessage,
-)
+from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourceStreamArrowWriter,
+                                    WriterCommitMessage)
 
 from sink.options import SinkOptions
 from sink.owner import batch_owner_id, streaming_owner_id
@@ -80,9 +78,9 @@ class TallyDataSource(DataSource):
 
         if wants_changelog(self.options):
             return changelog_spark_schema(dict(self.options))
-        from sink.batch_reader import read_schema
+        from sink.batch_reader import plan_schema
 
-        return read_schema(self.options)
+        return plan_schema(self._read_plan())
 
     @one_line
     def reader(self, schema):
@@ -90,13 +88,25 @@ class TallyDataSource(DataSource):
 
         if wants_changelog(self.options):
             return ChangelogBatchReader(dict(self.options), schema)
-        from sink.batch_reader import LIVE, ReadOptions, TallyBatchReader
+        from sink.batch_reader import LIVE, TallyBatchReader
 
-        if ReadOptions.parse(self.options).snapshot != LIVE:
+        plan = self._read_plan()
+        if plan.options.snapshot != LIVE:
             from sink.lake_reader import LakeBatchReader
 
-            return LakeBatchReader(dict(self.options), schema)
-        return TallyBatchReader(dict(self.options), schema)
+            return LakeBatchReader(plan, schema)
+        return TallyBatchReader(plan, schema)
+
+    def _read_plan(self):
+        """This load()'s ReadPlan: made by the first of `schema()` and `reader()` that needs
+        it and kept on the instance (Spark pickles the instance between them; a read with a
+        schema given never calls `schema()`)."""
+        plan = self.__dict__.get("_read")
+        if plan is None:
+            from sink.batch_reader import ReadPlan
+
+            plan = self._read = ReadPlan.of(self.options)
+        return plan
 
     @one_line
     def streamReader(self, schema):
@@ -143,8 +153,8 @@ class _TaskSide:
     def _fold_part(self, batches, query_id):
         from pyspark import TaskContext
 
-        from sink.job import BucketAssigner
         from sink.fold import fold_part
+        from sink.job import BucketAssigner
         from sink.plan import HIDDEN_SEQUENCE_COLUMN
 
         plan = self.plan

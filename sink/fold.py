@@ -68,6 +68,9 @@ class FoldedPart:
     payload: bytes          # Arrow IPC stream: folded states, or ordered raw rows (sequence)
     folded: bool
     query_id: str | None = None
+    # The table partition of every row of the part, when the part holds one partition's rows
+    # (TallySink's first stage names each row once and sends each partition's part apart).
+    table_partition: str | None = None
 
 
 def to_ipc(table: pa.Table) -> bytes:
@@ -91,6 +94,24 @@ def fold_part(data: pa.Table, plan: WritePlan, partition: int, query_id: str | N
                           False, query_id)
     folded, _ = fold_rows(data, plan)
     return FoldedPart(partition, data.num_rows, to_ipc(folded), True, query_id)
+
+
+def combine_by_partition(parts: list[FoldedPart],
+                         plan: WritePlan) -> tuple[dict[str | None, pa.Table], MergeMode]:
+    """`combine` of each table partition's parts: {partition name: its rows, one per key}. A
+    key lives in one partition, so this is one combine of every part, split by partition,
+    without naming the folded rows' partitions again."""
+    groups: dict[str | None, list[FoldedPart]] = {}
+    for part in parts:
+        groups.setdefault(part.table_partition, []).append(part)
+    folded, mode = {}, MergeMode.MERGE_STATE
+    for name in sorted(groups, key=lambda n: (n is not None, n or "")):
+        rows, combined = combine(groups[name], plan)
+        if rows is not None:
+            mode = combined
+            if rows.num_rows:
+                folded[name] = rows
+    return folded, mode
 
 
 def combine(parts: list[FoldedPart], plan: WritePlan) -> tuple[pa.Table | None, MergeMode]:

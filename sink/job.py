@@ -1,20 +1,21 @@
 """How TallySink delivers a large epoch's rows: one Spark job, one task per bucket.
 
 The first stage (`PartitionFolder`, in mapInArrow) computes each row's bucket with
-`tally.wire.bucket_hash.bucket_ids` (the function tablet servers check writes against) and a
-position (`BucketAssigner`), then folds its input partition's rows of each bucket per key
-(sink.folded_parts: one row per key and run instead of every row, validated here) and sends each
-bucket its folded part as one Arrow IPC value. `repartitionById(bucket_count, bucket)` then
-sends bucket i's parts to partition i, so task i holds every folded row of every key of bucket
-i; it folds its parts again, in input-partition order, into what one fold of all the bucket's
-rows gives. Spark's `repartition(n, col)` is never used: it hashes with Murmur3 and makes
-buckets collide. A null primary key, a key value that does not fit the key column's type, or a
-value that does not fit its column fails the first stage, before any task of the write stage
-starts: nothing of the batch is applied. The data source and the driver delivery use the same
-bucket assignment.
+`tally.wire.bucket_hash.bucket_ids` (the function tablet servers check writes against), its
+partition name and a position (`BucketAssigner`), then folds its input partition's rows of each
+(bucket, partition) per key (sink.fold: one row per key and run instead of every row, validated
+here) and sends each bucket its folded parts as Arrow IPC values, each with its partition name:
+the bucket and the name are computed here once and travel with the rows to the bucket writer.
+`repartitionById(bucket_count, bucket)` then sends bucket i's parts to partition i, so task i
+holds every folded row of every key of bucket i; it folds each partition's parts again, in
+input-partition order, into what one fold of all the bucket's rows gives. Spark's
+`repartition(n, col)` is never used: it hashes with Murmur3 and makes buckets collide. A null
+primary key, a key value that does not fit the key column's type, or a value that does not fit
+its column fails the first stage, before any task of the write stage starts: nothing of the
+batch is applied. The data source and the driver delivery use the same bucket assignment.
 
     df ─select─▶ table-named columns ─mapInArrow(PartitionFolder)─▶ (bucket, position, rows,
-       folded part) per input partition and bucket
+       folded part, partition name) per input partition, bucket and table partition
        ─repartitionById(bucket_count, bucket)─▶ partition i = bucket i
        ─mapInArrow(BucketTask)─▶ one report row per task (the per-bucket step, sink.task)
        ─collect─▶ driver
@@ -30,16 +31,10 @@ import pyarrow.compute as pc
 from pyspark.sql import functions as F
 
 from sink.fold import fold_part
-from sink.plan import BUCKET_COLUMN, HIDDEN_SEQUENCE_COLUMN, ORDER_COLUMN, WritePlan
-from sink.task import (
-    RESULT_DDL,
-    BucketReport,
-    BucketTask,
-    EpochContext,
-    report_from_row,
-)
+from sink.plan import (BUCKET_COLUMN, HIDDEN_SEQUENCE_COLUMN, ORDER_COLUMN, PARTITION_COLUMN,
+                       WritePlan)
+from sink.task import RESULT_DDL, BucketReport, BucketTask, EpochContext, report_from_row
 from tally.errors import InvalidInputError
-
 
 # Position = input partition << 36 | row number within that partition: the order Spark read
 # the rows in, stable across a replay of the same input partitions.
@@ -48,18 +43,23 @@ ROW_BITS = 36
 # (one binary value crossing the shuffle) stays far below Arrow's 2 GiB per binary array.
 CHUNK_ROWS = 1 << 20
 
-# What crosses the shuffle: one row per (chunk of an input partition, bucket).
-PART_DDL = f"{BUCKET_COLUMN} int, {ORDER_COLUMN} long, rows long, folded boolean, payload binary"
+# What crosses the shuffle: one row per (chunk of an input partition, bucket, table partition).
+PART_DDL = (f"{BUCKET_COLUMN} int, {ORDER_COLUMN} long, rows long, folded boolean, "
+            f"payload binary, {PARTITION_COLUMN} string")
 PART_SCHEMA = pa.schema([(BUCKET_COLUMN, pa.int32()), (ORDER_COLUMN, pa.int64()),
-                         ("rows", pa.int64()), ("folded", pa.bool_()), ("payload", pa.binary())])
+                         ("rows", pa.int64()), ("folded", pa.bool_()), ("payload", pa.binary()),
+                         (PARTITION_COLUMN, pa.string())])
 
 
 class BucketAssigner:
-    """mapInArrow function adding the bucket and position columns (runs on executors)."""
+    """mapInArrow function adding the bucket and position columns (runs on executors), and
+    with `names` the partition name column of a partitioned table's rows: whoever writes
+    them then splits by it instead of naming every row again."""
 
-    def __init__(self, plan: WritePlan, epoch_label: str):
+    def __init__(self, plan: WritePlan, epoch_label: str, names: bool = False):
         self.plan = plan
         self.epoch_label = epoch_label
+        self.names = names
 
     def __call__(self, batches):
         from pyspark import TaskContext
@@ -79,12 +79,16 @@ class BucketAssigner:
                                               name, key_types[name], seen)
             buckets = bucket_ids(pa.table(keys), list(self.plan.bucket_key),
                                  self.plan.bucket_count) if n else np.zeros(0, np.int64)
-            if self.plan.partitioned:
-                self._check_partition_values(keys, seen)
+            names = self._partition_names(keys) if self.plan.partitioned else None
+            if self.names and names is not None:
+                names = pa.array(names, pa.string()).dictionary_encode()
             order = base + np.arange(seen, seen + n, dtype=np.int64)
             seen += n
-            yield batch.append_column(BUCKET_COLUMN, pa.array(buckets.astype(np.int32))) \
+            batch = batch.append_column(BUCKET_COLUMN, pa.array(buckets.astype(np.int32))) \
                 .append_column(ORDER_COLUMN, pa.array(order, type=pa.int64()))
+            if self.names and names is not None:
+                batch = batch.append_column(PARTITION_COLUMN, names)
+            yield batch
 
     def _key_column(self, values: pa.Array, name: str, key_type: pa.DataType,
                     seen: int) -> pa.Array:
@@ -103,12 +107,15 @@ class BucketAssigner:
                 f"{self.epoch_label}: primary-key column '{name}' holds a value that does not "
                 f"fit the key type {key_type}: {e}; nothing of the batch was written") from None
 
-    def _check_partition_values(self, keys: dict, seen: int) -> None:
+    def _partition_names(self, keys: dict) -> list[str]:
+        """Every row's partition name; InvalidInputError for a partition value that cannot
+        be named."""
         from tally.wire.routing import partition_names
 
         schema = self.plan.descriptor.schema
-        partition_names(pa.table({c: keys[c] for c in schema.partition_key}),
-                        schema.partition_key)
+        names = partition_names(pa.table({c: keys[c] for c in schema.partition_key}),
+                                schema.partition_key)
+        return names
 
 
 def _column(name: str):
@@ -127,6 +134,26 @@ def table_named(df, plan: WritePlan):
     return df.select(*columns)
 
 
+def rows_by_part(rows: pa.Table) -> dict[tuple[int, str | None], pa.Table]:
+    """{(bucket, partition name): its rows, in their order} of rows with a bucket column and,
+    for a partitioned table, the partition names BucketAssigner gave them."""
+    if PARTITION_COLUMN not in rows.column_names:
+        return {(bucket, None): part for bucket, part in rows_by_bucket(rows).items()}
+    names = rows.column(PARTITION_COLUMN).combine_chunks()
+    dictionary = names.dictionary.to_pylist()
+    codes = rows.column(BUCKET_COLUMN).to_numpy().astype(np.int64) * len(dictionary) + \
+        names.indices.to_numpy(zero_copy_only=False)
+    order = np.argsort(codes, kind="stable")
+    ordered = rows.drop_columns([PARTITION_COLUMN]).take(pa.array(order, type=pa.int64()))
+    parts, start = {}, 0
+    for code, count in enumerate(np.bincount(codes)):
+        if count:
+            bucket, name = divmod(code, len(dictionary))
+            parts[(bucket, dictionary[name])] = ordered.slice(start, int(count))
+        start += int(count)
+    return parts
+
+
 def rows_by_bucket(rows: pa.Table) -> dict[int, pa.Table]:
     """{bucket: its rows, in their order} of rows with a bucket column."""
     buckets = rows.column(BUCKET_COLUMN).to_numpy()
@@ -141,8 +168,8 @@ def rows_by_bucket(rows: pa.Table) -> dict[int, pa.Table]:
 
 
 class PartitionFolder:
-    """mapInArrow function of the first stage (runs on executors): bucket the input
-    partition's rows, fold each bucket's rows per key, one row per bucket's folded part."""
+    """mapInArrow function of the first stage (runs on executors): bucket and name the input
+    partition's rows, fold each (bucket, partition)'s rows per key, one row per folded part."""
 
     def __init__(self, plan: WritePlan, epoch_label: str):
         self.plan = plan
@@ -150,7 +177,7 @@ class PartitionFolder:
 
     def __call__(self, batches):
         pending, count = [], 0
-        for batch in BucketAssigner(self.plan, self.epoch_label)(batches):
+        for batch in BucketAssigner(self.plan, self.epoch_label, names=True)(batches):
             if batch.num_rows:
                 pending.append(batch)
                 count += batch.num_rows
@@ -163,12 +190,13 @@ class PartitionFolder:
     def _parts(self, batches):
         rows = pa.Table.from_batches(batches)
         position = int(rows.column(ORDER_COLUMN)[0].as_py())  # orders the chunks of the input
-        for bucket, part in rows_by_bucket(rows).items():
+        for (bucket, name), part in rows_by_part(rows).items():
             folded = fold_part(part, self.plan, position, None)
             yield pa.RecordBatch.from_arrays([
                 pa.array([bucket], pa.int32()), pa.array([position], pa.int64()),
                 pa.array([folded.rows], pa.int64()), pa.array([folded.folded]),
-                pa.array([folded.payload], pa.binary())], schema=PART_SCHEMA)
+                pa.array([folded.payload], pa.binary()), pa.array([name], pa.string())],
+                schema=PART_SCHEMA)
 
 
 def bucketed(df, plan: WritePlan, label: str):

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from sink.batch_reader import UNION, ReadOptions, estimated_columns
+from sink.batch_reader import UNION, ReadPlan, estimated_columns
 from sink.types import spark_to_arrow
 from tally.errors import InvalidOptionError
 
@@ -53,14 +53,15 @@ class LakeBatchReader(DataSourceReader):
     """Plans on the driver (the snapshot, its files and for a union the net changes); each
     task reads one file, or emits the changed rows."""
 
-    def __init__(self, options: dict, schema: StructType) -> None:
+    def __init__(self, plan: ReadPlan | dict, schema: StructType) -> None:
         from sink import remote
         from tally.client.scan_filter import ScanFilter
         from tally.errors import InvalidInputError
 
-        self.options = ReadOptions.parse(options)
+        plan = plan if isinstance(plan, ReadPlan) else ReadPlan.of(plan)
+        self.options = plan.options
         conn = remote.shared_connection(self.options.url, self.options.token, self.options.tls)
-        routing = conn.table(self.options.table).routing
+        routing = plan.meta.routing
         table_schema = routing.arrow_schema
         self.columns = [f.name for f in schema.fields]
         unknown = [c for c in self.columns if c not in table_schema.names]
@@ -80,7 +81,7 @@ class LakeBatchReader(DataSourceReader):
         self.read_schema = pa.schema([table_schema.field(c) for c in dict.fromkeys(read)])
         self.output_schema = pa.schema([pa.field(f.name, spark_to_arrow(f.dataType),
                                                  f.nullable) for f in schema.fields])
-        self.estimated = estimated_columns(self.options)
+        self.estimated = estimated_columns(plan)
         self._partitions = self._plan(conn, routing)
 
     def _plan(self, conn, routing) -> list[InputPartition]:

@@ -21,6 +21,8 @@ from tally.errors import InvalidInputError, InvalidOptionError, NotFoundError, S
 
 BUCKET_COLUMN = "__tally_bucket"
 ORDER_COLUMN = "__tally_order"
+# A row's partition name, computed where the row is bucketed and carried to its bucket writer.
+PARTITION_COLUMN = "__tally_partition"
 # The sequence column's values, when the sequence column is not also written to the table.
 HIDDEN_SEQUENCE_COLUMN = "__tally_sequence"
 

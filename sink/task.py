@@ -16,12 +16,14 @@ or the data source's commit process (sink.funnel, one bucket after another). For
    under the lease and that attempt;
 4. report b's end offsets, which the driver commits once every bucket is done.
 
-`BucketTask` checks that every folded part it received (one per chunk of an input partition,
-folded per key where it was read, sink.fold) belongs to its bucket and combines them into one
-row per key with the table's own aggregators (less to send, fewer RocksDB writes), in input
-order, before the step. Folding is where the client validates the values (once); the folded
-rows then go to the bucket as they are, through the client's bucket-addressed writer, and the
-tablet server checks them at its trust boundary.
+`BucketTask` checks that every folded part it received (one per chunk of an input partition
+and table partition, folded per key where it was read, sink.fold) belongs to its bucket and
+combines each partition's parts into one row per key with the table's own aggregators (less to
+send, fewer RocksDB writes), in input order, before the step (the engine's fold checks the
+parts' states again as its input: it has no entry for states it made itself). The first stage
+validated the values and named each row's partition; the folded rows then go to the bucket as
+they are, under the partition names they came with, through the client's bucket-addressed
+writer, and the tablet server checks them at its trust boundary.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ import pyarrow as pa
 
 from merge_engine import MergeMode
 from sink import remote
-from sink.fold import FoldedPart, combine
-from sink.plan import BUCKET_COLUMN, ORDER_COLUMN, WritePlan
+from sink.fold import FoldedPart, combine_by_partition
+from sink.plan import BUCKET_COLUMN, ORDER_COLUMN, PARTITION_COLUMN, WritePlan
 from tally.errors import InvalidInputError, RecoveryError
 
 RESULT_DDL = ("bucket int, rows long, keys long, undone long, attempt int, seconds double, "
@@ -87,10 +89,11 @@ class BucketReport:
 
 
 def write_bucket(conn, plan: WritePlan, epoch: EpochContext, bucket: int,
-                 folded: pa.Table | None, mode: MergeMode, *, rows: int = 0,
+                 folded: pa.Table | dict | None, mode: MergeMode, *, rows: int = 0,
                  attempt_number: int = 0, registered: bool = False) -> BucketReport:
     """The per-bucket step (see the module docstring): take an attempt, undo the bucket to
-    the epoch baseline, write `folded` under that attempt, report the end offsets.
+    the epoch baseline, write `folded` under that attempt, report the end offsets. `folded`:
+    the bucket's folded rows, or {partition name: its folded rows} when the caller named them.
 
     `registered`: use the attempt the epoch's start registered for the bucket. Only for the
     driver's own delivery, where this call is the bucket's only step in this run of the
@@ -114,7 +117,7 @@ def write_bucket(conn, plan: WritePlan, epoch: EpochContext, bucket: int,
             ends[(partition, b)] = int(result.end_after if result.end_after is not None
                                        else result.end)
             undone += 1
-    keys = 0 if folded is None else folded.num_rows
+    keys = folded_rows(folded)
     if keys:
         writer = remote.bucket_writer(table, bucket, plan.writer_target, mode, lease, attempt)
         ends.update(_write(writer, folded, plan, epoch, attempt_number, bucket))
@@ -163,21 +166,48 @@ def table_handle(conn, plan: WritePlan):
     return Table(conn, plan.table, plan.table_id)
 
 
-def _write(writer, folded: pa.Table, plan: WritePlan, epoch: EpochContext,
+def folded_rows(folded: pa.Table | dict | None) -> int:
+    """How many folded rows `folded` (write_bucket's) holds."""
+    if folded is None:
+        return 0
+    if isinstance(folded, dict):
+        return sum(part.num_rows for part in folded.values())
+    return folded.num_rows
+
+
+def _write(writer, folded: pa.Table | dict, plan: WritePlan, epoch: EpochContext,
            attempt_number: int, bucket: int) -> dict:
     """Write the rows, returning the end offsets; with a test hook, write half, call the
     hook, write the rest."""
+    put = writer.put if isinstance(folded, pa.Table) else writer.put_partitions
     hook = epoch.fail_hook
-    if hook is None or folded.num_rows < 2:
-        return writer.put(folded)
-    half = folded.num_rows // 2
-    ends = writer.put(folded.slice(0, half))
+    total = folded_rows(folded)
+    if hook is None or total < 2:
+        return put(folded if isinstance(folded, pa.Table) else list(folded.items()))
+    halves = _halves(folded, total // 2)
+    ends = put(halves[0])
     module, _, name = hook.partition(":")
     import importlib
 
     getattr(importlib.import_module(module), name)(plan, epoch, attempt_number, bucket)
-    ends.update(writer.put(folded.slice(half)))
+    ends.update(put(halves[1]))
     return ends
+
+
+def _halves(folded: pa.Table | dict, half: int) -> tuple:
+    """The first `half` folded rows and the rest, in the form `folded` has (a table, or
+    (partition name, rows) pairs in order)."""
+    if isinstance(folded, pa.Table):
+        return folded.slice(0, half), folded.slice(half)
+    first, rest, left = [], [], half
+    for name, part in folded.items():
+        taken = min(left, part.num_rows)
+        if taken:
+            first.append((name, part.slice(0, taken)))
+        if taken < part.num_rows:
+            rest.append((name, part.slice(taken)))
+        left -= taken
+    return first, rest
 
 
 class BucketTask:
@@ -192,26 +222,28 @@ class BucketTask:
         from pyspark import TaskContext
 
         context = TaskContext.get()
-        bucket = context.partitionId()
+        yield report_batch(self.write(batches, context.partitionId(), context.attemptNumber()))
+
+    def write(self, batches, bucket: int, attempt_number: int) -> BucketReport:
+        """The task's work on the batches of its bucket's folded parts."""
         parts = received_parts(batches, bucket, self.plan.table)
-        folded, mode = combine(parts, self.plan)
+        folded, mode = combine_by_partition(parts, self.plan)
         conn = remote.shared_connection(self.epoch.url, self.epoch.token, self.epoch.tls)
-        report = write_bucket(conn, self.plan, self.epoch, bucket, folded, mode,
-                              rows=sum(p.rows for p in parts),
-                              attempt_number=context.attemptNumber())
-        yield report_batch(report)
+        return write_bucket(conn, self.plan, self.epoch, bucket, folded, mode,
+                            rows=sum(p.rows for p in parts), attempt_number=attempt_number)
 
 
 def received_parts(batches, bucket: int, table: str) -> list[FoldedPart]:
     """The folded parts a write task received (rows of the first stage's part schema), each
-    checked to belong to the task's bucket."""
+    checked to belong to the task's bucket, with the partition name its rows came with."""
     parts = []
     for batch in batches:
         check_bucket(batch.column(BUCKET_COLUMN), bucket, table)
-        columns = [batch.column(name) for name in (ORDER_COLUMN, "rows", "folded", "payload")]
-        for position, rows, folded, payload in zip(*columns):
+        columns = [batch.column(name)
+                   for name in (ORDER_COLUMN, "rows", "folded", "payload", PARTITION_COLUMN)]
+        for position, rows, folded, payload, partition in zip(*columns):
             parts.append(FoldedPart(position.as_py(), rows.as_py(), payload.as_buffer(),
-                                    folded.as_py()))
+                                    folded.as_py(), table_partition=partition.as_py()))
     return parts
 
 

@@ -6,7 +6,8 @@ here would only repeat it, so this writer does neither: it sends the rows as the
 tablet server of their (partition, bucket), one request after another (the bucket applies them
 in call order), and the tablet server checks them at its trust boundary (every row in the
 addressed bucket, the lease, the values). A partitioned table's bucket spans every partition,
-so the rows are split by partition name first.
+so the rows are split by partition name first, unless the caller knows each row's partition
+already (`put_partitions`: the sink names every row once, where it buckets it).
 
 Every request carries the writer's (id, sequence) and keeps them across its retries
 (`Connection.put`, the one way a write request leaves the client), so a request retried after
@@ -74,8 +75,13 @@ class BucketWriter:
 
     def put(self, rows: pa.Table) -> dict[tuple[str | None, int], int]:
         """Send `rows` (all of this bucket); {(partition, bucket): end offset after them}."""
+        return self.put_partitions(self._by_partition(rows))
+
+    def put_partitions(self, parts) -> dict[tuple[str | None, int], int]:
+        """Send each (partition name, its rows of this bucket) of `parts`, in order; the end
+        offsets as `put` returns them."""
         ends = {}
-        for partition, part in self._by_partition(rows):
+        for partition, part in parts:
             for piece in request_slices(part, self._max_request_bytes):
                 ends[(partition, self.bucket)] = self._send(partition, piece)
         return ends

@@ -170,6 +170,13 @@ class Connection:
             raise TableRecreatedError.of(name, table_id, meta.table_id)
         return meta
 
+    def adopt(self, name: str, meta: TableMeta) -> None:
+        """Cache `meta` of table `name`, fetched by another process of the same read (a Spark
+        read's driver hands its metadata to its tasks), unless this connection holds the
+        table's already: either serves, since a stale route is refused and then refreshed."""
+        with self._lock:
+            self._meta.setdefault(name, meta)
+
     def invalidate(self, name: str) -> None:
         with self._lock:
             self._meta.pop(name, None)

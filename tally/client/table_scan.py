@@ -52,13 +52,17 @@ class TableScan:
     """An iterable of record batches in `schema`; see the module docstring."""
 
     def __init__(self, table, columns=None, filter=None, batch_size: int = DEFAULT_BATCH_SIZE,
-                 unwritten: bool = False, parts: list[ScanPart] | None = None) -> None:
+                 unwritten: bool = False, parts: list[ScanPart] | None = None,
+                 meta=None) -> None:
         """`parts`: the parts an earlier scan of the same table id planned (a Spark task reads
         its driver's plan): no planning again, and cached metadata serves, since a read of a
-        bucket that moved re-routes and a dropped table's id is refused by its servers."""
+        bucket that moved re-routes and a dropped table's id is refused by its servers.
+        `meta`: the table's metadata as the caller just asked for it (a Spark read's driver,
+        once per load), planned from without asking the coordinator again."""
         self.table = table
-        meta = table.connection.table_meta(table.name, refresh=parts is None,
-                                           table_id=table.table_id)
+        if meta is None or meta.table_id != table.table_id:
+            meta = table.connection.table_meta(table.name, refresh=parts is None,
+                                               table_id=table.table_id)
         routing = meta.routing
         names = routing.arrow_schema.names
         self.columns = _columns(columns, names)
