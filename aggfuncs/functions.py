@@ -51,18 +51,6 @@ class AggFunction(enum.Enum):
                 f"Supported functions: {', '.join(supported_names())}"
             ) from None
 
-    @property
-    def is_value_selection(self) -> bool:
-        """first/last value functions pick an input instead of combining inputs."""
-        return self in _VALUE_SELECTION
-
-
-_VALUE_SELECTION = {
-    AggFunction.LAST_VALUE,
-    AggFunction.LAST_VALUE_IGNORE_NULLS,
-    AggFunction.FIRST_VALUE,
-    AggFunction.FIRST_VALUE_IGNORE_NULLS,
-}
 
 DEFAULT_FUNCTION = AggFunction.LAST_VALUE_IGNORE_NULLS
 

@@ -16,7 +16,6 @@ from merge_engine.kv import changelog as log
 from merge_engine.kv.guard import BucketGuard, LogOffsets
 from merge_engine.kv.rows import BucketRows
 from merge_engine.kv.storage import START_OFFSET, TabletStore
-from merge_engine.write.state import StateBatch
 from tally.errors import OffsetOutOfRangeError, StorageError
 
 
@@ -57,10 +56,6 @@ class StoredLog:
             low, high = max(start - first, 0), min(end - first, records.num_rows)
             if high > low:
                 yield records.slice(low, high - low)
-
-    def records_to_state(self, records: pa.Table) -> StateBatch:
-        """Row states of changelog records, written bits included (for replay and undo)."""
-        return self._images.to_state(records)
 
     def row_changes(self, start: int, end: int):
         """What the changelog records of [start, end) do to the rows, a stored entry at a time."""

@@ -44,7 +44,6 @@ from merge_engine.table.descriptor import KV_SYNC, TableDescriptor
 from merge_engine.table.modes import MergeMode
 from merge_engine.table.schema import Schema
 from merge_engine.write.keys import KeyArray
-from merge_engine.write.state import StateBatch
 from tally.errors import StorageError, StorageWriteError
 
 
@@ -234,10 +233,6 @@ class KvTablet:
     def iter_changelog(self, start: int | None = None, end: int | None = None) -> Iterator[pa.Table]:
         """The records of [start, end) one stored batch at a time: bounded memory for undo."""
         return self.log.iter_changelog(start, end)
-
-    def records_to_state(self, records: pa.Table) -> StateBatch:
-        """Row states of changelog records, written bits included (for replay and undo)."""
-        return self.log.records_to_state(records)
 
     def log_entry_spans(self) -> list[tuple[int, int, int]]:
         """(first offset, end offset, written-at ms) of every stored changelog batch."""
