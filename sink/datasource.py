@@ -74,10 +74,10 @@ class TallyDataSource(DataSource):
         """The table's schema as Spark reads it (sink.batch_reader), or with the `changelog`
         option the changelog's: Spark gives schema() no hint of whether a batch or a stream
         read follows."""
-        from sink.stream_reader import changelog_spark_schema, wants_changelog
+        from sink.stream_reader import wants_changelog
 
         if wants_changelog(self.options):
-            return changelog_spark_schema(dict(self.options))
+            return self._changelog_plan().spark_schema()
         from sink.batch_reader import plan_schema
 
         return plan_schema(self._read_plan())
@@ -87,7 +87,7 @@ class TallyDataSource(DataSource):
         from sink.stream_reader import ChangelogBatchReader, wants_changelog
 
         if wants_changelog(self.options):
-            return ChangelogBatchReader(dict(self.options), schema)
+            return ChangelogBatchReader(self._changelog_plan(), schema)
         from sink.batch_reader import LIVE, TallyBatchReader
 
         plan = self._read_plan()
@@ -106,6 +106,15 @@ class TallyDataSource(DataSource):
             from sink.batch_reader import ReadPlan
 
             plan = self._read = ReadPlan.of(self.options)
+        return plan
+
+    def _changelog_plan(self):
+        """`_read_plan` of a changelog read (the `changelog` option)."""
+        plan = self.__dict__.get("_changelog")
+        if plan is None:
+            from sink.stream_reader import ChangelogPlan
+
+            plan = self._changelog = ChangelogPlan.of(dict(self.options))
         return plan
 
     @one_line

@@ -125,6 +125,36 @@ def changelog_spark_schema(options: dict):
 
 
 @dataclasses.dataclass(frozen=True)
+class ChangelogPlan:
+    """One changelog `load()` as the driver decided it: the options, parsed once, and the
+    table's metadata, asked of the coordinator once (kept by the data source from `schema()`
+    for `reader()`, and carried by the reader to its tasks). Picklable."""
+
+    options: StreamOptions
+    meta: object                # tally.client.metadata.TableMeta
+    starting_given: bool        # whether `startingOffsets` was set (a batch read's default
+                                # is earliest, a stream's latest)
+
+    @classmethod
+    def of(cls, options) -> "ChangelogPlan":
+        parsed = StreamOptions.parse(options)
+        conn = _connect(parsed)
+        try:
+            meta = conn.table_meta(parsed.table, refresh=True)
+        finally:
+            conn.close()
+        return cls(parsed, meta, STARTING_OFFSETS in lowered(options))
+
+    def spark_schema(self):
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        from tally.client.changelog_reader import changelog_schema
+
+        return from_arrow_schema(changelog_schema(self.meta.routing,
+                                                  descriptor=self.meta.descriptor))
+
+
+@dataclasses.dataclass(frozen=True)
 class BucketRange(InputPartition):
     """One Spark task: the records [start, end) of one bucket."""
 
@@ -256,13 +286,18 @@ class TallyStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._conn = None
 
 
-def read_bucket_range(options: StreamOptions, table_id: int, spark_schema, partition: BucketRange):
-    """Arrow batches of the records [start, end) of one bucket, in Spark's schema (a task)."""
+def read_bucket_range(options: StreamOptions, table_id: int, spark_schema, partition: BucketRange,
+                      meta=None):
+    """Arrow batches of the records [start, end) of one bucket, in Spark's schema (a task);
+    `meta`: the table's metadata as the driver read it, routed from unless the worker's
+    connection holds the table's already."""
     from sink import remote
     from tally.client import Table
     from tally.client.changelog_reader import read_range, shape_records
 
     conn = remote.shared_connection(options.url, options.token, options.tls, options.timeouts)
+    if meta is not None:
+        conn.adopt(options.table, meta)
     table = Table(conn, options.table, table_id)
     arrow = pa.schema([pa.field(f.name, _spark_arrow(f.dataType), f.nullable)
                        for f in spark_schema.fields])
@@ -282,19 +317,19 @@ class ChangelogBatchReader(DataSourceReader):
     `startingOffsets` (default earliest) up to each bucket's log end when the read is planned,
     one Spark partition per bucket with records."""
 
-    def __init__(self, options: dict, schema) -> None:
-        self.options = StreamOptions.parse(options)
-        self.schema = schema
+    def __init__(self, plan: ChangelogPlan | dict, schema) -> None:
         from tally.client.changelog_reader import resolve_start
 
-        raw = {str(k).strip().lower() for k in options}
-        start = self.options.starting_offsets if STARTING_OFFSETS in raw else "earliest"
+        plan = plan if isinstance(plan, ChangelogPlan) else ChangelogPlan.of(plan)
+        self.options = plan.options
+        self.meta = plan.meta
+        self.schema = schema
+        start = self.options.starting_offsets if plan.starting_given else "earliest"
+        self.table_id = plan.meta.table_id
         conn = _connect(self.options)
         try:
-            table = conn.table(self.options.table)
-            self.table_id = table.table_id
-            offsets = conn.admin.list_log_offsets(table.name, table.table_id)
-            first = resolve_start(start, offsets, table.name, table.meta.routing)
+            offsets = conn.admin.list_log_offsets(self.options.table, self.table_id)
+            first = resolve_start(start, offsets, self.options.table, plan.meta.routing)
         finally:
             conn.close()
         self.ranges = [BucketRange(p, b, first[(p, b)], end)
@@ -306,7 +341,8 @@ class ChangelogBatchReader(DataSourceReader):
         return self.ranges
 
     def read(self, partition: BucketRange):
-        return read_bucket_range(self.options, self.table_id, self.schema, partition)
+        return read_bucket_range(self.options, self.table_id, self.schema, partition,
+                                 self.meta)
 
 
 def _spark_arrow(data_type) -> pa.DataType:

@@ -86,6 +86,16 @@ def test_one_load_asks_the_coordinator_for_the_table_once(spark, metered, metere
     assert calls(metered, "describe_table") == described
 
 
+def test_one_changelog_load_asks_the_coordinator_for_the_table_once(spark, metered,
+                                                                     metered_conn):
+    table = new_table(metered_conn, ROWS)
+    before = calls(metered, "table_info")
+    df = spark.read.format("tally").option("url", metered.url).option("table", table.name) \
+        .option("changelog", "true").load()
+    assert sorted((r["day"], r["k"], r["total"]) for r in df.collect()) == EXPECTED
+    assert calls(metered, "table_info") - before == 1
+
+
 def test_one_load_parses_its_options_once(metered, metered_conn, monkeypatch):
     """Spark's steps of a load in this process: schema() on the data source, reader() on a
     copy pickled after it, each task on a pickled copy of the reader."""
