@@ -73,7 +73,6 @@ READ_KEYS = {URL, TABLE, TOKEN, TOKEN_FILE, TLS_CA, TLS_CERT, TLS_KEY, COLUMNS, 
              UNWRITTEN_OPTION, BATCH_SIZE, SKETCH_ESTIMATES, KLL_QUANTILE, SNAPSHOT,
              SPARK_PARTITIONS, *CLIENT_TIMEOUTS}
 SPARK_KEYS = {"path"}
-ESTIMATED_FUNCTIONS = (AggFunction.HLL_SKETCH, AggFunction.THETA_SKETCH, AggFunction.KLL_SKETCH)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,7 +266,7 @@ def estimated_columns(plan: ReadPlan) -> dict[str, SketchEstimate]:
     descriptor = plan.meta.descriptor
     return {agg.column: SketchEstimate(agg.function, agg.params.get("items"), options.kll_rank)
             for agg in descriptor.schema.aggregators(descriptor.is_aggregation)
-            if agg.function in ESTIMATED_FUNCTIONS}
+            if agg.estimated}
 
 
 def read_schema(options: dict) -> StructType:

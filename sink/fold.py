@@ -127,5 +127,6 @@ def combine(parts: list[FoldedPart], plan: WritePlan) -> tuple[pa.Table | None, 
     if plan.mode is MergeMode.OVERWRITE:
         order = np.arange(states.num_rows)
         return last_per_key(states, plan.key_columns, order), MergeMode.OVERWRITE
+    # the parts are this job's own first-stage states, validated there: not checked again
     return preaggregate(states, plan.descriptor, list(plan.target_columns),
-                        MergeMode.MERGE_STATE), MergeMode.MERGE_STATE
+                        MergeMode.MERGE_STATE, checked=True), MergeMode.MERGE_STATE

@@ -18,7 +18,7 @@ OffsetOutOfRangeError naming the bucket and the offsets.
 
 Spark does not tell `DataSource.schema()` whether a batch or a stream read follows, and the two
 read different rows, so the changelog schema is asked for with the `changelog` option
-(`wants_changelog`, `changelog_spark_schema`); `streamReader` refuses a table schema with a
+(`wants_changelog`, `ChangelogPlan.spark_schema`); `streamReader` refuses a table schema with a
 message saying so. A batch read with that option (`ChangelogBatchReader`) reads the records
 from `startingOffsets` (default earliest) up to each bucket's log end.
 """
@@ -94,7 +94,7 @@ class StreamOptions:
 
 def wants_changelog(options: dict) -> bool:
     """Whether the read asks for the changelog (the `changelog` option), which is what
-    `DataSource.schema()` must answer with `changelog_spark_schema`."""
+    `DataSource.schema()` must answer with `ChangelogPlan.spark_schema`."""
     raw = lowered(options)
     return parse_bool_option(CHANGELOG, raw.get(CHANGELOG, "false"))
 
@@ -103,25 +103,6 @@ def _connect(options: StreamOptions):
     from sink import remote
 
     return remote.connect(options.url, options.token, options.tls, options.timeouts)
-
-
-def changelog_arrow_schema(options: StreamOptions) -> pa.Schema:
-    from tally.client.changelog_reader import changelog_schema
-
-    conn = _connect(options)
-    try:
-        meta = conn.table_meta(options.table, refresh=True)
-        return changelog_schema(meta.routing, descriptor=meta.descriptor)
-    finally:
-        conn.close()
-
-
-def changelog_spark_schema(options: dict):
-    """The Spark schema of a changelog stream of the table the options name (what
-    `TallyDataSource.schema()` returns when `wants_changelog(options)`)."""
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    return from_arrow_schema(changelog_arrow_schema(StreamOptions.parse(options)))
 
 
 @dataclasses.dataclass(frozen=True)

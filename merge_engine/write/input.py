@@ -142,6 +142,22 @@ def prepare_write(rows, schema: Schema, aggregators, target_columns=None,
                       extra.get(WRITTEN_MS))
 
 
+def checked_states(states: pa.Table, schema: Schema, target_columns=None) -> WriteInput:
+    """The WriteInput of partial states this process folded itself from a write it validated
+    (a Spark task combining its first stage's parts): taken as they are, not checked again,
+    so a micro-batch's values are validated once on the executor."""
+    targets = _target_names(schema, target_columns)
+    columns = {}
+    for name in targets:
+        column = states.column(name)
+        columns[name] = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    target = np.array([name in targets for name in schema.names], dtype=bool)
+    names = states.column_names
+    signs = _signs(states.column(CHANGE_TYPE).to_pylist()) if CHANGE_TYPE in names else None
+    contributions = states.column(CONTRIBUTIONS).to_pylist() if CONTRIBUTIONS in names else None
+    return WriteInput(columns, target, states.num_rows, None, signs, contributions)
+
+
 def _signs(change_types: list) -> np.ndarray | None:
     """+1 per contributing row, -1 per retraction; None when nothing is retracted."""
     try:

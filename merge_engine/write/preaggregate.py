@@ -23,23 +23,27 @@ from merge_engine.table.descriptor import TableDescriptor
 from merge_engine.table.hidden_columns import CHANGE_TYPE, CONTRIBUTIONS
 from merge_engine.table.modes import MergeMode
 from merge_engine.write.folds import column_states, fold_states, row_contributions
-from merge_engine.write.input import prepare_write
+from merge_engine.write.input import checked_states, prepare_write
 from merge_engine.write.keys import encode_keys, group_keys
 from merge_engine.write.runs import exact_runs
 from merge_engine.write.state import contribution_lists
 
 
 def preaggregate(rows, descriptor: TableDescriptor, target_columns=None,
-                 mode: MergeMode = MergeMode.AGGREGATE, order: np.ndarray | None = None) -> pa.Table:
+                 mode: MergeMode = MergeMode.AGGREGATE, order: np.ndarray | None = None,
+                 checked: bool = False) -> pa.Table:
     """Partial states of `rows`, in key order (a key's states in row order): send the result
     with MergeMode.MERGE_STATE and the same target columns.
 
     `mode` says what the rows are: raw values (AGGREGATE) or partial states (MERGE_STATE).
     `order` is an optional permutation of the rows, e.g. sorted by a sequence column.
+    `checked`: `rows` are partial states this process folded from a write it validated
+    already (an Arrow table of the result's columns), taken without checking them again.
     """
     schema = descriptor.schema
     aggregators = schema.aggregators(descriptor.is_aggregation)
-    write = prepare_write(rows, schema, aggregators, target_columns, allow_retractions=True)
+    write = checked_states(rows, schema, target_columns) if checked else \
+        prepare_write(rows, schema, aggregators, target_columns, allow_retractions=True)
     targets = [i for i, t in enumerate(write.target) if t]
     names = [schema.names[i] for i in targets]
     if write.rows == 0:
