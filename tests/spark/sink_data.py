@@ -37,6 +37,25 @@ def _create(conn, name: str, buckets: int, columns) -> None:
         properties={"table.merge-engine": "aggregation"}))
 
 
+def filled_table(conn, database: str, schema, buckets: int, rows: list[dict],
+                 name: str | None = None):
+    """A new aggregation table of `schema` named `name` (default: a fresh name in `database`),
+    holding `rows` (one flush): a handle on it."""
+    import uuid
+
+    import tally
+
+    name = name or f"{database}.t_{uuid.uuid4().hex[:10]}"
+    conn.admin.create_database(database, ignore_if_exists=True)
+    conn.admin.create_table(name, tally.TableDescriptor(
+        schema, bucket_count=buckets, properties={"table.merge-engine": "aggregation"}))
+    table = conn.table(name)
+    if rows:
+        with table.upsert_writer() as writer:
+            writer.upsert(pa.Table.from_pylist(rows, schema=schema.to_arrow()))
+    return table
+
+
 def make_rows(count: int, keys: int, seed: int, start: int = 0) -> list[dict]:
     rng = random.Random(seed)
     rows = []

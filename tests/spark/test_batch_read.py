@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import decimal
 import json
-import uuid
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import sink
 import tally
 from sink.batch_reader import grouped
+from tests.spark.sink_data import filled_table
 
 DAYS = ["d1", "d2"]
 SCHEMA = (tally.Schema.builder().column("day", pa.string()).column("k", pa.int64())
@@ -36,17 +35,7 @@ def registered(spark):
 
 
 def new_table(conn, rows: list[dict], name: str | None = None):
-    name = name or f"sparkread.t_{uuid.uuid4().hex[:10]}"
-    conn.admin.create_database("sparkread", ignore_if_exists=True)
-    conn.admin.create_table(name, tally.TableDescriptor(
-        SCHEMA, bucket_count=BUCKETS, properties={"table.merge-engine": "aggregation"}))
-    table = conn.table(name)
-    if rows:
-        writer = table.upsert_writer()
-        writer.upsert(pa.Table.from_pylist(rows, schema=SCHEMA.to_arrow()))
-        writer.flush()
-        writer.close()
-    return table
+    return filled_table(conn, "sparkread", SCHEMA, BUCKETS, rows, name)
 
 
 def reader(spark, cluster, table, **options):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import pickle
 import urllib.request
-import uuid
 
 import pyarrow as pa
 import pytest
@@ -22,6 +21,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 import tally
 from sink import protocol
 from sink.options import SinkOptions
+from tests.spark.sink_data import filled_table
 
 SCHEMA = (tally.Schema.builder().column("day", pa.string()).column("k", pa.int64())
           .agg_column("total", pa.int64(), tally.AggFunction.SUM)
@@ -59,17 +59,7 @@ def calls(cluster, call: str) -> float:
 
 
 def new_table(conn, rows: list[dict]):
-    name = f"honest.t_{uuid.uuid4().hex[:10]}"
-    conn.admin.create_database("honest", ignore_if_exists=True)
-    conn.admin.create_table(name, tally.TableDescriptor(
-        SCHEMA, bucket_count=BUCKETS, properties={"table.merge-engine": "aggregation"}))
-    table = conn.table(name)
-    if rows:
-        writer = table.upsert_writer()
-        writer.upsert(pa.Table.from_pylist(rows, schema=SCHEMA.to_arrow()))
-        writer.flush()
-        writer.close()
-    return table
+    return filled_table(conn, "honest", SCHEMA, BUCKETS, rows)
 
 
 ROWS = [{"day": f"d{k % 2}", "k": k, "total": k * 10} for k in range(40)]
