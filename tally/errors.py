@@ -168,6 +168,12 @@ class UnrecoveredLockError(ColumnLockConflict):
     takes the columns over (which undoes them first), or an operator discards the lock."""
 
 
+class RollupBuildingError(ColumnLockConflict):
+    """An epoch on a table was refused because one of its rollups is being backfilled: the
+    backfill's scan must see no epoch in flight. Nothing was written; a writer waits and
+    begins the epoch again once the rollup is ready."""
+
+
 class LeaseLostError(TallyError):
     """A lease expired or was superseded: its owner is fenced and may not write any more."""
 
