@@ -62,6 +62,16 @@ class Admin:
         self._conn.invalidate(name)
         return int(answer["table_id"])
 
+    def create_dictionary(self, name: str, id_type: str = "int32", buckets: int = 1,
+                          key_type: str = "string", ignore_if_exists: bool = False) -> int:
+        """Create a dictionary table (docs/dictionaries.md): `key_type` ("string" or "binary")
+        keys mapped to dense `id_type` ids ("int32": below 2^32, for rbm32; "int64": for
+        rbm64), assigned by `conn.table(name).ids(keys)`. Returns the table id."""
+        from merge_engine.table.dictionary import dictionary_descriptor
+
+        return self.create_table(name, dictionary_descriptor(id_type, buckets, key_type),
+                                 ignore_if_exists=ignore_if_exists)
+
     def add_column(self, name: str, column: str, arrow_type, agg=None, **params) -> int:
         """Add a nullable column to a live table (docs/tables.md, adding a column): existing
         rows read null; writers, sinks and readers see it once they refresh the table's

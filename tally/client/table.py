@@ -109,6 +109,21 @@ class Table:
         values = rows.drop_columns([FOUND_COLUMN]).to_pylist()
         return [row if hit else None for row, hit in zip(values, found)]
 
+    def ids(self, keys) -> pa.Array:
+        """A dictionary table's ids of `keys` (a list of str, or bytes for a binary dictionary,
+        or an Arrow array), in input order, assigning new ids to absent keys (insert-if-absent,
+        docs/dictionaries.md); InvalidInputError for a null key, a key of another type or a
+        table that is no dictionary, with nothing assigned."""
+        from tally.client.dictionary import assign_ids
+
+        return assign_ids(self, keys)
+
+    def lookup_ids(self, keys) -> pa.Array:
+        """A dictionary table's ids of `keys`, null where a key has none; assigns nothing."""
+        from tally.client.dictionary import lookup_ids
+
+        return lookup_ids(self, keys)
+
     def scan(self, columns=None, filter=None, batch_size: int = DEFAULT_BATCH_SIZE,
              unwritten: bool = False) -> TableScan:
         """The table's rows as pyarrow RecordBatches of at most `batch_size` rows (iterate the

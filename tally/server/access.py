@@ -96,6 +96,7 @@ REQUIRED_ROLE: dict[str, str] = {
     "do_put:delete": WRITE,
     "do_put:undo": WRITE,  # a refused flush takes back its own applied parts
     # tablet servers: asked by the coordinator only
+    "assign_ids": WRITE,  # a dictionary's insert-if-absent: new keys get ids (a write)
     "offsets": CLUSTER,
     "drop_tablets": CLUSTER,
     "install_lock_view": CLUSTER,

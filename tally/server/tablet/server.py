@@ -30,6 +30,7 @@ from tally.server.metrics import ServerMetrics
 from tally.server.settings import (DEFAULT_MAX_BATCH_BYTES, DEFAULT_SCAN_BATCH_ROWS,
                                    HEARTBEAT_INTERVAL, SEGMENT_INTERVAL, SETTLE_TIMEOUT,
                                    SNAPSHOT_INTERVAL, STORAGE_PROBE_INTERVAL)
+from tally.server.tablet.id_assignment import IdAssignment
 from tally.server.tablet.identity import load_server_id
 from tally.server.tablet.leader_lease import LeaderLease
 from tally.server.tablet.lookups import KeyLookups
@@ -135,6 +136,7 @@ class TabletServer:
         self.binary_actions: dict = {}
         self.raw_actions: dict = {}  # name -> handler(request bytes) -> bytes: reads its own
         KeyLookups(self)  # adds lookup and lookup_many
+        IdAssignment(self)  # adds assign_ids, refuses plain writes to dictionary tables
         self._heartbeat = PeriodicDuty(self.send_heartbeat, heartbeat_interval, "heartbeat")
         self.locks = TabletLocks(self)
         self.retention = RetentionKeeper(self, retention_interval)
