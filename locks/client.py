@@ -119,6 +119,16 @@ class Locks:
         return bool(self._call("commit", lease=lease.to_json(), epoch=epoch,
                                offsets=offsets_to_json(offsets)))
 
+    def commit_together(self, commits, epoch: int) -> list[bool]:
+        """`commit` of one epoch for several leases at once, recorded all or none (a source
+        and its rollups): `commits` is [(lease, offsets)]."""
+        for lease, _ in commits:
+            self.check(lease)
+        found = self._call("commit_together", epoch=epoch, commits=[
+            {"lease": lease.to_json(), "offsets": offsets_to_json(offsets)}
+            for lease, offsets in commits])
+        return [bool(moved) for moved in found]
+
     def last_commit(self, table: str, owner_id: str) -> Commit | None:
         """The owner's last commit (epoch, {(partition, bucket): end offset}, tenure), or None.
         The epoch counts across tenures; the offsets are an undo baseline only in its tenure."""

@@ -114,34 +114,54 @@ class CommitLog:
         Returns False for a repeat of the last committed epoch (a replay), raises for an older
         one, and raises LeaseLostError for a lease that is expired or superseded.
         """
+        return self.commit_together([(lease, offsets)], check_epoch(epoch))[0]
+
+    def commit_together(self, commits: list[tuple[Lease, Offsets]], epoch: int) -> list[bool]:
+        """`commit` of one epoch for several owners (a source table and its rollups) in one
+        metadata transaction: every commit is recorded, or none, so a crash can never leave
+        one table's owner at the epoch and another's before it. Each lease is checked as
+        `commit` checks it; an owner already at the epoch is left as it is (False)."""
         epoch = check_epoch(epoch)
+        if not commits:
+            return []
+
+        def attempt() -> tuple[list[tuple], list[bool]]:
+            ops, changed = [], []
+            for lease, offsets in commits:
+                own, moved = self._commit_ops(lease, epoch, offsets)
+                ops += own
+                changed.append(moved)
+            return ops, changed
+
+        names = ", ".join(f"'{lease.owner_id}'" for lease, _ in commits)
+        tables = ", ".join(sorted({lease.table for lease, _ in commits}))
+        changed = self.store.transact(
+            attempt, what=f"the locks and the last commits of owner(s) {names}",
+            doing=f"commit epoch {epoch} on {tables}")
+        for (lease, _), moved in zip(commits, changed):
+            if moved:
+                self.forget_baselines(lease.table_id, lease.owner_id, epoch)
+        return changed
+
+    def _commit_ops(self, lease: Lease, epoch: int, offsets: Offsets) -> tuple[list[tuple], bool]:
+        """The ops recording one owner's commit of `epoch` (none for a repeat), read fresh."""
         path = commit_path(lease.table_id, lease.owner_id)
-
-        def attempt() -> tuple[list[tuple], bool]:
-            record, lock_version = self.acting(lease, f"commit epoch {epoch}")
-            node = self.store.get(path)
-            # no "epoch": the node is only the parent of baselines stored before a first commit
-            if node is not None and "epoch" in node.value:
-                last = int(node.value["epoch"])
-                if epoch == last:
-                    return [], False
-                if epoch < last:
-                    raise InvalidInputError(
-                        f"Epoch {epoch} is older than the last commit {last} of owner "
-                        f"'{lease.owner_id}' on {lease.table}: commits only move forward")
-            value = {"epoch": epoch, "offsets": offsets_to_json(offsets),
-                     "tenure": record.tenure, "token": lease.token, "committed_at": time.time()}
-            write = ("set", path, value, node.version) if node is not None else \
-                ("create", path, value)
-            return [("check", lock_path(lease.table_id, lease.owner_id), lock_version),
-                    write], True
-
-        committed = self.store.transact(
-            attempt, what=f"the lock and the last commit of owner '{lease.owner_id}'",
-            doing=f"commit epoch {epoch} on {lease.table}")
-        if committed:
-            self.forget_baselines(lease.table_id, lease.owner_id, epoch)
-        return committed
+        record, lock_version = self.acting(lease, f"commit epoch {epoch}")
+        node = self.store.get(path)
+        # no "epoch": the node is only the parent of baselines stored before a first commit
+        if node is not None and "epoch" in node.value:
+            last = int(node.value["epoch"])
+            if epoch == last:
+                return [], False
+            if epoch < last:
+                raise InvalidInputError(
+                    f"Epoch {epoch} is older than the last commit {last} of owner "
+                    f"'{lease.owner_id}' on {lease.table}: commits only move forward")
+        value = {"epoch": epoch, "offsets": offsets_to_json(offsets),
+                 "tenure": record.tenure, "token": lease.token, "committed_at": time.time()}
+        write = ("set", path, value, node.version) if node is not None else \
+            ("create", path, value)
+        return [("check", lock_path(lease.table_id, lease.owner_id), lock_version), write], True
 
     def epoch_baseline(self, lease: Lease, epoch: int, current_offsets) -> Offsets:
         """The end offsets before `epoch`'s first write in this tenure: stored on the first

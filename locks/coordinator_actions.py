@@ -80,6 +80,7 @@ class CoordinatorLocks:
             "lock_describe": self.describe,
             "lock_view": self.view_action,
             "commit": self.commit,
+            "commit_together": self.commit_together,
             "last_commit": self.last_commit,
             "epoch_baseline": self.epoch_baseline,
             "epoch_begin": self.epoch_begin,
@@ -205,6 +206,19 @@ class CoordinatorLocks:
         return self.commits.commit(self.lease(body, "commit"), field(body, "epoch", int),
                                    offsets_field(body, "offsets"))
 
+    def commit_together(self, body: dict) -> list[bool]:
+        """One epoch's commits of several owners (a source and its rollups), all or none;
+        each lease is checked as a single commit's is."""
+        items = field(body, "commits", list)
+        if not items:
+            raise InvalidInputError("commit_together needs at least one commit")
+        commits = []
+        for item in items:
+            if not isinstance(item, dict):
+                raise InvalidInputError("each commit is an object with 'lease' and 'offsets'")
+            commits.append((self.lease(item, "commit"), offsets_field(item, "offsets")))
+        return self.commits.commit_together(commits, field(body, "epoch", int))
+
     def last_commit(self, body: dict):
         record = self.catalog.get_table(field(body, "table", str))
         found = self.commits.last_commit(record.table_id, field(body, "owner_id", str))
@@ -229,6 +243,7 @@ class CoordinatorLocks:
         buckets = check_buckets(field(body, "buckets", list))
         record, _ = self.locks.current(lease)  # a forged or superseded lease learns nothing more
         refuse_takeover(record, lease, f"begin epoch {epoch}")
+        self.coordinator.rollups.refuse_building(lease.table_id, lease.table)
         last = self.commits.last_commit(lease.table_id, lease.owner_id)
         if last is not None and last.epoch >= epoch:
             raise LeaseLostError(

@@ -54,6 +54,8 @@ APP_ID_PROPERTY = "spark.app.id"
 class TallyCommitMessage(WriterCommitMessage):
     part: object  # sink.funnel.FoldedPart
     app_id: str | None = None  # batch writes: the application, for the default owner id
+    # {rollup table: the FoldedPart of this task's rows projected into it}
+    rollup_parts: dict = dataclasses.field(default_factory=dict)
 
 
 class TallyDataSource(DataSource):
@@ -135,12 +137,15 @@ class TallyDataSource(DataSource):
 
 
 def _plan(options: SinkOptions, schema):
+    """(the write's plan, the rollups it feeds): tasks project their rows into each."""
     from sink import remote
     from sink.plan import plan_write
+    from sink.rollup_feeds import rollup_feeds
 
     conn = remote.connect(options.url, options.token, options.tls)
     try:
-        return plan_write(conn, options, schema)
+        plan = plan_write(conn, options, schema)
+        return plan, tuple(rollup_feeds(conn, plan))
     finally:
         conn.close()
 
@@ -176,7 +181,8 @@ class _TaskSide:
                 yield b.select(list(names)).rename_columns(list(names.values()))
 
         label = "batch write" if query_id is None else f"micro-batch of query {query_id}"
-        out = list(BucketAssigner(plan, label)(renamed()))
+        source = list(renamed()) if self.feeds else None
+        out = list(BucketAssigner(plan, label)(source if source is not None else renamed()))
         data = pa.Table.from_batches(out) if out else None
         context = TaskContext.get()
         partition = context.partitionId()
@@ -184,7 +190,14 @@ class _TaskSide:
         if data is None or data.num_rows == 0:
             return TallyCommitMessage(part=None if query_id is None else
                                       _empty(partition, query_id), app_id=app_id)
-        return TallyCommitMessage(part=fold_part(data, plan, partition, query_id), app_id=app_id)
+        rollup_parts = {}
+        for feed in self.feeds:
+            rows = list(BucketAssigner(feed.plan, f"{label} (rollup {feed.table})")(
+                b for batch in source for b in feed.project(batch).to_batches()))
+            rollup_parts[feed.table] = fold_part(pa.Table.from_batches(rows), feed.plan,
+                                                 partition, query_id)
+        return TallyCommitMessage(part=fold_part(data, plan, partition, query_id), app_id=app_id,
+                                  rollup_parts=rollup_parts)
 
 
 def _empty(partition: int, query_id: str):
@@ -211,13 +224,13 @@ def check_write(df, options: dict):
     every column, the key, the types), made now in this process, raising the Tally error
     itself: for a stream, whose write Spark plans only at its first micro-batch, before
     `start()`. Returns the checked plan."""
-    return _plan(_parse(options), df.schema)
+    return _plan(_parse(options), df.schema)[0]
 
 
 class TallyBatchWriter(_TaskSide, DataSourceArrowWriter):
     def __init__(self, options: dict, schema, app_id: str | None):
         self.options = _parse(options)
-        self.plan = _plan(self.options, schema)
+        self.plan, self.feeds = _plan(self.options, schema)
         self.app_id = app_id  # known only when the session registered the source itself
 
     def write(self, iterator):
@@ -252,7 +265,7 @@ class TallyBatchWriter(_TaskSide, DataSourceArrowWriter):
         try:
             epoch = run.batch_epoch()
             run.write_epoch(epoch, f"batch write (epoch {epoch}) by {owner_id}",
-                            FunnelDelivery(parts))
+                            FunnelDelivery(parts, self.feeds, messages))
         finally:
             run.end()
 
@@ -264,7 +277,7 @@ class TallyBatchWriter(_TaskSide, DataSourceArrowWriter):
 class TallyStreamWriter(_TaskSide, DataSourceStreamArrowWriter):
     def __init__(self, options: dict, schema):
         self.options = _parse(options)
-        self.plan = _plan(self.options, schema)
+        self.plan, self.feeds = _plan(self.options, schema)
 
     def write(self, iterator):
         from pyspark import TaskContext
@@ -283,7 +296,7 @@ class TallyStreamWriter(_TaskSide, DataSourceStreamArrowWriter):
         run = StreamRuns.get(self.options, self.plan, owner)
         try:
             run.write_epoch(int(batchId), f"micro-batch {batchId} of query {query_id}",
-                            FunnelDelivery(parts))
+                            FunnelDelivery(parts, self.feeds, messages))
         except BaseException:
             if run.dirty:
                 StreamRuns.drop(run)

@@ -91,6 +91,7 @@ class DriverDelivery:
         self.query = query        # the JVM streaming query whose micro-batch `df` is, if any
         self.prepared = None      # (folded per bucket, mode, input rows per bucket)
         self.read_by = None       # "file" (read on the driver) or "job" (Spark's toArrow)
+        self.data = None          # the batch's table-named rows, kept for the rollups
 
     def prepare(self, plan: WritePlan, label: str) -> None:
         selected = self.selected if self.selected is not None else table_named(self.df, plan)
@@ -102,6 +103,7 @@ class DriverDelivery:
             data = self._collect(selected, plan, label)
         folded, mode, counts = fold_by_bucket(data, plan, label)
         self.prepared = (folded, mode or MergeMode.MERGE_STATE, counts)
+        self.data = data
 
     def _collect(self, selected, plan: WritePlan, label: str) -> pa.Table:
         """The batch's rows through Spark's one job."""
@@ -119,3 +121,22 @@ class DriverDelivery:
         folded, mode, counts = self.prepared
         return write_every_bucket(conn, plan, epoch, folded, mode, counts,
                                   threads=WRITE_THREADS)
+
+    def rollup(self, feed, source: WritePlan) -> "DriverRollup":
+        """The delivery of a rollup's rows: the batch read once, projected here."""
+        return DriverRollup(self, feed)
+
+
+class DriverRollup:
+    """A rollup's delivery in the driver delivery: the rows the source's delivery read,
+    projected into the rollup's, folded by bucket and written from the driver."""
+
+    def __init__(self, source: DriverDelivery, feed):
+        self.source = source
+        self.feed = feed
+
+    def __call__(self, conn, plan: WritePlan, epoch: EpochContext,
+                 label: str) -> list[BucketReport]:
+        folded, mode, counts = fold_by_bucket(self.feed.project(self.source.data), plan, label)
+        return write_every_bucket(conn, plan, epoch, folded, mode or MergeMode.MERGE_STATE,
+                                  counts, threads=WRITE_THREADS)

@@ -42,14 +42,27 @@ class FunnelDelivery:
     """The data source's delivery of an epoch (see the module docstring): every bucket, with
     or without rows, one after another, through the per-bucket step."""
 
-    def __init__(self, parts: list[FoldedPart]):
+    def __init__(self, parts: list[FoldedPart], feeds=(), messages=()):
         self.parts = parts
+        # The rollups the tasks projected their rows into, and each one's parts.
+        self.fed = {feed.table for feed in feeds}
+        self.rollup_parts: dict[str, list[FoldedPart]] = {}
+        for message in messages:
+            for table, part in (getattr(message, "rollup_parts", None) or {}).items():
+                self.rollup_parts.setdefault(table, []).append(part)
 
     def __call__(self, conn, plan: WritePlan, epoch: EpochContext,
                  label: str) -> list[BucketReport]:
         rows, mode = combine(self.parts, plan)
         by_bucket = {} if rows is None else split_by_bucket(rows, plan)
         return write_every_bucket(conn, plan, epoch, by_bucket, mode)
+
+    def rollup(self, feed, source: WritePlan) -> "FunnelDelivery | None":
+        """The delivery of a rollup's parts; None for a rollup the tasks did not project
+        into (added after the write was planned)."""
+        if feed.table not in self.fed:
+            return None
+        return FunnelDelivery(self.rollup_parts.get(feed.table, []))
 
 
 class StreamRuns:

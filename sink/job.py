@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import functions as F
 
+from sink.dictionary_ids import map_ids
 from sink.fold import fold_part
 from sink.plan import (BUCKET_COLUMN, HIDDEN_SEQUENCE_COLUMN, ORDER_COLUMN, PARTITION_COLUMN,
                        WritePlan)
@@ -72,6 +73,8 @@ class BucketAssigner:
         seen = 0
         key_types = self.plan.key_types()
         for batch in batches:
+            if self.plan.dictionaries:  # string ids become their dictionary's ints first
+                batch = map_ids(self.plan.dictionaries, batch, self.epoch_label)
             n = batch.num_rows
             keys = {}
             for name in self.plan.key_columns:
@@ -171,12 +174,16 @@ class PartitionFolder:
     """mapInArrow function of the first stage (runs on executors): bucket and name the input
     partition's rows, fold each (bucket, partition)'s rows per key, one row per folded part."""
 
-    def __init__(self, plan: WritePlan, epoch_label: str):
+    def __init__(self, plan: WritePlan, epoch_label: str, project=None):
         self.plan = plan
         self.epoch_label = epoch_label
+        # A rollup's write: its rows are the input's projected (sink.rollup_feeds.RollupFeed).
+        self.project = project
 
     def __call__(self, batches):
         pending, count = [], 0
+        if self.project is not None:
+            batches = (b for batch in batches for b in self.project(batch).to_batches())
         for batch in BucketAssigner(self.plan, self.epoch_label, names=True)(batches):
             if batch.num_rows:
                 pending.append(batch)
@@ -199,20 +206,22 @@ class PartitionFolder:
                 schema=PART_SCHEMA)
 
 
-def bucketed(df, plan: WritePlan, label: str):
+def bucketed(df, plan: WritePlan, label: str, project=None):
     """The DataFrame the write stage reads: partition i holds exactly bucket i's folded parts
-    (PART_SCHEMA rows)."""
-    folded = table_named(df, plan).mapInArrow(PartitionFolder(plan, label), PART_DDL)
+    (PART_SCHEMA rows). `project`: a rollup's, of `df`'s table-named source rows."""
+    named = df if project is not None else table_named(df, plan)
+    folded = named.mapInArrow(PartitionFolder(plan, label, project), PART_DDL)
     return folded.repartitionById(plan.bucket_count, BUCKET_COLUMN)
 
 
-def run_write_job(df, plan: WritePlan, epoch: EpochContext, label: str) -> list[BucketReport]:
+def run_write_job(df, plan: WritePlan, epoch: EpochContext, label: str,
+                  project=None) -> list[BucketReport]:
     """Run the epoch's write stage; one report per successful task."""
     spark = df.sparkSession
     spark.sparkContext.setJobDescription(f"tally sink: {label} into {plan.table}")
     try:
-        rows = bucketed(df, plan, label).mapInArrow(BucketTask(plan, epoch), RESULT_DDL) \
-            .collect()
+        rows = bucketed(df, plan, label, project) \
+            .mapInArrow(BucketTask(plan, epoch), RESULT_DDL).collect()
     finally:
         spark.sparkContext.setJobDescription(None)
     return [report_from_row(row) for row in rows]
@@ -227,3 +236,20 @@ class SparkJob:
     def __call__(self, conn, plan: WritePlan, epoch: EpochContext,
                  label: str) -> list[BucketReport]:
         return run_write_job(self.df, plan, epoch, label)
+
+    def rollup(self, feed, source: WritePlan) -> "RollupJob":
+        """The delivery of a rollup's rows: a write job of its own over the same batch."""
+        return RollupJob(table_named(self.df, source), feed)
+
+
+class RollupJob:
+    """A rollup's delivery in TallySink's task delivery: the write job over the source's
+    table-named rows, each input partition's projected into the rollup's before bucketing."""
+
+    def __init__(self, named, feed):
+        self.named = named
+        self.feed = feed
+
+    def __call__(self, conn, plan: WritePlan, epoch: EpochContext,
+                 label: str) -> list[BucketReport]:
+        return run_write_job(self.named, plan, epoch, label, project=self.feed.project)

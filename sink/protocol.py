@@ -50,8 +50,9 @@ from sink.epoch_errors import epoch_failed
 from sink.epoch_log import epoch_line, show_by_default
 from sink.options import SinkOptions
 from sink.plan import WritePlan, plan_write
+from sink.rollup_runs import RollupMembers
 from sink.task import BucketMismatchError, BucketReport, EpochContext
-from tally.errors import AttemptSupersededError, TallyError
+from tally.errors import AttemptSupersededError, RollupBuildingError, TallyError
 from tally.timestamps import duration
 
 log = logging.getLogger("tally.sink")
@@ -64,6 +65,8 @@ END_WAIT_SECONDS = 60.0
 # A rollback that a straggling task of the failed job outran (it registered a newer attempt
 # after the rollback's) registers again and undoes again, this many times at most.
 ROLLBACK_TRIES = 10
+# How long an epoch's begin waits while a rollup of its table is being backfilled.
+ROLLUP_BUILD_WAIT = 600.0
 
 
 @dataclasses.dataclass
@@ -76,6 +79,8 @@ class EpochResult:
     retried_tasks: int = 0
     seconds: float = 0.0
     offsets: dict = dataclasses.field(default_factory=dict)
+    # {rollup table: its EpochResult}: the rollups this epoch wrote and committed with it
+    rollups: dict = dataclasses.field(default_factory=dict)
 
     def __repr__(self) -> str:
         return (f"EpochResult(epoch {self.epoch}, skipped {self.skipped}, {self.rows} rows, "
@@ -86,8 +91,11 @@ class EpochResult:
 class WriterRun:
     """One run of one writer: lease, recovery, epochs (see the module docstring)."""
 
-    def __init__(self, conn, options: SinkOptions, plan: WritePlan, owner_id: str):
+    def __init__(self, conn, options: SinkOptions, plan: WritePlan, owner_id: str, *,
+                 shares_connection: bool = False):
         self.conn = conn
+        # A rollup's run writes through its source run's connection, which only that closes.
+        self.shares_connection = shares_connection
         self.options = options
         self.plan = plan
         self.owner_id = owner_id
@@ -101,6 +109,7 @@ class WriterRun:
         # The owner's last committed epoch as this run knows it: asked once, then updated by
         # the run's own commits (None: not asked yet; see step 1 of the module docstring).
         self._committed: tuple[int | None] | None = None
+        self.rollups = RollupMembers(self)
 
     @classmethod
     def connect(cls, options: SinkOptions, plan: WritePlan | None, owner_of, *,
@@ -156,30 +165,42 @@ class WriterRun:
             self.epochs.append(result)
             return result
         start, prepare_error = self._begin(epoch, deliver, label)
-        baseline = dict(start.baseline)
-        context = EpochContext(self.options.url, self.options.token, self.lease, epoch,
-                               baseline, self.options.fail_hook, self.options.tls,
-                               attempts=dict(start.attempts), offsets=dict(start.offsets),
-                               run=start.run)
+        context = self._context(epoch, start)
         self.dirty = True
+        members: list = []
         try:
             if prepare_error is not None:
                 raise prepare_error
+            # The rollups are read once the source's epoch is begun: a rollup added since
+            # is fed from this epoch on, and one being backfilled refused the begin above.
+            members = self.rollups.begin(epoch, deliver)
             reports = deliver(self.conn, self.plan, context, label)
-            result = self._summarize(epoch, reports, baseline)
+            result = self._summarize(epoch, reports, context.baseline)
+            member_results = [member.deliver(label) for member in members]
         except Exception as failure:
-            raise self._roll_back(epoch, baseline, label, failure) from failure
+            raise self._roll_back(epoch, context.baseline, label, failure, members) from failure
+        commits = [(self.lease, result.offsets)] + \
+            [(member.run.lease, done.offsets) for member, done in zip(members, member_results)]
         try:
-            remote.commit(self.conn, self.lease, epoch, result.offsets)
+            remote.commit_together(self.conn, commits, epoch)
         except Exception as failure:
             if not self._commit_landed(epoch, label, failure):
-                raise self._roll_back(epoch, baseline, label, failure) from failure
-        self._committed = (epoch,)
-        self.dirty = False
+                raise self._roll_back(epoch, context.baseline, label, failure,
+                                      members) from failure
+        for run in [self] + [member.run for member in members]:
+            run._committed = (epoch,)
+            run.dirty = False
         result.seconds = time.monotonic() - started
+        result.rollups = {member.feed.table: done for member, done in zip(members, member_results)}
         self.epochs.append(result)
         log.info("%s", epoch_line(self.plan.table, label, result))
         return result
+
+    def _context(self, epoch: int, start) -> EpochContext:
+        return EpochContext(self.options.url, self.options.token, self.lease, epoch,
+                            dict(start.baseline), self.options.fail_hook, self.options.tls,
+                            attempts=dict(start.attempts), offsets=dict(start.offsets),
+                            run=start.run)
 
     def _begin(self, epoch: int, deliver: Delivery, label: str):
         """Begin the epoch (step 2); a delivery with a `prepare` step (reading the batch,
@@ -189,9 +210,9 @@ class WriterRun:
         prepare = getattr(deliver, "prepare", None)
         buckets = range(self.plan.bucket_count)
         if prepare is None:
-            return remote.begin_epoch(self.conn, self.lease, epoch, buckets), None
+            return begin_waiting(self.conn, self.lease, epoch, buckets, label), None
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tally-begin") as pool:
-            begun = pool.submit(remote.begin_epoch, self.conn, self.lease, epoch, buckets)
+            begun = pool.submit(begin_waiting, self.conn, self.lease, epoch, buckets, label)
             try:
                 prepare(self.plan, label)
                 failure = None
@@ -226,12 +247,16 @@ class WriterRun:
                         self.owner_id, label, failure)
         return landed
 
-    def _roll_back(self, epoch: int, baseline: dict, label: str,
-                   failure: Exception) -> Exception:
-        """Undo every bucket of a failed epoch to its baseline; the error to raise."""
+    def _roll_back(self, epoch: int, baseline: dict, label: str, failure: Exception,
+                   members: list = ()) -> Exception:
+        """Undo every bucket of a failed epoch to its baseline, in the source and in every
+        rollup the epoch began; the error to raise."""
         details = dict(label=label, table=self.plan.table, owner_id=self.owner_id, epoch=epoch)
         try:
             undone = self._undo_epoch(epoch, baseline)
+            for member in members:
+                undone += member.run._undo_epoch(epoch, member.context.baseline)
+                member.run.dirty = False
         except Exception as undo_error:
             log.error("tally sink %s: rolling back %s failed: %s", self.owner_id, label,
                       undo_error)
@@ -283,19 +308,46 @@ class WriterRun:
             self._epoch_lock.release()
 
     def release(self) -> None:
-        """A clean end: drop the lock (its commits stay) and close the connection."""
+        """A clean end: drop the locks, the rollups' and its own (the commits stay), and close
+        the connection."""
         try:
+            self.rollups.release()
             if self.lease is not None:
                 remote.release(self.conn, self.lease)
         except TallyError as e:
             log.warning("tally sink %s: releasing the lock failed: %s", self.owner_id, e)
         finally:
-            self.conn.close()
+            self.close()
 
     def abandon(self) -> None:
-        """A failed end: stop renewing without releasing, so the lock expires after its ttl
-        (a restart of the same owner gets it back and recovers its tenure)."""
-        self.conn.close()
+        """A failed end: stop renewing without releasing, so the locks expire after their ttl
+        (a restart of the same owner gets them back and recovers its tenure)."""
+        self.close()
+
+    def close(self) -> None:
+        if not self.shares_connection:
+            self.conn.close()
+
+
+def begin_waiting(conn, lease, epoch: int, buckets, label: str):
+    """`remote.begin_epoch`, begun again while a rollup of the table is being backfilled (its
+    scan must see no epoch in flight), for at most ROLLUP_BUILD_WAIT seconds."""
+    deadline = time.monotonic() + ROLLUP_BUILD_WAIT
+    waited = False
+    while True:
+        try:
+            return remote.begin_epoch(conn, lease, epoch, buckets)
+        except RollupBuildingError as building:
+            if time.monotonic() >= deadline:
+                raise RollupBuildingError(
+                    f"{label} into {lease.table} waited {ROLLUP_BUILD_WAIT:.0f} s for a rollup's "
+                    f"backfill to end and gave up; nothing of it was written ({building})"
+                ) from None
+            if not waited:
+                log.info("tally sink %s: %s waits for a rollup's backfill: %s",
+                         lease.owner_id, label, building)
+                waited = True
+            time.sleep(1.0)
 
 
 def check_task_coverage(task_buckets: list[int], bucket_count: int, table: str) -> None:

@@ -82,6 +82,11 @@ def commit(conn, lease, epoch: int, offsets: dict) -> bool:
     return conn.locks.commit(lease, epoch, offsets)
 
 
+def commit_together(conn, commits, epoch: int) -> list[bool]:
+    """Commit `epoch` for every (lease, offsets) in one metadata transaction: all or none."""
+    return conn.locks.commit_together(commits, epoch)
+
+
 def recover(conn, table: str, lease, target_columns):
     """Undo everything of the owner since its last commit (or the lock's initial offsets).
 

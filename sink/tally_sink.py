@@ -89,6 +89,10 @@ class ChosenDelivery:
             self.prepare(plan, label)
         return self.chosen(conn, plan, epoch, label)
 
+    def rollup(self, feed, source):
+        """The chosen delivery's rollup delivery (the source's epoch was begun: chosen)."""
+        return self.chosen.rollup(feed, source)
+
 
 class _QueryRun(NamedTuple):
     """A streaming query run's WriterRun, and its JVM StreamingQuery (None if its session does

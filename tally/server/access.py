@@ -55,6 +55,7 @@ REQUIRED_ROLE: dict[str, str] = {
     "register_attempt": WRITE,
     "register_attempts": WRITE,
     "commit": WRITE,
+    "commit_together": WRITE,
     "epoch_baseline": WRITE,
     "epoch_begin": WRITE,
     "epoch_abort": WRITE,
@@ -95,8 +96,8 @@ REQUIRED_ROLE: dict[str, str] = {
     "do_put:put": WRITE,
     "do_put:delete": WRITE,
     "do_put:undo": WRITE,  # a refused flush takes back its own applied parts
-    # tablet servers: asked by the coordinator only
     "assign_ids": WRITE,  # a dictionary's insert-if-absent: new keys get ids (a write)
+    # tablet servers: asked by the coordinator only
     "offsets": CLUSTER,
     "drop_tablets": CLUSTER,
     "install_lock_view": CLUSTER,
