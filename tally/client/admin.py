@@ -6,7 +6,8 @@ import dataclasses
 
 from tally.client.consumer_position import ConsumerPosition
 from tally.client.lake_snapshot import LakeSnapshot, LakeStatus
-from tally.errors import InvalidInputError
+from tally.client.rollups import BACKFILL_WAIT, backfill
+from tally.errors import InvalidInputError, NotFoundError
 from tally.timestamps import iso
 from tally.wire.messages import SETTLE_WAIT
 
@@ -20,6 +21,8 @@ class TableInfo:
     descriptor: object          # merge_engine.TableDescriptor
     partitions: list[str]
     created_at: float
+    rollups: tuple = ()         # RollupSpec of each rollup of this table (ready or building)
+    rollup_of: object = None    # the RollupSpec that derives this table, or None
 
     @property
     def bucket_count(self) -> int:
@@ -63,13 +66,16 @@ class Admin:
         return int(answer["table_id"])
 
     def create_dictionary(self, name: str, id_type: str = "int32", buckets: int = 1,
-                          key_type: str = "string", ignore_if_exists: bool = False) -> int:
+                          key_type: str = "string", options: dict | None = None,
+                          ignore_if_exists: bool = False) -> int:
         """Create a dictionary table (docs/dictionaries.md): `key_type` ("string" or "binary")
         keys mapped to dense `id_type` ids ("int32": below 2^32, for rbm32; "int64": for
-        rbm64), assigned by `conn.table(name).ids(keys)`. Returns the table id."""
+        rbm64), assigned by `conn.table(name).ids(keys)`; `options`: other table options
+        (`table.replication.factor`, ...). Returns the table id."""
         from merge_engine.table.dictionary import dictionary_descriptor
 
-        return self.create_table(name, dictionary_descriptor(id_type, buckets, key_type),
+        return self.create_table(name, dictionary_descriptor(id_type, buckets, key_type,
+                                                             options),
                                  ignore_if_exists=ignore_if_exists)
 
     def add_column(self, name: str, column: str, arrow_type, agg=None, **params) -> int:
@@ -129,7 +135,64 @@ class Admin:
     def describe_table(self, name: str) -> TableInfo:
         meta = self._conn.table_meta(name, refresh=True)
         return TableInfo(meta.name, meta.table_id, meta.descriptor,
-                         [p for p in meta.partition_names() if p is not None], meta.created_at)
+                         [p for p in meta.partition_names() if p is not None], meta.created_at,
+                         meta.rollups, meta.rollup_of)
+
+    # --- rollups (docs/rollups.md) ------------------------------------------------------
+
+    def create_rollup(self, source: str, name: str, keys, columns, start: str = "backfill",
+                      bucket_count: int | None = None, options: dict | None = None,
+                      wait: float = BACKFILL_WAIT):
+        """Create rollup `name` of table `source`: `keys` (["product", "date_trunc('hour', ts)
+        AS hour"]), `columns` ({"clicks": "sum(clicks)", "n": "count(*)"}); `start`
+        "backfill" builds it from the source's rows now (epochs on the source wait meanwhile;
+        first up to `wait` s for those in flight), "from-now" starts it empty. The RollupSpec,
+        ready."""
+        from merge_engine.table.rollups import BUILDING, RollupSpec
+
+        spec = RollupSpec.define(name, source, keys, columns, start)
+        body = {"source": source, "spec": spec.to_json(), "options": dict(options or {})}
+        if bucket_count is not None:
+            body["bucket_count"] = bucket_count
+        answer = self._call("create_rollup", **body)
+        self._conn.invalidate(source)
+        spec = RollupSpec.from_json(answer["spec"])
+        if spec.state == BUILDING:
+            spec = backfill(self._conn, spec, int(answer["table_id"]), wait)
+        return spec
+
+    def backfill_rollup(self, name: str, wait: float = BACKFILL_WAIT):
+        """Build rollup `name` again from its source: its table made again, empty, then filled
+        from a scan (what a backfill that died needs). The RollupSpec, ready."""
+        from merge_engine.table.rollups import RollupSpec
+
+        spec = self.describe_table(name).rollup_of
+        if spec is None:
+            raise InvalidInputError(f"table '{name}' is not a rollup")
+        answer = self._call("rollup_reset", name=name, source=spec.source)
+        self._conn.invalidate(name)
+        self._conn.invalidate(spec.source)
+        return backfill(self._conn, RollupSpec.from_json(answer["spec"]),
+                        int(answer["table_id"]), wait)
+
+    def drop_rollup(self, name: str, ignore_if_not_exists: bool = False) -> None:
+        """Drop rollup `name`: its table and its record under its source."""
+        source = None
+        try:
+            spec = self.describe_table(name).rollup_of
+            source = spec.source if spec is not None else None
+        except NotFoundError:
+            pass
+        self._call("drop_rollup", name=name, ignore_if_not_exists=ignore_if_not_exists)
+        self._conn.invalidate(name)
+        if source:
+            self._conn.invalidate(source)
+
+    def list_rollups(self, source: str) -> list:
+        """The RollupSpec of each rollup of table `source`, by name."""
+        from merge_engine.table.rollups import RollupSpec
+
+        return [RollupSpec.from_json(d) for d in self._call("list_rollups", source=source)]
 
     # --- partitions and offsets ---------------------------------------------------------
 

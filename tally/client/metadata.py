@@ -44,6 +44,8 @@ class TableMeta:
     routing: TableRouting
     partitions: dict[str | None, dict]   # name -> {"partition_id", "buckets": [replicas]}
     servers: dict[str, str | None]       # server id -> address (None: not live)
+    rollups: tuple = ()                  # the table's rollups (RollupSpec), ready and building
+    rollup_of: object = None             # the RollupSpec that derives this table, or None
     # (partition, bucket) -> (server address, a lookup request's head): what a point lookup
     # would otherwise rebuild per call, made once per snapshot (a snapshot never changes)
     _lookup_heads: dict = dataclasses.field(default_factory=dict, init=False, repr=False,
@@ -51,9 +53,14 @@ class TableMeta:
 
     @classmethod
     def from_info(cls, info: dict) -> "TableMeta":
+        from merge_engine.table.rollups import RollupSpec
+
+        of = info.get("rollup_of")
         return cls(info["name"], int(info["table_id"]), info["descriptor"],
                    float(info["created_at"]), TableRouting.from_json(info["routing"]),
-                   {p["name"]: p for p in info["partitions"]}, dict(info["servers"]))
+                   {p["name"]: p for p in info["partitions"]}, dict(info["servers"]),
+                   tuple(RollupSpec.from_json(d) for d in info.get("rollups") or ()),
+                   None if of is None else RollupSpec.from_json(of))
 
     def __repr__(self) -> str:
         return (f"TableMeta({self.name!r}, table id {self.table_id}, created "

@@ -40,6 +40,13 @@ REQUIRED_ROLE: dict[str, str] = {
     "add_column": ADMIN,
     "drop_table": ADMIN,
     "drop_partition": ADMIN,
+    # rollups are tables: made, dropped and built by whoever may create tables
+    "create_rollup": ADMIN,
+    "drop_rollup": ADMIN,
+    "rollup_ready": ADMIN,
+    "rollup_reset": ADMIN,
+    "list_rollups": READ,
+    "rollup_epochs_in_flight": READ,
     "truncate_log": ADMIN,
     "move_leader": ADMIN,
     "restore_bucket": ADMIN,  # rebuilds a bucket whose copies are all gone from remote snapshots

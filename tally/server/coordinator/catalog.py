@@ -19,7 +19,8 @@ before that, so a crash mid-create leaves an invisible orphan (swept at start) a
 half-made table. Drop deletes the name node first, for the same reason. Creating a node is how
 racing creators are arbitrated: exactly one wins.
 
-Later features keep their own subtrees beside these (/locks/<table_id>, /commits/<table_id>).
+Later features keep their own subtrees beside these (/locks/<table_id>, /commits/<table_id>,
+/rollups/<source table_id>).
 """
 
 from __future__ import annotations
@@ -179,9 +180,11 @@ class Catalog:
         return record
 
     def create_table(self, full: str, descriptor_json: str,
-                     first_partition: tuple[BucketReplicas, ...] | None) -> TableRecord:
+                     first_partition: tuple[BucketReplicas, ...] | None,
+                     together=None) -> TableRecord:
         """Create a table; `first_partition` is the buckets' replicas of an unpartitioned
-        table."""
+        table. `together(table_id)`: more ops applied in the one transaction that makes the
+        table visible (a rollup's record): all of them or none."""
         db, _ = split_table_name(full)
         if not self.database_exists(db):
             raise NotFoundError(f"database '{db}' does not exist")
@@ -193,13 +196,20 @@ class Catalog:
             self.store.create(self._id_path(table_id, "partitions", UNPARTITIONED),
                               PartitionRecord(None, 0, first_partition).to_json())
         record = TableRecord(full, table_id, descriptor_json, time.time())
+        value = {"name": full, "table_id": table_id, "descriptor": descriptor_json,
+                 "created_at": record.created_at}
         try:
-            self.store.create(self._table_path(full), {
-                "name": full, "table_id": table_id, "descriptor": descriptor_json,
-                "created_at": record.created_at})
+            if together is None:
+                self.store.create(self._table_path(full), value)
+            else:
+                self.store.transaction([("create", self._table_path(full), value),
+                                        *together(table_id)])
         except AlreadyExistsError:
             self.store.delete(self._id_path(table_id), recursive=True)
             raise AlreadyExistsError(f"table '{full}' already exists") from None
+        except (VersionConflictError, NotFoundError):
+            self.store.delete(self._id_path(table_id), recursive=True)
+            raise
         return record
 
     def set_descriptor(self, full: str, table_id: int, old_json: str, new_json: str) -> None:
@@ -213,9 +223,13 @@ class Catalog:
 
         self.store.update(self._table_path(full), change)
 
-    def drop_table(self, full: str) -> TableRecord:
+    def drop_table(self, full: str, together: tuple = ()) -> TableRecord:
+        """Drop a table; `together`: more ops applied with the removal of its name."""
         record = self.get_table(full)
-        self.store.delete(self._table_path(full), recursive=True)
+        if together:
+            self.store.transaction([("delete", self._table_path(full), None), *together])
+        else:
+            self.store.delete(self._table_path(full), recursive=True)
         self.store.delete(self._id_path(record.table_id), recursive=True)
         return record
 

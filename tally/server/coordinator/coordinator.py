@@ -39,6 +39,7 @@ from tally.server.coordinator.lease_grants import LeaseGrants
 from tally.server.coordinator.metric_reports import MetricReports
 from tally.server.coordinator.option_changes import OptionChanges
 from tally.server.coordinator.replica_control import ReplicaControl
+from tally.server.coordinator.rollups import RollupCatalog
 from tally.server.coordinator.snapshot_registry import SnapshotRegistry
 from tally.server.membership import (COORDINATOR, EphemeralRegistration, HeartbeatLiveness,
                                      ZooKeeperLiveness)
@@ -126,6 +127,7 @@ class Coordinator:
         self.snapshots = SnapshotRegistry(self)  # adds snapshot_register, bucket_snapshots
         BucketRestore(self)  # adds restore_bucket
         self.lake = LakeRegistry(self, datalake_dir, tier_timeout)  # adds the tiering actions
+        self.rollups = RollupCatalog(self)  # adds the rollup actions; guards drops of sources
 
     # --- databases and tables -----------------------------------------------------------
 
@@ -137,11 +139,7 @@ class Coordinator:
                                              bool(body.get("ignore_if_not_exists")),
                                              bool(body.get("cascade")))
         for record in dropped:
-            self.locking.drop_table(record.table_id)
-            self.consumers.drop_table(record.table_id)
-            self.snapshots.drop_table(record.table_id)
-            self.lake.drop_table(record, bool(body.get("purge_lake")))
-            self._forget_tablets(record.table_id)
+            self.forget_table(record, bool(body.get("purge_lake")))
 
     @staticmethod
     def parse_descriptor(text: Any):
@@ -191,10 +189,15 @@ class Coordinator:
             if body.get("ignore_if_not_exists"):
                 return
             raise
+        self.forget_table(record, bool(body.get("purge_lake")))
+
+    def forget_table(self, record: TableRecord, purge_lake: bool = False) -> None:
+        """What a dropped table leaves besides its catalog nodes: locks, consumers, snapshots,
+        its lake and its tablets."""
         self.locking.drop_table(record.table_id)
         self.consumers.drop_table(record.table_id)
         self.snapshots.drop_table(record.table_id)
-        self.lake.drop_table(record, bool(body.get("purge_lake")))
+        self.lake.drop_table(record, purge_lake)
         self._forget_tablets(record.table_id)
 
     def _forget_tablets(self, table_id: int) -> None:
