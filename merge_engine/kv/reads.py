@@ -16,6 +16,7 @@ from merge_engine.format.visible_row import VisibleRows
 from merge_engine.kv import changelog as log
 from merge_engine.kv.expiry import TabletExpiry
 from merge_engine.kv.guard import BucketGuard, LogOffsets
+from merge_engine.kv.prefix_reads import PrefixRows
 from merge_engine.kv.row_layouts import RowLayouts
 from merge_engine.kv.row_snapshot import RowSnapshot
 from merge_engine.kv.rows import BucketRows
@@ -23,6 +24,7 @@ from merge_engine.kv.storage import TabletStore
 from merge_engine.table.hidden_columns import UNWRITTEN
 from merge_engine.table.schema import Schema
 from merge_engine.write.input import prepare_write
+from merge_engine.write.key_prefixes import encoded_prefixes, prefix_table
 from merge_engine.write.keys import KeyArray, key_array
 from tally.errors import InvalidInputError
 
@@ -143,6 +145,23 @@ class TabletReads:
                                    cutoff)
             self._snapshots.add(snapshot)
         return snapshot
+
+    def prefix_rows(self, prefixes) -> PrefixRows:
+        """The rows whose keys start with `prefixes` (a dict of the leading primary-key
+        columns, a list of them or an Arrow table: merge_engine.write.key_prefixes), pinned as
+        of the log end offset now like a snapshot, to read without the lock
+        (merge_engine.kv.prefix_reads). The tablet's close releases it."""
+        table = prefix_table(self._schema.primary_key, self._arrow_schema, prefixes,
+                             self._guard.name)
+        encoded = encoded_prefixes(table)
+        with self._guard.lock:
+            self._guard.check_open()
+            rows = PrefixRows(self._offsets.end, self._rows.buffer_copy(),
+                              self._store.db.iter(), encoded, self._codec, self._aggregators,
+                              self._arrow_schema, self._value_positions, self._guard.name,
+                              self._expiry.cutoff())
+            self._snapshots.add(rows)
+        return rows
 
     def release_snapshots(self) -> None:
         """At close, under the lock: an open iterator would keep RocksDB open."""

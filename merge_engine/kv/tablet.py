@@ -29,6 +29,7 @@ from merge_engine.kv.committer import Committer
 from merge_engine.kv.epochs import TabletEpochs
 from merge_engine.kv.expiry import TabletExpiry
 from merge_engine.kv.guard import BucketGuard, LogOffsets
+from merge_engine.kv.prefix_reads import PrefixRows
 from merge_engine.kv.reads import TabletReads
 from merge_engine.kv.replica import TabletReplica
 from merge_engine.kv.replica_entries import ReplicatedEntry
@@ -219,6 +220,15 @@ class KvTablet:
     def snapshot(self) -> RowSnapshot:
         """The rows as of the log end offset now, to read without holding the lock."""
         return self.reads.snapshot()
+
+    def prefix_rows(self, prefixes) -> PrefixRows:
+        """The rows under key prefixes (leading primary-key columns), pinned at one offset."""
+        return self.reads.prefix_rows(prefixes)
+
+    def lookup_prefix(self, prefix, columns=None, unwritten: bool = False) -> pa.Table:
+        """Every row whose leading key columns equal `prefix` (a dict, a list of dicts or an
+        Arrow table of them), in key order, read at one offset."""
+        return self.reads.prefix_rows(prefix).to_table(columns, unwritten)
 
     def to_arrow(self) -> pa.Table:
         """Every row, ordered by primary key (buffered rows are flushed first)."""
