@@ -24,6 +24,10 @@ raised, saying so. A part that cannot be taken back (another writer changed its 
 its server is away) makes the flush raise PartialWriteError, naming what stays applied. With
 `atomic=False` nothing is taken back: a flush refused in some buckets and applied in others
 raises PartialWriteError at once.
+
+A writer of a table with rollups writes them too (tally.client.rollup_writes): each upsert's
+rows projected onto every rollup it feeds, queued with the source's, and flushed with them as
+one all-or-nothing flush across the tables.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import pyarrow as pa
 from tally.client.bucket_writer import DEFAULT_MAX_REQUEST_BYTES, rows_per_request, write_header
 from tally.client.write_tables import write_table
 from tally.client.flush_outcome import FlushOutcome
+from tally.client.rollup_writes import feeds_of, joined_outcome, rollup_parts
 from tally.errors import TallyError
 from tally.wire.routing import group_rows
 
@@ -65,7 +70,10 @@ class UpsertWriter:
     def __init__(self, table, target_columns=None, mode=None, *, lease=None, attempt=None,
                  atomic: bool = True, workers: int = 8,
                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-                 max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES) -> None:
+                 max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+                 rollups: bool | None = None) -> None:
+        """`rollups`: write the table's rollups too (docs/rollups.md); None: unless this is
+        an undo's writer (OVERWRITE under a lease), which restores the source alone."""
         from merge_engine import MergeMode
 
         self._table = table
@@ -87,6 +95,10 @@ class UpsertWriter:
         self._pool = concurrent.futures.ThreadPoolExecutor(workers,
                                                            thread_name_prefix="tally-writer")
         self._closed = False
+        if rollups is None:
+            rollups = not (self.mode is MergeMode.OVERWRITE and lease is not None)
+        self._feeds = feeds_of(table, self.target_columns, self.mode, workers, self.atomic) \
+            if rollups else []
         self._conn.on_close(self.close)
 
     # --- public API ---------------------------------------------------------------------
@@ -96,7 +108,7 @@ class UpsertWriter:
         self._check_lease()
         meta = self._table.meta
         table = write_table(meta, rows, self.target_columns, self.mode)
-        self._enqueue("put", meta, table)
+        self._enqueue_fed(meta, table)
 
     def retract(self, rows) -> None:
         """Queue rows whose contributions are taken back (a refund, an edited order's old
@@ -105,25 +117,35 @@ class UpsertWriter:
         self._check_lease()
         meta = self._table.meta
         table = write_table(meta, rows, self.target_columns, self.mode, retract=True)
-        self._enqueue("put", meta, table)
+        self._enqueue_fed(meta, table)
 
     def delete(self, keys) -> None:
         """Queue deletes of the given keys (dicts or an Arrow table with the key columns)."""
         self._check_lease()
+        for feed in self._feeds:
+            feed.spec.check_delete()
         meta = self._table.meta
         table = write_table(meta, keys, self.target_columns, self.mode, keys_only=True)
         self._enqueue("delete", meta, table)
 
     def flush(self) -> dict[tuple[str | None, int], int]:
         """Wait for every queued write; {(partition, bucket): end offset} since the last flush."""
+        outcome = self.settle()
+        ends, undo = outcome.ends(), self._undo
+        if self._feeds:  # the rollups' parts are all or nothing with the source's
+            outcome, undo = joined_outcome(outcome, undo, self._feeds)
+        if outcome.refused:
+            raise outcome.failure(undo if self.atomic else None)
+        self._check_lease()
+        return ends
+
+    def settle(self) -> FlushOutcome:
+        """Wait for every queued write; what this flush applied and what refused it."""
         with self._cond:
             while any(q.parts or q.sending for q in self._queues.values()):
                 self._cond.wait()
             outcome, self._outcome = self._outcome, FlushOutcome()
-        if outcome.refused:
-            raise outcome.failure(self._undo if self.atomic else None)
-        self._check_lease()
-        return outcome.ends()
+        return outcome
 
     def _check_lease(self) -> None:
         if self.lease is not None:
@@ -140,6 +162,8 @@ class UpsertWriter:
         except TallyError:
             pass
         self._pool.shutdown(wait=True)
+        for feed in self._feeds:
+            feed.writer.close()
 
     def __enter__(self) -> "UpsertWriter":
         return self
@@ -168,6 +192,13 @@ class UpsertWriter:
                 if not queue.sending:
                     queue.sending = True
                     self._pool.submit(self._drain, key, queue)
+
+    def _enqueue_fed(self, meta, table: pa.Table) -> None:
+        """Queue validated rows, and their projection onto every rollup this writer feeds."""
+        parts = rollup_parts(self._feeds, table)  # every table's rows checked before any is queued
+        self._enqueue("put", meta, table)
+        for writer, rollup_meta, rows in parts:
+            writer._enqueue("put", rollup_meta, rows)
 
     def _raise_if_closed(self) -> None:
         if self._closed:
