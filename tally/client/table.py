@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from tally.client import prefix_lookups
 from tally.client.bucket_writer import BucketWriter
 from tally.client.key_lookups import lookup_aligned
 from tally.client.table_scan import DEFAULT_BATCH_SIZE, TableScan
@@ -123,6 +124,25 @@ class Table:
         from tally.client.dictionary import lookup_ids
 
         return lookup_ids(self, keys)
+
+    def prefix_lookup(self, prefix: dict, columns=None, unwritten: bool = False) -> pa.Table:
+        """Every row whose leading primary-key columns equal `prefix` (a dict of the first
+        one, two, ... key columns: all rows of user 7 of a `(user, day)` key are
+        `prefix_lookup({"user": 7})`), ordered by primary key, as an Arrow table of
+        `columns` (default all; `unwritten` adds `_unwritten`). A prefix holding the bucket
+        key (the primary key minus the partition key) asks that key's bucket only, one
+        holding the partition key that partition only; any other asks every bucket of every
+        partition it may be in. Each bucket reads its range of rows at one offset. A prefix
+        that is not a leading part of the key (a column before one it names is missing),
+        names other columns or holds a null or a value its column cannot take is an
+        InvalidInputError naming the columns (tally.client.prefix_lookups)."""
+        return prefix_lookups.lookup(self, prefix, columns, unwritten)
+
+    def prefix_lookup_many(self, prefixes, columns=None, unwritten: bool = False) -> pa.Table:
+        """`prefix_lookup` of many prefixes (a list of dicts naming the same leading key
+        columns, or an Arrow table of them) at once: the rows under any of them, each once,
+        ordered by primary key; buckets are asked in parallel."""
+        return prefix_lookups.lookup(self, prefixes, columns, unwritten)
 
     def scan(self, columns=None, filter=None, batch_size: int = DEFAULT_BATCH_SIZE,
              unwritten: bool = False) -> TableScan:

@@ -98,6 +98,7 @@ REQUIRED_ROLE: dict[str, str] = {
     "lookup": READ,
     "lookup_many": READ,
     "do_get:scan": READ,
+    "do_get:prefix_lookup": READ,  # the rows under a key prefix, a range of one bucket
     "read_tickets": READ,  # signs part tickets for HTTP reads, each a do_get:scan again
     "do_get:changelog": READ,
     "do_put:put": WRITE,

@@ -99,7 +99,8 @@ def test_every_served_call_is_in_the_role_table(tmp_path):
             | set(process.flight.raw_actions)
     finally:
         process.close()
-    ops = {"do_put:put", "do_put:delete", "do_put:undo", "do_get:scan", "do_get:changelog"}
+    ops = {"do_put:put", "do_put:delete", "do_put:undo", "do_get:scan", "do_get:prefix_lookup",
+           "do_get:changelog"}
     assert served | ops == set(REQUIRED_ROLE)
 
 

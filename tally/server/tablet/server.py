@@ -35,6 +35,7 @@ from tally.server.tablet.identity import load_server_id
 from tally.server.tablet.leader_lease import LeaderLease
 from tally.server.tablet.lookups import KeyLookups
 from tally.server.tablet.periodic import PeriodicDuty
+from tally.server.tablet.prefix_lookups import PrefixLookups
 from tally.server.tablet.replica_digest import ReplicaDigest
 from tally.server.tablet.replica_roles import ReplicaRoles
 from tally.server.tablet.retention import RetentionKeeper
@@ -136,6 +137,7 @@ class TabletServer:
         self.binary_actions: dict = {}
         self.raw_actions: dict = {}  # name -> handler(request bytes) -> bytes: reads its own
         KeyLookups(self)  # adds lookup and lookup_many
+        self.prefix_lookups = PrefixLookups(self)  # serves the read prefix_lookup
         IdAssignment(self)  # adds assign_ids, refuses plain writes to dictionary tables
         self._heartbeat = PeriodicDuty(self.send_heartbeat, heartbeat_interval, "heartbeat")
         self.locks = TabletLocks(self)
@@ -321,6 +323,8 @@ class TabletServer:
         hosted = self.addressed(header)
         if op == "scan":
             return self.scan(hosted, header)
+        if op == "prefix_lookup":
+            return self.prefix_lookups.read(hosted, header, payload)
         if op == "changelog":
             start = field(header, "start", int, 0)
             end = None if header.get("end") is None else field(header, "end", int)
