@@ -61,6 +61,10 @@ def cmd_describe(args: argparse.Namespace) -> int:
                                "UNDER-REPLICATED " + "; ".join(
                                    f"{b['bucket']}: out of sync {', '.join(b['out_of_sync'])}"
                                    for b in lagging)))
+    for spec in info.rollups:
+        print(f"rollup:        {spec}")
+    if info.rollup_of is not None:
+        print(f"rollup of:     {info.rollup_of}")
     return 0
 
 
@@ -95,7 +99,9 @@ def describe(info) -> dict:
                 info.created_at, datetime.timezone.utc).isoformat(timespec="seconds"),
             "columns": columns, "primary_key": list(schema.primary_key),
             "partition_key": list(schema.partition_key), "buckets": info.bucket_count,
-            "partitions": list(info.partitions), "options": dict(info.descriptor.properties)}
+            "partitions": list(info.partitions), "options": dict(info.descriptor.properties),
+            "rollups": [s.to_json() for s in info.rollups],
+            "rollup_of": None if info.rollup_of is None else info.rollup_of.to_json()}
 
 
 def _plain(value):

@@ -12,7 +12,7 @@ import shlex
 import sys
 
 from tally.cli import (catalog_commands, cluster_commands, exit_codes, lake_commands,
-                       read_commands, server_commands)
+                       read_commands, rollup_commands, server_commands)
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -106,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     catalog_commands.add_commands(commands, common)  # tables, describe, create, drop
     read_commands.add_commands(commands, common)  # lookup, scan, changelog, offsets
     lake_commands.add_commands(commands, common)  # tier, lake, set-options
+    rollup_commands.add_commands(commands, common)  # rollup add, drop, list, backfill
     return parser
 
 
