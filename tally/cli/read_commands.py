@@ -28,9 +28,17 @@ CHANGELOG_READ_RECORDS = 10_000
 def cmd_lookup(args: argparse.Namespace) -> int:
     from tally.cli.column_types import parse_key
 
+    if args.prefix and args.key:
+        raise InvalidInputError("give either the whole key (COLUMN=VALUE ...) or --prefix "
+                                "COLUMN=VALUE ..., not both")
+    if not args.prefix and not args.key:
+        raise InvalidInputError("give the key as COLUMN=VALUE ..., or its leading columns "
+                                "as --prefix COLUMN=VALUE ...")
     with open_connection(args) as conn:
         table = conn.table(args.table)
         meta = table.meta
+        if args.prefix:
+            return _lookup_prefix(args, table, meta.routing.arrow_schema)
         key = parse_key(args.table, meta.routing.arrow_schema, meta.routing.primary_key,
                         args.key)
         row = table.lookup(key)
@@ -38,6 +46,31 @@ def cmd_lookup(args: argparse.Namespace) -> int:
         raise NoRowError(f"no row with key {', '.join(f'{k}={v}' for k, v in key.items())} "
                          f"in {args.table}")
     emit(list(row), [list(row.values())], args.format)
+    return 0
+
+
+def _lookup_prefix(args: argparse.Namespace, table, schema) -> int:
+    """Every row under the key prefix (`--prefix`, leading primary-key columns), in key
+    order; status 3 when there is none."""
+    from tally.cli.column_types import typed_value
+
+    prefix = {}
+    for pair in args.prefix:
+        column, sep, value = pair.partition("=")
+        column = column.strip()
+        if not sep or not column:
+            raise InvalidInputError(f"a key prefix is given as COLUMN=VALUE, got {pair!r}")
+        if column in prefix:
+            raise InvalidInputError(f"key prefix column '{column}' is given twice")
+        if column not in schema.names:
+            raise InvalidInputError(f"{args.table} has no column '{column}'; its primary key "
+                                    f"is {list(table.meta.routing.primary_key)}")
+        prefix[column] = typed_value(column, schema.field(column).type, value)
+    rows = table.prefix_lookup(prefix)
+    if rows.num_rows == 0:
+        raise NoRowError(f"no row under key prefix "
+                         f"{', '.join(f'{k}={v}' for k, v in prefix.items())} in {args.table}")
+    emit_arrow(rows.schema, rows.to_batches(), args.format)
     return 0
 
 
@@ -289,10 +322,14 @@ def _add_page_rows(parser: argparse.ArgumentParser) -> None:
 def add_commands(commands, common: argparse.ArgumentParser) -> None:
     """Add the read commands to `tally`'s subparsers (`common`: the shared --verbose)."""
     lookup = commands.add_parser("lookup", parents=[common],
-                                 help="the row with a primary key (exit 3 when there is none)")
+                                 help="the row with a primary key, or the rows under its "
+                                      "leading columns (exit 3 when there is none)")
     lookup.add_argument("table", help="'<database>.<table>'")
-    lookup.add_argument("key", nargs="+", metavar="COLUMN=VALUE",
+    lookup.add_argument("key", nargs="*", metavar="COLUMN=VALUE",
                         help="every primary-key column, values as text in the column's type")
+    lookup.add_argument("--prefix", action="append", default=[], metavar="COLUMN=VALUE",
+                        help="instead of the key: its leading columns (repeat for each), "
+                             "every row under them in key order")
     lookup.add_argument("--format", choices=FORMATS, default="table")
     add_connection_arguments(lookup)
     lookup.set_defaults(func=cmd_lookup)

@@ -14,6 +14,7 @@ for requests a client would not send, on the server.
 from __future__ import annotations
 
 import itertools
+import json
 
 import pyarrow as pa
 import pytest
@@ -191,3 +192,45 @@ def test_bad_requests_are_refused_by_the_server(conn):
         assert says in str(refused.value), says
     answer = conn.server(route.address).get(header, pa.table({"user": [1]}))
     assert answer.select(["user", "day", "n"]).to_pylist() == [{"user": 1, "day": "d1", "n": 1}]
+
+
+# --- the command: tally lookup TABLE --prefix COLUMN=VALUE ... ----------------------------------
+
+
+def test_the_lookup_command_prints_the_rows_under_a_prefix(capsys, cluster_and_conn):
+    """`tally lookup TABLE --prefix user=4` prints the rows under the prefix in key order,
+    as the point lookup prints its row; none is status 3, bad prefixes status 2, each
+    failure one line naming the problem."""
+    from tally.cli.main import main
+
+    cluster, conn = cluster_and_conn
+    table = new_table(conn, "by_day")
+    with table.upsert_writer() as writer:
+        writer.upsert([{"user": u, "day": d, "n": u, "s": d} for u in (3, 4) for d in DAYS])
+
+    def run(*argv) -> tuple[int, str, str]:
+        capsys.readouterr()
+        status = main([*argv, "--url", cluster.url])
+        out, err = capsys.readouterr()
+        return status, out, err
+
+    status, out, _ = run("lookup", table.name, "--prefix", "user=4", "--format", "json")
+    assert status == 0
+    assert [json.loads(line) for line in out.splitlines()] == [
+        {"user": 4, "day": d, "n": 4, "s": d} for d in DAYS]
+    status, out, _ = run("lookup", table.name, "--prefix", "user=3", "--prefix", "day=d2")
+    assert status == 0 and "d2" in out and "d1" not in out and "user" in out.splitlines()[0]
+    status, out, err = run("lookup", table.name, "--prefix", "user=99")
+    assert (status, out) == (3, "") and err.startswith("tally: no row under key prefix user=99")
+    for argv, words in [(["--prefix", "day=d1"], ["leading key columns are required",
+                                                  "['user']"]),
+                        (["--prefix", "user=seven"], ["user", "'seven'"]),
+                        (["--prefix", "nope=1"], ["'nope'"]),
+                        (["--prefix", "user"], ["COLUMN=VALUE"]),
+                        (["user=4", "day=d1", "--prefix", "user=4"], ["not both"]),
+                        ([], ["--prefix"])]:
+        status, _, err = run("lookup", table.name, *argv)
+        assert status == 2, argv
+        assert err.startswith("tally: ") and err.count("\n") == 1, err
+        for word in words:
+            assert word in err, (word, err)
