@@ -34,6 +34,7 @@ EPOCH = "epoch"
 FAIL_HOOK = "fail-hook"
 DELIVERY = "delivery"
 DRIVER_MAX_BYTES = "delivery.driver-max-bytes"
+DICTIONARY_PREFIX = "dictionary."  # dictionary.<column>: string ids mapped through that table
 TLS_CA, TLS_CERT, TLS_KEY = "tls.ca", "tls.cert", "tls.key"  # PEM paths on every executor
 # A read's client deadlines (tally.connect's options of the same names, in seconds or with a
 # unit): read options of the data source, not sink options
@@ -152,6 +153,8 @@ class SinkOptions:
     tls: TlsFiles | None = None    # a grpc+tls:// cluster: its CA, our certificate and key
     delivery: str = "auto"         # TallySink only: one of DELIVERIES
     driver_max_bytes: int = DEFAULT_DRIVER_MAX_BYTES
+    # (column, dictionary table) of each `dictionary.<column>` option (sink.dictionary_ids)
+    dictionaries: tuple[tuple[str, str], ...] = ()
 
     @property
     def database(self) -> str:
@@ -168,11 +171,13 @@ class SinkOptions:
         if columns is not None:
             raw[COLUMNS] = ",".join(columns) if not isinstance(columns, str) else columns
         unknown = sorted(k for k in raw if k not in SINK_KEYS and k not in SPARK_KEYS
-                         and not k.startswith("fields.") and not k.startswith("table."))
+                         and not k.startswith("fields.") and not k.startswith("table.")
+                         and not k.startswith(DICTIONARY_PREFIX))
         if unknown:
             raise InvalidOptionError(
                 f"Unknown Tally sink option(s) {unknown}. Known options: {sorted(SINK_KEYS)}, "
-                "fields.<column>.agg, fields.<column>.<function>.<parameter> and table.*")
+                "fields.<column>.agg, fields.<column>.<function>.<parameter>, "
+                "dictionary.<column> and table.*")
         url, name, token, tls = connection_options(raw, "The Tally sink")
         if name.count(".") != 1 or not all(name.split(".")):
             raise InvalidOptionError(
@@ -199,7 +204,22 @@ class SinkOptions:
             tls=tls,
             delivery=_delivery(raw.get(DELIVERY)),
             driver_max_bytes=_byte_count(DRIVER_MAX_BYTES, raw.get(DRIVER_MAX_BYTES)),
+            dictionaries=_dictionaries(raw),
         )
+
+
+def _dictionaries(raw: dict) -> tuple[tuple[str, str], ...]:
+    """`dictionary.<column> = <db>.<table>`: the bitmap column fed the table's ids."""
+    out = []
+    for key, value in sorted(raw.items()):
+        if not key.startswith(DICTIONARY_PREFIX):
+            continue
+        column, name = key[len(DICTIONARY_PREFIX):], str(value).strip()
+        if not column or name.count(".") != 1 or not all(name.split(".")):
+            raise InvalidOptionError(f"Option '{key}' names a column and a dictionary table as "
+                                     f"'<database>.<table>', got {value!r}")
+        out.append((column, name))
+    return tuple(out)
 
 
 def _delivery(value) -> str:

@@ -47,6 +47,8 @@ class WritePlan:
     # Every DataFrame column, in order: when they are the input columns under their table
     # names already, the write reads the DataFrame as it is (no select to build and plan).
     dataframe_columns: tuple[str, ...] = ()
+    # Columns whose values are mapped to ids through a dictionary (sink.dictionary_ids).
+    dictionaries: tuple = ()
 
     @property
     def full_row(self) -> bool:
@@ -170,8 +172,9 @@ def _check_same(table: str, wanted: TableDescriptor, existing: TableDescriptor,
             f"option 'bucket.num' says {bucket_num}")
 
 
-def build_plan(info, options: SinkOptions, df_schema) -> WritePlan:
-    """Check the DataFrame against the table and describe the write (see module docstring)."""
+def build_plan(info, options: SinkOptions, df_schema, mapped=frozenset()) -> WritePlan:
+    """Check the DataFrame against the table and describe the write (see module docstring).
+    `mapped`: DataFrame columns whose types were checked against their dictionaries."""
     descriptor = info.descriptor
     schema = descriptor.schema
     fields = _arrow_fields(df_schema)
@@ -236,6 +239,8 @@ def build_plan(info, options: SinkOptions, df_schema) -> WritePlan:
             f"The DataFrame writes only key columns of table '{info.name}'; add value columns")
     aggregation = descriptor.is_aggregation
     for df_name, column_name in mapping.items():
+        if df_name in mapped:
+            continue
         column = schema.column(column_name)
         is_key = column_name in schema.primary_key
         if not accepts(column, is_key, fields[df_name], options.merge_mode, aggregation):
@@ -261,7 +266,14 @@ def build_plan(info, options: SinkOptions, df_schema) -> WritePlan:
 
 def plan_write(conn, options: SinkOptions, df_schema) -> WritePlan:
     """resolve_table, then build_plan: the checked plan of writing `df_schema` by `options`."""
-    return build_plan(resolve_table(conn, options, df_schema), options, df_schema)
+    info = resolve_table(conn, options, df_schema)
+    if not options.dictionaries:
+        return build_plan(info, options, df_schema)
+    from sink.dictionary_ids import dictionary_columns
+
+    columns, mapped = dictionary_columns(conn, options, info, df_schema)
+    return dataclasses.replace(build_plan(info, options, df_schema, mapped),
+                               dictionaries=columns)
 
 
 def info_routing(info) -> tuple[tuple[str, ...], bool]:

@@ -67,9 +67,10 @@ def _check_id_type(id_type) -> str:
     return id_type
 
 
-def dictionary_descriptor(id_type: str = "int32", buckets: int = 1,
-                          key_type: str = "string") -> TableDescriptor:
-    """The descriptor of a dictionary table (see the module docstring)."""
+def dictionary_descriptor(id_type: str = "int32", buckets: int = 1, key_type: str = "string",
+                          options: dict | None = None) -> TableDescriptor:
+    """The descriptor of a dictionary table (see the module docstring); `options`: other
+    table options (`table.replication.factor`, retention, ...)."""
     _check_id_type(id_type)
     if key_type not in KEY_TYPES:
         raise SchemaError(f"A dictionary's key type is one of {sorted(KEY_TYPES)}, not "
@@ -77,9 +78,12 @@ def dictionary_descriptor(id_type: str = "int32", buckets: int = 1,
     schema = (Schema.builder().column(KEY_COLUMN, KEY_TYPES[key_type], nullable=False)
               .agg_column(ID_COLUMN, ID_TYPES[id_type], AggFunction.FIRST_VALUE)
               .primary_key(KEY_COLUMN).build())
-    return TableDescriptor(schema, bucket_count=buckets,
-                           properties={"table.merge-engine": "aggregation",
-                                       DICTIONARY_OPTION: id_type})
+    descriptor = TableDescriptor(schema, bucket_count=buckets,
+                                 properties={**(options or {}),
+                                             "table.merge-engine": "aggregation",
+                                             DICTIONARY_OPTION: id_type})
+    dictionary_spec(descriptor, "the dictionary")  # an option may unmake it (a row TTL)
+    return descriptor
 
 
 def is_dictionary(descriptor: TableDescriptor) -> bool:

@@ -36,11 +36,12 @@ def key_array(spec: DictionarySpec, keys, name: str) -> pa.Array:
         keys = keys.combine_chunks()
     if isinstance(keys, pa.Array):
         if keys.type != spec.key_type:
-            try:
-                keys = keys.cast(spec.key_type)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            # only the large form of the key type is taken (a number is no string id)
+            large = pa.large_string() if pa.types.is_string(spec.key_type) else pa.large_binary()
+            if keys.type != large:
                 raise InvalidInputError(f"the keys of dictionary {name} are {spec.key_type}, "
-                                        f"not {keys.type}") from None
+                                        f"not {keys.type}")
+            keys = keys.cast(spec.key_type)
     elif isinstance(keys, (list, tuple)):
         want = str if pa.types.is_string(spec.key_type) else bytes
         wrong = next((i for i, k in enumerate(keys) if k is not None
