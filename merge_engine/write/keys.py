@@ -179,8 +179,9 @@ def group_keys(key_columns: list[pa.Array]) -> tuple[KeyArray, np.ndarray, np.nd
     """(distinct encoded keys in key order, each row's group id, each group's first row).
 
     Fixed-width keys are grouped with one numpy sort, without making a bytes object per row
-    (keys of up to 8 bytes as uint64s, with an unstable sort); other keys go through Arrow's
-    hash table.
+    (keys of up to 8 bytes as uint64s, with an unstable sort); keys with a string or binary
+    column are grouped on each column's codes (`_coded_groups`), encoding only the distinct
+    keys; the rest go through Arrow's hash table.
     """
     matrix = key_matrix(key_columns)
     if matrix is not None:
@@ -191,6 +192,9 @@ def group_keys(key_columns: list[pa.Array]) -> tuple[KeyArray, np.ndarray, np.nd
         sortable = search.view(np.dtype((np.void, keys.width)))
         _, firsts, group_ids = np.unique(sortable, return_index=True, return_inverse=True)
         return keys.take(firsts), group_ids.astype(np.int64).ravel(), firsts
+    coded = _coded_groups(key_columns)
+    if coded is not None:
+        return coded
     encoded = pa.array(encode_keys(key_columns), type=pa.binary()).dictionary_encode()
     order = pc.sort_indices(encoded.dictionary).to_numpy()
     rank = np.empty(len(order), dtype=np.int64)
@@ -201,6 +205,53 @@ def group_keys(key_columns: list[pa.Array]) -> tuple[KeyArray, np.ndarray, np.nd
     # fancy-index assignments in order).
     firsts[group_ids[::-1]] = np.arange(len(group_ids) - 1, -1, -1)
     return KeyArray.from_bytes(encoded.dictionary.take(pa.array(order)).to_pylist()), group_ids, firsts
+
+
+def _column_codes(column: pa.Array) -> tuple[np.ndarray, int] | None:
+    """Each row's code among the column's distinct key values (equal codes exactly when the
+    encoded values are equal) and how many codes there are; None for a type or nulls the
+    per-row encoding must judge."""
+    if column.null_count:
+        return None
+    fixed = _fixed_key_bytes(column)
+    if fixed is None:
+        t = column.type
+        if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+                or pa.types.is_large_binary(t)):
+            return None
+        encoded = pc.dictionary_encode(column)  # equal strings, equal escaped bytes
+    elif fixed.shape[1] <= 8:
+        encoded = pc.dictionary_encode(pa.array(KeyArray.from_matrix(fixed).search))
+    else:
+        return None
+    codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.uint64)
+    return codes, len(encoded.dictionary)
+
+
+def _coded_groups(key_columns: list[pa.Array]) -> tuple[KeyArray, np.ndarray, np.ndarray] | None:
+    """group_keys() of keys with a string or binary column: the columns' codes combined into
+    one uint64 per row (mixed radix) are grouped by one radix sort, and only each group's first
+    row is encoded, then the groups are put in key order. Encoding every row in Python was most
+    of a put of such keys. None when the codes do not fit in 63 bits."""
+    combined, span = None, 1
+    for column in key_columns:
+        coded = _column_codes(column)
+        if coded is None:
+            return None
+        codes, count = coded
+        count = max(count, 1)
+        span *= count
+        if span >= 1 << 63:
+            return None
+        combined = codes if combined is None else combined * np.uint64(count) + codes
+    _, code_groups, code_firsts = group_sorted(np.ascontiguousarray(combined))
+    taken = pa.array(code_firsts)
+    encoded = encode_keys([column.take(taken) for column in key_columns])
+    order = np.argsort(np.array(encoded, dtype=bytes), kind="stable")  # prefix-free: as bytes
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    keys = KeyArray.from_bytes([encoded[i] for i in order.tolist()])
+    return keys, rank[code_groups], code_firsts[order]
 
 
 def _sorted_groups(keys: KeyArray) -> tuple[KeyArray, np.ndarray, np.ndarray]:
