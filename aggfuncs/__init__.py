@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from aggfuncs.arg_select import ArgMaxAggregator, ArgMinAggregator
 from aggfuncs.array_agg import ArrayAggAggregator
+from aggfuncs.avg import AvgAggregator
 from aggfuncs.base import Aggregator
 from aggfuncs.bitmap import Rbm32Aggregator, Rbm64Aggregator, bitmap_ids, build_bitmap
 from aggfuncs.bool_agg import BoolAndAggregator, BoolOrAggregator
@@ -28,6 +30,7 @@ from aggfuncs.sketch_values import (SKETCH_FUNCTIONS, build_hll_sketch, build_kl
 from aggfuncs.sketches import HllSketchAggregator, KllSketchAggregator, ThetaSketchAggregator
 from aggfuncs.string_agg import StringAggAggregator
 from aggfuncs.sum import SumAggregator
+from aggfuncs.sum_map import SumMapAggregator
 
 AGGREGATORS: dict[AggFunction, type[Aggregator]] = {
     cls.function: cls
@@ -51,6 +54,10 @@ AGGREGATORS: dict[AggFunction, type[Aggregator]] = {
         ThetaSketchAggregator,
         KllSketchAggregator,
         MergeMapAggregator,
+        AvgAggregator,
+        SumMapAggregator,
+        ArgMaxAggregator,
+        ArgMinAggregator,
     )
 }
 

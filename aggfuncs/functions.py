@@ -33,6 +33,10 @@ class AggFunction(enum.Enum):
     THETA_SKETCH = "theta_sketch"
     KLL_SKETCH = "kll_sketch"
     MERGE_MAP = "merge_map"
+    AVG = "avg"
+    SUM_MAP = "sum_map"
+    ARG_MAX = "arg_max"
+    ARG_MIN = "arg_min"
 
     @classmethod
     def parse(cls, name: "str | AggFunction", column: str | None = None) -> "AggFunction":

@@ -56,8 +56,9 @@ def is_exact(spec: TableSpec) -> bool:
 
 
 @st.composite
-def state_triples(draw, functions=AGG_FUNCTIONS):
-    """A one-column spec and three states a, b, c (nulls allowed) for MERGE_STATE."""
+def state_triples(draw, functions=[f for f in AGG_FUNCTIONS if f is not F.AVG]):
+    """A one-column spec and three states a, b, c (nulls allowed) for MERGE_STATE (not avg:
+    the mean read back is not its state, a sum and a count)."""
     function = draw(st.sampled_from(functions))
     spec = draw(single_column_specs(function))
     states = input_values(spec.column("v"), function, "MERGE_STATE")

@@ -16,6 +16,7 @@ from hypothesis import given, strategies as st
 from aggfuncs import (AGGREGATORS, AggFunction, aggregator_class, bitmap_ids, hll_sketch_estimate,
                       kll_sketch_quantile, make_aggregator, theta_sketch_estimate)
 from aggfuncs.segments import Segments
+from aggfuncs.arg_select import ArgSelectAggregator
 from aggfuncs.sketches import SketchAggregator
 from merge_engine import MergeMode, Schema, TableDescriptor
 from merge_engine.testing.profiles import load_profile
@@ -38,7 +39,11 @@ TYPES = {
     AggFunction.THETA_SKETCH: pa.binary(),
     AggFunction.KLL_SKETCH: pa.binary(),
     AggFunction.MERGE_MAP: pa.map_(pa.string(), pa.int64()),
+    AggFunction.AVG: pa.float64(),
+    AggFunction.SUM_MAP: pa.map_(pa.string(), pa.int64()),
 }
+# Parameters a function needs: arg_max/arg_min are ordered by an int64 column 'o'.
+PARAMS = {AggFunction.ARG_MAX: {"by": "o"}, AggFunction.ARG_MIN: {"by": "o"}}
 FUNCTIONS = list(AggFunction)
 # Raw inputs of the functions that take no integers (the others take [1, None, 2]).
 SAMPLES = {
@@ -47,6 +52,8 @@ SAMPLES = {
     AggFunction.BOOL_OR: pa.array([True, None, False]),
     AggFunction.MERGE_MAP: pa.array([[("a", 1)], None, [("b", 2)]],
                                     type=pa.map_(pa.string(), pa.int64())),
+    AggFunction.SUM_MAP: pa.array([[("a", 1)], None, [("b", 2)]],
+                                  type=pa.map_(pa.string(), pa.int64())),
 }
 ESTIMATES = {AggFunction.HLL_SKETCH: hll_sketch_estimate,
              AggFunction.THETA_SKETCH: theta_sketch_estimate,
@@ -58,7 +65,17 @@ def column_type(function: AggFunction) -> pa.DataType:
 
 
 def aggregator(function: AggFunction):
-    return make_aggregator(function, "c", column_type(function))
+    agg = make_aggregator(function, "c", column_type(function), PARAMS.get(function))
+    return agg.bind(pa.int64()) if isinstance(agg, ArgSelectAggregator) else agg
+
+
+def with_inputs(agg, values: pa.Array) -> pa.Array:
+    """Raw values as the merger hands them to the function: an arg_max/arg_min column's
+    with each row's ordering value attached (here the value itself, as int64 where it is one)."""
+    if not isinstance(agg, ArgSelectAggregator):
+        return values
+    order = values if pa.types.is_integer(values.type) else pa.array(range(len(values)))
+    return agg.attach(values, order.cast(pa.int64()))
 
 
 def values_of(function: AggFunction):
@@ -69,7 +86,7 @@ def values_of(function: AggFunction):
 
 
 def states_of(agg, values: list) -> pa.Array:
-    return agg.to_state(agg.cast_input(pa.array(values, type=agg.type)))
+    return agg.to_state(with_inputs(agg, agg.cast_input(pa.array(values, type=agg.type))))
 
 
 def fold_onto(agg, stored: pa.Array, stored_written: bool, batch: pa.Array) -> pa.Array:
@@ -95,7 +112,8 @@ def test_the_state_type_is_what_folds_make(function):
     agg = aggregator(function)
     assert agg.empty(3).type == agg.state_type
     inputs = SAMPLES.get(function, pa.array([1, None, 2]))
-    folded = fold_onto(agg, agg.empty(1), False, agg.to_state(agg.cast_input(inputs)))
+    folded = fold_onto(agg, agg.empty(1), False,
+                       agg.to_state(with_inputs(agg, agg.cast_input(inputs))))
     assert folded.type == agg.state_type
 
 
@@ -124,8 +142,9 @@ def test_idempotence_is_not_assumed_of_a_sum():
 
 @pytest.mark.parametrize("function", FUNCTIONS, ids=lambda f: f.value)
 def test_recovery_skips_undo_exactly_for_replay_idempotent_columns(function):
-    schema = (Schema.builder().column("k", pa.int64())
-              .agg_column("c", column_type(function), function).primary_key("k").build())
+    schema = (Schema.builder().column("k", pa.int64()).agg_column("o", pa.int64(), "max")
+              .agg_column("c", column_type(function), function, **PARAMS.get(function, {}))
+              .primary_key("k").build())
     skipped = undo_can_be_skipped(schema, None, writer_deletes=False)
     assert (skipped is not None) == (function in IDEMPOTENT)
     assert undo_can_be_skipped(schema, None, writer_deletes=True) is None
@@ -170,7 +189,8 @@ def test_a_selecting_function_picks_a_written_value(function, data):
 @pytest.mark.parametrize("function", FUNCTIONS, ids=lambda f: f.value)
 def test_a_sequence_field_orders_exactly_the_selecting_functions(function):
     schema = (Schema.builder().column("k", pa.int64()).column("ts", pa.int64())
-              .agg_column("c", column_type(function), function).primary_key("k").build())
+              .agg_column("c", column_type(function), function, **PARAMS.get(function, {}))
+              .column("o", pa.int64()).primary_key("k").build())
     properties = {"table.merge-engine": "aggregation", "table.sequence-field": "ts"}
     column = TableDescriptor(schema, properties=properties).aggregators()[2]
     assert column.sequenced == aggregator_class(function).selects_value
@@ -179,8 +199,9 @@ def test_a_sequence_field_orders_exactly_the_selecting_functions(function):
 
 @pytest.mark.parametrize("function", FUNCTIONS, ids=lambda f: f.value)
 def test_a_sequence_column_declares_only_a_latest_value_function(function):
-    schema = (Schema.builder().column("k", pa.int64())
-              .agg_column("ts", column_type(function), function).primary_key("k").build())
+    schema = (Schema.builder().column("k", pa.int64()).column("o", pa.int64())
+              .agg_column("ts", column_type(function), function, **PARAMS.get(function, {}))
+              .primary_key("k").build())
     properties = {"table.merge-engine": "aggregation", "table.sequence-field": "ts"}
     if aggregator_class(function).keeps_latest:
         assert TableDescriptor(schema, properties=properties).sequence_fields == ("ts",)
@@ -209,7 +230,7 @@ def test_a_type_the_function_takes_up_front_is_one_the_engine_takes(function, mo
     agg = aggregator(function)
     for source, values in SOURCES.items():
         if agg.takes_type(source, widens, states=mode is MergeMode.MERGE_STATE):
-            inputs = agg.cast_input(pa.array(values, type=source))
+            inputs = with_inputs(agg, agg.cast_input(pa.array(values, type=source)))
             states = agg.to_state(inputs) if mode is MergeMode.AGGREGATE \
                 else agg.from_merge_state(inputs)
             assert len(states) == len(values)

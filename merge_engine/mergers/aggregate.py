@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from aggfuncs import Aggregator, Segments
+from aggfuncs.arg_select import check_orderings, with_ordering
 from aggfuncs.base import IGNORE_RETRACT, valid_mask
 from merge_engine.mergers.row_merger import RowMerger
 from merge_engine.table.modes import MergeMode
@@ -26,6 +27,7 @@ class AggregateRowMerger(RowMerger):
     def merge(self, stored: StateBatch, write: WriteInput, group_ids: np.ndarray,
               mode: MergeMode) -> StateBatch:
         self.check_sequences(write)
+        check_orderings([agg for _, agg in self.targets(write)], write.columns)
         m, n = len(stored), write.rows
         input_groups = Segments(group_ids, m)
         segments = None  # stored rows and input rows together: made when a fold needs them
@@ -34,7 +36,7 @@ class AggregateRowMerger(RowMerger):
         counts = stored.counts().copy()
         signs = write.signs
         placed = self._one_row_each(group_ids, m, n) if signs is None else None
-        attach = partial(self.with_sequence, write=write)
+        attach = partial(self._attached, write=write)
         for i, agg, states in column_states(self.targets(write), write.columns, mode, attach):
             takes = self._taking_rows(agg, signs, n)
             if placed is not None and agg.folds_one_as_state and not agg.sequenced \
@@ -65,6 +67,12 @@ class AggregateRowMerger(RowMerger):
             self._settle(agg, i, columns, counts, states, takes, write, input_groups)
             written[:, i] |= input_groups.any(takes)
         return StateBatch(columns, written, counts)
+
+    def _attached(self, agg: Aggregator, values: pa.Array, write: WriteInput) -> pa.Array:
+        """A column's input with what its states carry besides the values: each row's
+        sequence (a sequenced column's), or its `by` column's value (arg_max/arg_min)."""
+        values = self.with_sequence(agg, values, write)
+        return with_ordering(agg, values, write.columns, self.aggregators)
 
     def _settle(self, agg, i, columns, counts, states, takes, write, groups) -> None:
         """What follows column i's fold: its stored form, its contribution counts, its limits."""

@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 from aggfuncs import Segments
+from aggfuncs.arg_select import check_orderings, with_ordering
 from merge_engine.mergers.row_merger import RowMerger
 from merge_engine.table.modes import MergeMode
 from merge_engine.write.input import WriteInput
@@ -28,13 +29,15 @@ class OverwriteRowMerger(RowMerger):
                 "An OVERWRITE write cannot carry retractions (-U/-D rows): it replaces values. "
                 "Nothing was applied.")
         self.check_sequences(write)
+        check_orderings([agg for _, agg in self.targets(write)], write.columns)
         columns = list(stored.columns)
         written = stored.written.copy()
         counts = stored.counts().copy()
         unwritten = self._unwritten_names(write, last)
         for i, agg in self.targets(write):
-            values = agg.overwrite(
-                self.with_sequence(agg, agg.cast_input(write.columns[agg.column]), write))
+            values = self.with_sequence(agg, agg.cast_input(write.columns[agg.column]), write)
+            values = with_ordering(agg, values, write.columns, self.aggregators)
+            values = agg.overwrite(values)
             columns[i] = values.take(take).cast(stored.columns[i].type)
             agg.check_cells(columns[i])
             if unwritten is None:

@@ -15,7 +15,7 @@ from tally.errors import InvalidOptionError
 
 # Parameters named without their function (`fields.<col>.max-cell-bytes`): those of more than
 # one function, so a connector need not repeat the column's function name.
-COLUMN_PARAMETERS = frozenset({"ignore-retract", "max-cell-bytes", "max-elements"})
+COLUMN_PARAMETERS = frozenset({"ignore-retract", "max-cell-bytes", "max-elements", "by"})
 
 
 def _split_field_options(options: dict, columns: set[str]):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from aggfuncs import AggFunction, Aggregator, make_aggregator
+from aggfuncs.arg_select import bind_orderings
 from merge_engine.table.types_json import type_from_json, type_to_json
 from tally.errors import SchemaError
 
@@ -100,6 +101,7 @@ class Schema:
                 )
             if c.agg is not None:
                 make_aggregator(c.agg, c.name, c.type, c.params)
+        self.aggregators(True)  # arg_max/arg_min: their ordering columns exist and are ordered
 
     # --- lookups ----------------------------------------------------------------------------
 
@@ -165,6 +167,7 @@ class Schema:
             else:
                 fn, params = c.agg or AggFunction.LAST_VALUE_IGNORE_NULLS, c.params
             result.append(make_aggregator(fn, c.name, c.type, params))
+        bind_orderings(result, {c.name: c.type for c in self.columns})
         return result
 
     # --- serialization ----------------------------------------------------------------------

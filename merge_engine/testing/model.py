@@ -19,9 +19,10 @@ from merge_engine.testing.model_functions import (FOLDS, bitmap_input, empty_val
                                                   is_empty, self_overlapping, sketch_input,
                                                   tokens_of)
 from merge_engine.testing.model_sequences import check_sequences, fold_sequenced
+from merge_engine.testing.model_states import STATEFUL, check_orderings, fold_stateful
 from merge_engine.testing.records import ChangeRecord, as_records
 from merge_engine.testing.spec import TableSpec
-from merge_engine.testing.values import check_range, coerce_input, same_row
+from merge_engine.testing.values import check_range, coerce_input, same_row, same_value
 from tally.errors import DeleteDisabledError, InvalidInputError
 
 AGGREGATE, MERGE_STATE, OVERWRITE = "AGGREGATE", "MERGE_STATE", "OVERWRITE"
@@ -47,7 +48,7 @@ class RowState:
 
     def same_as(self, other: "RowState") -> bool:
         return (self.unwritten == other.unwritten and tuple(self.counts) == tuple(other.counts)
-                and tuple(self.tokens) == tuple(other.tokens)
+                and same_value(list(self.tokens), list(other.tokens))
                 and tuple(self.sequences) == tuple(other.sequences)
                 and same_row(self.values, other.values))
 
@@ -71,7 +72,8 @@ class ReferenceTable:
         # string_agg cells whose joined value does not tell their tokens apart keep the tokens
         # (contract: row state, shown in images as `_tokens`).
         self.tokenized = [n for n in self.value_names if self._function(n) is AggFunction.STRING_AGG
-                          and self_overlapping(self.spec.column(n).delimiter)]
+                          and self_overlapping(self.spec.column(n).delimiter)
+                          or self._function(n) in STATEFUL]  # avg, arg_*: their states
         # Cells ordered by `table.sequence-field` keep their value's sequence (contract: row
         # state, shown in images as `_sequences`).
         self.sequence_fields = self.spec.sequence_fields
@@ -119,6 +121,7 @@ class ReferenceTable:
         targets = self._targets(target_columns)
         groups = self._group(self._as_dicts(rows), targets, mode)
         check_sequences(self.spec, groups, targets, self.key_names)
+        check_orderings(self.spec, self._function, targets, self.key_names)
         changes: list[tuple[tuple, RowState | None, RowState]] = []
         for key, key_rows in groups.items():
             old = self._rows.get(key)
@@ -229,6 +232,14 @@ class ReferenceTable:
                 else:
                     unwritten.add(name)
                 continue
+            if function in STATEFUL:
+                fold_stateful(self.spec, function, name, rows, dict(zip(self.key_names, key)),
+                              mode == OVERWRITE, values, tokens)
+                if mode != OVERWRITE or name not in (rows[-1].get(UNWRITTEN) or ()):
+                    unwritten.discard(name)
+                else:
+                    unwritten.add(name)
+                continue
             if mode == OVERWRITE:
                 last = rows[-1]
                 value = last.get(name)
@@ -240,6 +251,8 @@ class ReferenceTable:
                     value = self._set_tokens(name, tokens_of(column, value), tokens)
                 if function is AggFunction.MERGE_MAP:
                     value = fold_merge_map(column, None, False, [value], False)  # normalised
+                if function is AggFunction.SUM_MAP:
+                    value = FOLDS[function](column, None, False, [value], False)  # normalised
                 values[name] = value
                 if name in (last.get(UNWRITTEN) or ()):
                     unwritten.add(name)

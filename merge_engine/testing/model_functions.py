@@ -15,6 +15,7 @@ import decimal
 from typing import Any, Callable
 
 from aggfuncs import AggFunction
+from merge_engine.testing.model_states import fold_sum_map
 from merge_engine.testing.spec import ColumnSpec
 from merge_engine.testing.values import (EXACT, check_range, is_decimal, is_float, order_key,
                                          round_float32)
@@ -346,6 +347,7 @@ FOLDS: dict[AggFunction, Fold] = {
     AggFunction.THETA_SKETCH: fold_sketch,
     AggFunction.KLL_SKETCH: fold_sketch,
     AggFunction.MERGE_MAP: fold_merge_map,
+    AggFunction.SUM_MAP: fold_sum_map,
 }
 
 

@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from merge_engine.table.hidden_columns import (CHANGE_TYPE, CONTRIBUTIONS, OFFSET, SEQUENCES,
                                                TOKENS, UNWRITTEN)
-from merge_engine.testing.values import same_row
+from merge_engine.testing.values import same_row, same_value
 
 CHANGE_TYPES = ("+I", "-U", "+U", "-D")
 
@@ -33,7 +33,7 @@ class ChangeRecord:
             and self.change_type == other.change_type
             and self.unwritten == other.unwritten
             and tuple(self.contributions) == tuple(other.contributions)
-            and tuple(self.tokens) == tuple(other.tokens)
+            and same_value(list(self.tokens), list(other.tokens))
             and tuple(self.sequences) == tuple(other.sequences)
             and same_row(self.image, other.image)
         )
@@ -64,8 +64,8 @@ def records_from_arrow(table: pa.Table | pa.RecordBatch, names: Iterable[str]) -
                 image={n: row.get(n) for n in names},
                 unwritten=frozenset(unwritten),
                 contributions=tuple(row.get(CONTRIBUTIONS) or ()),
-                tokens=tuple(None if t is None else tuple(t)
-                             for t in (row.get(TOKENS) or {}).values()),
+                tokens=tuple(None if t is None else tuple(t.values()) if isinstance(t, dict)
+                             else tuple(t) for t in (row.get(TOKENS) or {}).values()),
                 sequences=tuple(None if s is None else tuple(s["sequence"].values())
                                 for s in (row.get(SEQUENCES) or {}).values()),
             )

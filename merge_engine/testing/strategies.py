@@ -33,6 +33,14 @@ SELECTION_TYPES = (pa.int64(), pa.float64(), pa.string(), pa.bool_(), pa.decimal
                    pa.date32(), pa.list_(pa.int64()))
 LIST_TYPES = (pa.list_(pa.int64()), pa.list_(pa.string()))
 MAP_TYPES = (pa.map_(pa.string(), pa.int64()), pa.map_(pa.int64(), pa.string()))
+# int8 sums overflow within a few writes; float sums fold left to right.
+SUM_MAP_TYPES = (pa.map_(pa.string(), pa.int64()), pa.map_(pa.int64(), pa.float64()),
+                 pa.map_(pa.string(), pa.int8()), pa.map_(pa.string(), pa.decimal128(10, 2)))
+# Functions whose value columns an arg_max/arg_min column may be ordered by: their inputs
+# are plain values of the column's type in every mode.
+ORDERING_FUNCTIONS = (None, F.LAST_VALUE, F.LAST_VALUE_IGNORE_NULLS, F.FIRST_VALUE,
+                      F.FIRST_VALUE_IGNORE_NULLS, F.MAX, F.MIN, F.SUM)
+ORDERING_TYPES = INT_TYPES + FLOAT_TYPES + DECIMAL_TYPES + ORDERED_TYPES
 
 # Every supported (function, type) pair the strategies draw from. None: a column without a
 # function (last_value_ignore_nulls on aggregation tables).
@@ -56,6 +64,10 @@ FUNCTION_TYPES: dict[F | None, tuple[pa.DataType, ...]] = {
     F.THETA_SKETCH: (pa.binary(),),
     F.KLL_SKETCH: (pa.binary(),),
     F.MERGE_MAP: MAP_TYPES,
+    F.AVG: FLOAT_TYPES + DECIMAL_TYPES,
+    F.SUM_MAP: SUM_MAP_TYPES,
+    F.ARG_MAX: SELECTION_TYPES,
+    F.ARG_MIN: SELECTION_TYPES,
     None: SELECTION_TYPES,
 }
 FUNCTIONS = tuple(FUNCTION_TYPES)
@@ -198,6 +210,9 @@ def _flag(value: bool) -> st.SearchStrategy:
 
 
 def params_for(function: F | None) -> st.SearchStrategy[dict]:
+    if function in (F.ARG_MAX, F.ARG_MIN):
+        # Ordered by the key `k` (table_specs draws another column where it can).
+        return st.just({"by": "k"})
     if function is F.STRING_AGG:
         return st.fixed_dictionaries(
             {}, optional={"delimiter": st.sampled_from(DELIMITERS), "distinct": st.booleans().flatmap(_flag)}
@@ -240,6 +255,7 @@ def table_specs(draw, aggregation: bool | None = None, functions: Iterable[F | N
     n_values = draw(st.integers(min_value_columns, max_value_columns))
     chosen = functions if aggregation else [None]
     values = [draw(value_columns(f"v{i}", chosen)) for i in range(n_values)]
+    values = [draw(ordered_by_another(c, keys + values)) for c in values]
     # Key columns usually come first, but schema order is the user's choice.
     columns = keys + values
     if draw(st.integers(0, 4)) == 0:
@@ -276,6 +292,18 @@ def sequenced_table_specs(draw, functions: Iterable[F | None] = SEQUENCED + (Non
     return TableSpec(tuple(keys + sequence + values), ("k",), properties)
 
 
+@st.composite
+def ordered_by_another(draw, column: ColumnSpec, columns: list[ColumnSpec]) -> ColumnSpec:
+    """An arg_max/arg_min column ordered by one of `columns` (a key, or a value column whose
+    inputs are plain values of an ordered type); any other column as it is."""
+    if column.function not in (F.ARG_MAX, F.ARG_MIN):
+        return column
+    candidates = [c.name for c in columns if c.name != column.name and c.type in ORDERING_TYPES
+                  and c.function in ORDERING_FUNCTIONS]
+    return ColumnSpec(column.name, column.type, column.function,
+                      {**column.params, "by": draw(st.sampled_from(candidates))}, column.nullable)
+
+
 def single_column_specs(function: F | None, arrow_type: pa.DataType | None = None,
                         params: dict | None = None) -> st.SearchStrategy[TableSpec]:
     """An aggregation table with an int64 key `k` and one value column `v`."""
@@ -306,6 +334,10 @@ def target_columns(draw, spec: TableSpec) -> tuple | None:
     chosen = draw(st.lists(st.sampled_from([c.name for c in spec.value_columns]), unique=True))
     if spec.sequence_fields and draw(st.integers(0, 9)):
         chosen += [f for f in spec.sequence_fields if f not in chosen]  # rarely left out: refused
+    orderings = [c.params["by"] for c in spec.value_columns if c.name in chosen
+                 and c.function in (F.ARG_MAX, F.ARG_MIN) and c.params["by"] not in spec.primary_key]
+    if orderings and draw(st.integers(0, 9)):
+        chosen += [f for f in orderings if f not in chosen]  # rarely left out: refused
     return tuple(n for n in spec.names if n in spec.primary_key or n in chosen)
 
 

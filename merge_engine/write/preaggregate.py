@@ -15,10 +15,13 @@ A string_agg column that keeps tokens apart sends them as token lists.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pyarrow as pa
 
 from aggfuncs import Segments
+from aggfuncs.arg_select import check_orderings, with_ordering
 from merge_engine.table.descriptor import TableDescriptor
 from merge_engine.table.hidden_columns import CHANGE_TYPE, CONTRIBUTIONS
 from merge_engine.table.modes import MergeMode
@@ -56,7 +59,9 @@ def preaggregate(rows, descriptor: TableDescriptor, target_columns=None,
     ordered = {name: write.columns[name].take(taken) for name in names}
     value_targets = [(i, aggregators[i]) for i in targets
                      if schema.names[i] not in schema.primary_key]
-    states = {i: s for i, _, s in column_states(value_targets, ordered, mode)}
+    check_orderings([agg for _, agg in value_targets], ordered)
+    attach = partial(with_ordering, columns=ordered, aggregators=aggregators)
+    states = {i: s for i, _, s in column_states(value_targets, ordered, mode, attach)}
     values_of = [(aggregators[i], states[i]) for i, _ in value_targets]
     if descriptor.sequence_fields:
         # Each row carries its own sequence, which a folded run could not: one run per row.
