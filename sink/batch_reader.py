@@ -28,7 +28,8 @@ Read options:
   sources cannot prune columns themselves (PySpark 4.3 has no such hook), so `select(...)`
   alone still reads every column; these options are how a read skips them.
 - `filter`: a JSON object of column -> value or list of values, all required (the form of
-  `Table.scan`): equality on the whole primary key reads those keys by lookups, on the
+  `Table.scan`): equality on the whole primary key reads those keys by lookups, on its
+  leading columns their key ranges by prefix lookups (tally.client.prefix_lookups), on the
   partition key only those partitions, on the bucket key only those buckets. The DataFrame is
   the table's rows that match it; Spark's own `filter(...)` then applies on top.
 - `unwritten`: "true" adds the hidden `_unwritten` column. `batch-size`: rows per Arrow batch.
@@ -60,6 +61,7 @@ from merge_engine.table.hidden_columns import UNWRITTEN
 from sink.options import (CLIENT_TIMEOUTS, TABLE, TLS_CA, TLS_CERT, TLS_KEY, TOKEN, TOKEN_FILE, URL,
                           client_timeouts, connection_options, lowered)
 from sink.types import arrow_to_spark, spark_to_arrow
+from tally.client import prefix_lookups
 from tally.errors import InvalidOptionError
 from tally.wire.messages import MAX_SCAN_BATCH_ROWS
 from tally.wire.tls import TlsFiles
@@ -334,14 +336,20 @@ class TallyBatchReader(DataSourceReader):
                                        for f in schema.fields])
         scan = TableScan(table, self.columns, self.options.filter, self.options.batch_size,
                          self.unwritten, meta=plan.meta)
-        self.parts = scan.parts
+        # a filter fixing the key's leading columns reads their ranges by prefix lookups, one
+        # Spark partition per bucket asked unless `spark-partitions` says fewer
+        prefixes = prefix_lookups.filter_requests(scan, plan.meta)
+        self.parts = scan.parts if prefixes is None else prefixes
+        self.most_partitions = self.options.spark_partitions if prefixes is None else min(
+            self.options.spark_partitions or len(prefixes),
+            len({(p.partition, p.bucket) for p in prefixes}))
         self.estimated = estimated_columns(plan)
 
     def partitions(self):
         if not self.parts:
             return [TallyInputPartition(0, [])]  # Spark wants at least one partition
         return [TallyInputPartition(i, run)
-                for i, run in enumerate(grouped(self.parts, self.options.spark_partitions))]
+                for i, run in enumerate(grouped(self.parts, self.most_partitions))]
 
     def read(self, partition: TallyInputPartition):
         from tally.client.table_scan import TableScan
@@ -352,7 +360,9 @@ class TallyBatchReader(DataSourceReader):
                          self.options.batch_size, self.unwritten, parts=partition.parts)
         schema = self.arrow_schema
         for part in partition.parts:
-            for batch in scan.read_part(part):
+            for batch in (prefix_lookups.read_part(scan, part)
+                          if isinstance(part, prefix_lookups.PrefixRequest)
+                          else scan.read_part(part)):
                 yield pa.RecordBatch.from_arrays(
                     [self._spark_column(batch, f) for f in schema], schema=schema)
 
