@@ -12,6 +12,9 @@ still later write must beat, whatever order the writes arrive in.
   arrival stays.
 - A write that targets such a column must carry every sequence column, none of them null
   (checked before anything is applied, by the merger that attaches the sequence).
+- A sequence group (`fields.<seq>.sequence-group`) gives its columns their own sequence: each
+  aggregator carries its own sequence type. A group's aggregating columns (sum, ...) are not
+  ordered, but their writes must carry the group's sequence too (`require_sequence`).
 
 Sequences are compared column by column (lexicographically) in Arrow's sort order. Retraction
 cannot be taken back exactly here and is refused (or ignored with `ignore-retract`).
@@ -28,6 +31,24 @@ from aggfuncs.functions import AggFunction
 from aggfuncs.segments import Segments
 
 VALUE, SEQUENCE = "value", "sequence"
+SEQUENCE_FIELD = "table.sequence-field"
+# The sequence a write to a column must carry: (struct of the sequence columns, the option
+# that orders the column), on an aggregator that selects no value but is in a sequence group.
+_REQUIRED = "required_sequence"
+
+
+def require_sequence(agg: Aggregator, sequence_type: pa.StructType, option: str) -> None:
+    """Mark an aggregator that selects no value as needing `sequence_type` in every write
+    (a sequence group's sum, ...): the write is checked, the sequence is not attached."""
+    setattr(agg, _REQUIRED, (sequence_type, option))
+
+
+def required_sequence(agg: Aggregator) -> tuple[pa.StructType, str] | None:
+    """(sequence type, option) a write to the column must carry, or None."""
+    if agg.sequenced:
+        return agg.sequence_type, agg.option
+    return getattr(agg, _REQUIRED, None)
+
 
 def orderable_sequence(arrow_type: pa.DataType) -> bool:
     """Types a sequence column may have: an exact total order (no floats, whose NaN and -0.0
@@ -44,9 +65,11 @@ class SequencedAggregator(Aggregator):
 
     sequenced = True
 
-    def __init__(self, inner: Aggregator, sequence_type: pa.StructType):
+    def __init__(self, inner: Aggregator, sequence_type: pa.StructType,
+                 option: str = SEQUENCE_FIELD):
         # No super().__init__: the inner aggregator already checked the type and parameters.
         self.inner = inner
+        self.option = option  # what orders the column: the sequence field or a group's option
         self.function = inner.function
         self.column = inner.column
         self.type = inner.type

@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from aggfuncs import Aggregator
 from aggfuncs.base import cast_column
+from aggfuncs.sequenced import required_sequence
 from merge_engine.table.modes import MergeMode
 from merge_engine.write.input import WriteInput
 from merge_engine.write.state import StateBatch
@@ -42,33 +43,45 @@ class RowMerger:
     def check_sequences(self, write: WriteInput) -> None:
         """Every sequenced column's sequence checked for the whole write before any column is
         merged: a write that lacks or nulls a sequence is refused as such, whatever else in it
-        would fail later (an overflow in another column, another key)."""
+        would fail later (an overflow in another column, another key). A sequence group's
+        other columns (a sum, ...) need the group's sequence as well."""
         for _, agg in self.targets(write):
-            if agg.sequenced and not pa.types.is_struct(write.columns[agg.column].type):
-                self._sequence_of(agg, write)
+            required = required_sequence(agg)
+            if required is None:
+                continue
+            if agg.sequenced and pa.types.is_struct(write.columns[agg.column].type):
+                continue  # states given as such (undo's images) carry their sequences
+            self._sequence_of(agg, write, *required)
 
     def with_sequence(self, agg: Aggregator, values: pa.Array, write: WriteInput) -> pa.Array:
         """A sequenced column's input with each row's sequence attached (its states); other
         columns' inputs, and states given as such (undo's images), as they are."""
         if not agg.sequenced or pa.types.is_struct(values.type):
             return values
-        return agg.attach(values, self._sequence_of(agg, write))
+        return agg.attach(values, self._sequence_of(agg, write, agg.sequence_type, agg.option))
 
-    def _sequence_of(self, agg: Aggregator, write: WriteInput) -> pa.StructArray:
-        """The write's sequence of a sequenced column; refused when a field is missing or null."""
+    def _sequence_of(self, agg: Aggregator, write: WriteInput, sequence_type: pa.StructType,
+                     option: str) -> pa.StructArray | None:
+        """The write's sequence for a column; refused when a field is missing or null. None
+        for a column that only needs its sequence carried, given as states (undo's images)."""
         by_name = {a.column: a for a in self.aggregators}
         parts = []
-        for i, name in enumerate(agg.sequence_type.names):
+        for i, name in enumerate(sequence_type.names):
             if name not in write.columns:
                 raise InvalidInputError(
-                    f"Column '{agg.column}' ({agg.name}) follows the sequence field "
-                    f"{agg.sequence_type.names}: a write to it must carry column '{name}'. "
-                    "Nothing was applied.")
-            column = cast_column(write.columns[name], agg.sequence_type[i].type, by_name[name])
+                    f"Column '{agg.column}' ({agg.name}) follows the sequence "
+                    f"{sequence_type.names} of '{option}': a write to it must carry column "
+                    f"'{name}'. Nothing was applied.")
+            given = write.columns[name]
+            if not agg.sequenced and pa.types.is_struct(given.type):
+                return None
+            column = cast_column(given, sequence_type[i].type, by_name[name])
             if column.null_count:
                 row = int(np.nonzero(column.is_null().to_numpy(zero_copy_only=False))[0][0])
+                needs = "a sequence column is never null" if name == agg.column else \
+                    f"a write to column '{agg.column}' needs a sequence"
                 raise InvalidInputError(
-                    f"Sequence column '{name}' is null in row {row} of the write; a write to "
-                    f"column '{agg.column}' needs a sequence. Nothing was applied.")
+                    f"Sequence column '{name}' (of '{option}') is null in row {row} of the "
+                    f"write; {needs}. Nothing was applied.")
             parts.append(column)
-        return pa.StructArray.from_arrays(parts, fields=list(agg.sequence_type))
+        return pa.StructArray.from_arrays(parts, fields=list(sequence_type))

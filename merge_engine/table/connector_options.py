@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from aggfuncs import DEFAULT_FUNCTION, AggFunction
 from merge_engine.table.schema import Schema
+from merge_engine.table.sequence_groups import is_group_option
 from tally.errors import InvalidOptionError
 
 # Parameters named without their function (`fields.<col>.max-cell-bytes`): those of more than
@@ -24,8 +25,8 @@ def _split_field_options(options: dict, columns: set[str]):
     params: dict[str, dict[tuple[str, str], object]] = {}
     rest = {}
     for key, value in options.items():
-        if not key.startswith("fields."):
-            rest[key] = value
+        if not key.startswith("fields.") or is_group_option(key):
+            rest[key] = value  # a sequence group is a table property (it may name several columns)
             continue
         body = key[len("fields."):]
         # Column names may contain dots: match the longest known column name as the prefix.
@@ -88,7 +89,7 @@ def check_against_table(schema: Schema, options: dict, table: str) -> None:
     names = [c.name for c in schema.columns]
     by_length = sorted(names, key=len, reverse=True)
     for key, value in options.items():
-        if not str(key).lower().startswith("fields."):
+        if not str(key).lower().startswith("fields.") or is_group_option(str(key).lower()):
             continue
         body = str(key)[len("fields."):]
         column = next((n for n in by_length if body.lower().startswith(n.lower() + ".")), None)

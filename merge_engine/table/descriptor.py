@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-import pyarrow as pa
-
 from merge_engine.table.lake_options import LAKE_OPTIONS, LakeSettings, lake_settings
 from merge_engine.table.modes import DeleteBehavior
 from merge_engine.table.option_values import parse_bool_option
 from merge_engine.table.schema import Schema
+from merge_engine.table.sequence_groups import (SEQUENCE_FIELD, SequenceGroup, column_orders,
+                                                sequence_column_problem, sequence_groups)
 from tally.durations import parse_duration_ms
 from tally.errors import InvalidOptionError, SchemaError
 from tally.sizes import parse_size
@@ -20,8 +20,8 @@ CHANGELOG_IMAGE = "table.changelog.image"
 COLUMN_LOCK_ENABLED = "table.column-lock.enabled"
 KV_SYNC = "table.kv.sync"
 KV_BUFFER_SIZE = "table.kv.buffer-size"
-# Columns whose values order the writes of a key for the value-selection functions.
-SEQUENCE_FIELD = "table.sequence-field"
+# `table.sequence-field` (SEQUENCE_FIELD): columns whose values order the writes of a key for
+# the value-selection functions; `fields.<seq>.sequence-group` gives a group its own.
 DEFAULT_KV_BUFFER_SIZE = 64 << 20
 # A key not written for longer than this expires (merge_engine/kv/row_ttl.py); unset: never.
 ROW_TTL = "table.kv.row-ttl"
@@ -66,27 +66,15 @@ AGGREGATION = "aggregation"
 
 def sequence_field_problem(descriptor: "TableDescriptor", names: tuple[str, ...]) -> str | None:
     """Why `names` cannot be the sequence field of the table, or None."""
-    from aggfuncs import aggregator_class
-    from aggfuncs.sequenced import orderable_sequence
-
-    schema = descriptor.schema
     if not descriptor.is_aggregation:
         return (f"a sequence field orders the writes of aggregation tables; set "
                 f"'{MERGE_ENGINE}' = '{AGGREGATION}'")
     if not all(names) or len(set(names)) != len(names):
         return "give distinct column names separated by commas"
     for name in names:
-        if not schema.has_column(name):
-            return f"'{name}' is not a column; the columns are {schema.names}"
-        column = schema.column(name)
-        if name in schema.primary_key:
-            return f"'{name}' is a primary key column; a sequence column must be a value column"
-        if not orderable_sequence(column.type):
-            return (f"column '{name}' has type {column.type}; a sequence column must be an "
-                    "integer, decimal, date, time, timestamp, string or binary")
-        if column.agg is not None and not aggregator_class(column.agg).keeps_latest:
-            return (f"column '{name}' has the function {column.agg.value}; a sequence column "
-                    "takes no function (it holds the sequence of the latest write)")
+        problem = sequence_column_problem(descriptor.schema, name)
+        if problem:
+            return problem
     return None
 
 
@@ -162,6 +150,7 @@ class TableDescriptor:
                         f"Invalid value for option '{key}': {value!r} (expected a non-negative integer)")
         self.kv_buffer_size  # validates the value
         self.sequence_fields  # validates the columns
+        self.sequence_groups  # validates the groups' options
         self.row_ttl_ms  # validates the value
         self.lake  # validates the lake options, and the columns when the lake is enabled
         for key in (COLUMN_LOCK_ENABLED, KV_SYNC, RETENTION_IGNORE_LOCKS,
@@ -227,25 +216,42 @@ class TableDescriptor:
                                      f"{problem}")
         return names
 
+    @property
+    def sequence_groups(self) -> tuple[SequenceGroup, ...]:
+        """The `fields.<seq>.sequence-group` options: each a group of columns with its own
+        sequence (merge_engine.table.sequence_groups)."""
+        return sequence_groups(self.properties, self.schema, self.is_aggregation,
+                               self.sequence_fields)
+
+    @property
+    def orders_by_sequence(self) -> bool:
+        """Whether some column follows a sequence (the table-wide field or a group's)."""
+        return bool(self.sequence_fields or self.sequence_groups)
+
     def aggregators(self) -> list:
         """One aggregator per column, in schema order: the schema's, with the value-selection
-        ones (and the sequence columns themselves) ordered by the sequence field if any."""
+        ones (and the sequence columns themselves) ordered by their group's sequence or the
+        sequence field if any; a group's other columns know the sequence their writes need."""
         aggregators = self.schema.aggregators(self.is_aggregation)
-        fields = self.sequence_fields
-        if not fields:
+        if not self.orders_by_sequence:
             return aggregators
         from aggfuncs import AggFunction, make_aggregator
-        from aggfuncs.sequenced import SequencedAggregator
+        from aggfuncs.sequenced import SequencedAggregator, require_sequence
 
-        sequence_type = pa.struct([pa.field(n, self.schema.column(n).type) for n in fields])
-        keys = set(self.schema.primary_key)
+        orders = column_orders(self.schema, aggregators, self.sequence_groups,
+                               self.sequence_fields)
         wrapped = []
         for agg in aggregators:
-            if agg.column in fields:
-                # A sequence column shows the sequence of the latest write: its highest value.
-                agg = make_aggregator(AggFunction.LAST_VALUE, agg.column, agg.type)
-            if agg.column not in keys and agg.selects_value:
-                agg = SequencedAggregator(agg, sequence_type)
+            order = orders.get(agg.column)
+            if order is not None:
+                sequence_type = order.struct_type(self.schema)
+                if agg.column in order.fields:
+                    # A sequence column shows the sequence of the latest write: its highest value.
+                    agg = make_aggregator(AggFunction.LAST_VALUE, agg.column, agg.type)
+                if agg.selects_value:
+                    agg = SequencedAggregator(agg, sequence_type, order.option)
+                else:  # a group's sum (...): every write counts, each must carry the sequence
+                    require_sequence(agg, sequence_type, order.option)
             wrapped.append(agg)
         return wrapped
 

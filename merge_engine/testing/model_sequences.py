@@ -1,5 +1,6 @@
 """The reference model's sequence-ordered cells: last_value / first_value (and their
-ignore-nulls forms) ordered by the table's sequence field rather than by arrival.
+ignore-nulls forms) ordered by the table's sequence field, or by their sequence group's own
+sequence (`fields.<seq>.sequence-group`), rather than by arrival.
 
 Kept apart from the row fold because the rule differs in kind: a cell keeps the value of the
 highest (or lowest) sequence seen, and the whole write is refused if any of its rows lacks a
@@ -18,13 +19,14 @@ _IGNORE_NULLS = (AggFunction.LAST_VALUE_IGNORE_NULLS, AggFunction.FIRST_VALUE_IG
 def check_sequences(spec, groups: dict[tuple, list[dict]], targets: list[str],
                     key_names: list[str]) -> None:
     """The whole write's sequences before any key is folded (contract): a write that lacks
-    or nulls a sequenced column's sequence is refused as such, whatever else would fail."""
+    or nulls the sequence of a sequenced column, or of any column of a sequence group (a
+    group's sum too), is refused as such, whatever else would fail."""
     for name in targets:
-        if name in key_names or name not in spec.sequenced:
+        if name in key_names or not spec.order_of(name):
             continue
         _require_sequence_columns(spec, name, targets)
         for rows in groups.values():
-            if any(row.get(f) is None for row in rows for f in spec.sequence_fields):
+            if any(row.get(f) is None for row in rows for f in spec.order_of(name)):
                 raise InvalidInputError(f"A write to column '{name}' needs a non-null sequence")
 
 
@@ -34,7 +36,7 @@ def fold_sequenced(spec, function: AggFunction | None, name: str, rows: list[dic
     write on a tie) or the lowest (first_value, the earlier on a tie); the ignore-nulls
     forms only look at non-null values. OVERWRITE takes the last row, sequence and all.
     `values` and `sequences` are the row's, updated in place."""
-    fields = spec.sequence_fields
+    fields = spec.order_of(name)
     if name in fields:
         function = AggFunction.LAST_VALUE
     ignore_nulls = function in _IGNORE_NULLS
@@ -63,7 +65,7 @@ def fold_sequenced(spec, function: AggFunction | None, name: str, rows: list[dic
 
 
 def _require_sequence_columns(spec, name: str, targets: list[str]) -> None:
-    missing = [f for f in spec.sequence_fields if f not in targets]
+    missing = [f for f in spec.order_of(name) if f not in targets]
     if missing:
-        raise InvalidInputError(f"Column '{name}' follows the sequence field: a write to it "
-                                f"must carry column '{missing[0]}'")
+        raise InvalidInputError(f"Column '{name}' follows a sequence: a write to it must carry "
+                                f"column '{missing[0]}'")

@@ -20,6 +20,7 @@ from tally.errors import InvalidAggFunctionError
 MERGE_ENGINE = "table.merge-engine"
 DELETE_BEHAVIOR = "table.delete.behavior"
 SEQUENCE_FIELD = "table.sequence-field"
+SEQUENCE_GROUP = ".sequence-group"  # `fields.<seq>[,<seq>...].sequence-group` = its columns
 SEQUENCED = (AggFunction.LAST_VALUE, AggFunction.LAST_VALUE_IGNORE_NULLS, AggFunction.FIRST_VALUE,
              AggFunction.FIRST_VALUE_IGNORE_NULLS)
 
@@ -100,13 +101,44 @@ class TableSpec:
         return () if given is None else tuple(n.strip() for n in str(given).split(","))
 
     @property
+    def sequence_groups(self) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
+        """(sequence columns, the columns they order) of each `fields.<seq>.sequence-group`."""
+        groups = []
+        for key in sorted(self.properties):
+            if key.startswith("fields.") and key.endswith(SEQUENCE_GROUP):
+                sequence = key[len("fields."):-len(SEQUENCE_GROUP)]
+                groups.append((tuple(n.strip() for n in sequence.split(",")),
+                               tuple(n.strip() for n in str(self.properties[key]).split(","))))
+        return groups
+
+    def order_of(self, name: str) -> tuple[str, ...]:
+        """The sequence columns a write to value column `name` must carry (none: arrival
+        order and no sequence needed): its group's, or for a first/last value column in no
+        group (and the field's own columns) the sequence field's."""
+        if not self.is_aggregation:
+            return ()
+        for sequence, columns in self.sequence_groups:
+            if name in sequence or name in columns:
+                return sequence
+        if name in self.sequence_fields or self.function_of(name) in SEQUENCED:
+            return self.sequence_fields
+        return ()
+
+    @property
+    def sequence_columns(self) -> list[str]:
+        """Every sequence column: the sequence field's and the groups'."""
+        return [*self.sequence_fields, *(n for sequence, _ in self.sequence_groups
+                                         for n in sequence)]
+
+    @property
     def sequenced(self) -> list[str]:
-        """The value columns a sequence field orders: the sequence columns themselves (they
-        show the latest write's sequence) and the first/last value columns, in schema order."""
-        if not self.sequence_fields or not self.is_aggregation:
+        """The value columns a sequence orders: the sequence columns themselves (they show
+        the latest write's sequence) and the first/last value columns with a sequence to
+        follow (their group's or the sequence field), in schema order."""
+        if not self.is_aggregation:
             return []
-        return [c.name for c in self.value_columns
-                if c.name in self.sequence_fields or self.function_of(c.name) in SEQUENCED]
+        return [c.name for c in self.value_columns if self.order_of(c.name) and (
+            c.name in self.sequence_columns or self.function_of(c.name) in SEQUENCED)]
 
     def function_of(self, name: str) -> AggFunction:
         """The function a value column folds with (last_value_ignore_nulls when none is set)."""

@@ -332,8 +332,16 @@ def target_columns(draw, spec: TableSpec) -> tuple | None:
     if draw(st.booleans()):
         return None
     chosen = draw(st.lists(st.sampled_from([c.name for c in spec.value_columns]), unique=True))
+    groups = spec.sequence_groups
+    if groups and draw(st.booleans()):
+        # A partial writer of one group: some of its columns and its sequence.
+        sequence, members = draw(st.sampled_from(groups))
+        chosen = draw(st.lists(st.sampled_from(members), min_size=1, unique=True)) + list(sequence)
     if spec.sequence_fields and draw(st.integers(0, 9)):
         chosen += [f for f in spec.sequence_fields if f not in chosen]  # rarely left out: refused
+    for sequence, members in groups:
+        if any(c in chosen for c in members) and draw(st.integers(0, 9)):
+            chosen += [f for f in sequence if f not in chosen]  # rarely left out: refused
     orderings = [c.params["by"] for c in spec.value_columns if c.name in chosen
                  and c.function in (F.ARG_MAX, F.ARG_MIN) and c.params["by"] not in spec.primary_key]
     if orderings and draw(st.integers(0, 9)):
@@ -358,7 +366,7 @@ def rows(draw, spec: TableSpec, targets: Iterable[str] | None = None, mode: str 
         scalar = (function is F.ARRAY_AGG and draw(st.booleans())) or \
             (function is F.STRING_AGG and draw(st.integers(0, 3)) == 0)
         columns[name] = input_values(column, function, mode, scalar)
-        if name in spec.sequence_fields:
+        if name in spec.sequence_columns:
             # Few sequence values, so that writes of a key tie; now and then a refused null.
             columns[name] = st.one_of(st.integers(0, 6), st.integers(0, 6), st.none()) \
                 if column.type == pa.int64() else values_of(column.type, nulls=False)

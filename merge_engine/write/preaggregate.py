@@ -63,7 +63,7 @@ def preaggregate(rows, descriptor: TableDescriptor, target_columns=None,
     attach = partial(with_ordering, columns=ordered, aggregators=aggregators)
     states = {i: s for i, _, s in column_states(value_targets, ordered, mode, attach)}
     values_of = [(aggregators[i], states[i]) for i, _ in value_targets]
-    if descriptor.sequence_fields:
+    if descriptor.orders_by_sequence:
         # Each row carries its own sequence, which a folded run could not: one run per row.
         by_key = np.argsort(key_groups, kind="stable")
         run_ids = np.empty(write.rows, dtype=np.int64)
