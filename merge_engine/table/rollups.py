@@ -183,8 +183,8 @@ class RollupSpec:
 
     def _column_type(self, schema: Schema, column: RollupColumn) -> pa.DataType:
         """The rollup column's type: the first of the source column's type, int64, a list of
-        it, binary that the function's aggregator class accepts and takes the source's values
-        as inputs (sum keeps the type, count is int64, sketches and bitmaps are binary)."""
+        it, binary that the function's aggregator class accepts with the source's values as
+        its inputs (sum keeps the type, count is int64, sketches and bitmaps are binary)."""
         cls = aggregator_class(column.function)
         if column.source is None:
             return pa.int64()
@@ -198,7 +198,9 @@ class RollupSpec:
                 raise InvalidAggFunctionError(
                     f"rollup {self.name}: column '{column.name}' = {column.expression}: "
                     f"{e}") from None
-            if aggregator.takes_type(given, _same_type):
+            # takes the source's values as they are, or turns them into states itself (ids
+            # into a bitmap)
+            if aggregator.takes_type(given, _same_type) or aggregator.input_type(given) == given:
                 return candidate
         raise InvalidAggFunctionError(
             f"rollup {self.name}: column '{column.name}' = {column.expression}: "
