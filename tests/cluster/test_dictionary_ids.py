@@ -136,6 +136,21 @@ def test_assignments_against_a_model(cluster, clients, steps):
     conn.admin.drop_table(name)
 
 
+def test_a_leader_moved_away_and_back_continues_after_its_successors_ids(cluster, conn):
+    """Leadership of a one-bucket dictionary goes to the other copy and back: each leader
+    continues from the ids the bucket holds, not from what it assigned when it led before."""
+    name = new_dictionary(conn, buckets=1, **{"table.replication.factor": "2"})
+    table = conn.table(name)
+    answered = table.ids(["a", "b"]).to_pylist()
+    for keys in (["c", "d"], ["e"], ["f", "a"]):
+        replicas = wait_fully_in_sync(conn, name, cluster)[(None, 0)]
+        other = next(s for s in replicas["replicas"] if s != replicas["leader"])
+        conn.admin.move_leader(name, 0, to=other)
+        answered += table.ids(keys).to_pylist()
+    assert answered == [0, 1, 2, 3, 4, 5, 0]
+    assert table.lookup_ids(list("abcdef")).to_pylist() == [0, 1, 2, 3, 4, 5]
+
+
 def test_ids_are_dense_per_bucket_and_lookups_assign_nothing(conn):
     name = new_dictionary(conn, buckets=2)
     table = conn.table(name)
@@ -227,3 +242,36 @@ def test_a_dictionary_is_made_whole_or_not_at_all():
         dictionary_descriptor(key_type="int64")
     with pytest.raises(SchemaError, match="row TTL"):
         dictionary_descriptor(options={"table.kv.row-ttl": "1h"})
+
+
+def test_an_exhausted_dictionary_refuses_whole_requests(tmp_path):
+    """A one-bucket int32 dictionary whose largest id is 2^32 - 2 (stored into the bucket of
+    a real in-process server, as 2^32 - 1 assignments would leave it) has one id left: a
+    request for two new keys is refused whole, then one key gets the last id."""
+    import argparse
+
+    from tally.server.process import ServerProcess
+    from tally.server.serve_args import add_serve_arguments
+
+    args = add_serve_arguments(argparse.ArgumentParser()).parse_args(
+        ["--data-dir", str(tmp_path)])
+    process = ServerProcess(args)
+    try:
+        with tally.connect(process.address, retry_timeout=60) as conn:
+            conn.admin.create_database("db", ignore_if_exists=True)
+            table_id = conn.admin.create_dictionary("db.full", buckets=1)
+            table = conn.table("db.full")
+            assert table.ids(["first"]).to_pylist() == [0]
+            hosted = process.tablet_server.tablet(table_id, 0, 0)
+            with hosted.lock:
+                hosted.tablet.put(pa.table({"key": ["top"],
+                                            "id": pa.array([2**32 - 2], pa.uint32())}))
+            with pytest.raises(InvalidInputError, match="db.full is exhausted in bucket 0"):
+                table.ids(["x", "y", "first"])
+            assert table.lookup_ids(["x", "y", "first"]).to_pylist() == [None, None, 0]
+            assert table.ids(["x", "first"]).to_pylist() == [2**32 - 1, 0]
+            with pytest.raises(InvalidInputError, match="exhausted"):
+                table.ids(["y"])
+            assert table.to_arrow().num_rows == 3
+    finally:
+        process.close()
