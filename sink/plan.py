@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from merge_engine import MergeMode, TableDescriptor
 from merge_engine.table.connector_options import check_against_table
+from merge_engine.table.sequence_groups import missing_sequence
 from sink.options import SinkOptions
 from sink.owner import lock_columns
 from sink.types import accepts, spark_to_arrow
@@ -251,6 +252,9 @@ def build_plan(info, options: SinkOptions, df_schema, mapped=frozenset()) -> Wri
                 f"column '{column_name}' ({fn}, type {column.type}) of table '{info.name}'; "
                 "cast it first")
     target_columns = tuple(n for n in table_names if n in targets)
+    missing = missing_sequence(descriptor.sequence_groups, target_columns)
+    if missing:  # refused here, on the driver, before a lock is taken or a task runs
+        raise InvalidInputError(f"The write to table '{info.name}' is refused: {missing}")
     routing = info_routing(info)
     return WritePlan(
         table=info.name, table_id=int(info.table_id), descriptor_json=descriptor.to_json(),
