@@ -14,7 +14,7 @@ from tally.cli.main import build_parser
 
 TINY = Sizes(rows=3_000, keys=500, batch=1_000, lookups=50, undo_tables=(2_000, 4_000),
              undo_batches=(20, 200), repeat=1)
-LOCAL = ["ingest", "cluster", "undo"]
+LOCAL = ["ingest", "rollups", "cluster", "undo"]
 
 
 def test_report_has_every_local_benchmark_with_its_plot(tmp_path):
@@ -32,8 +32,15 @@ def test_report_has_every_local_benchmark_with_its_plot(tmp_path):
         png = tmp_path / "benchmarks" / f"{bench.name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "MISMATCH" not in text and "NO |" not in text and "Not measured" not in text
+    ingest_header = next(row for row in _markdown_rows(text) if row[0] == "case")
+    assert ingest_header[6:9] == ["ClickHouse insert rows/s", "engine / ClickHouse",
+                                  "ClickHouse merged rows/s"]
+    rollup_rows = {row[0]: row for row in _markdown_rows(text) if row[0] in ("Tally", "ClickHouse")}
+    assert set(rollup_rows) == {"Tally", "ClickHouse"}
+    assert all(row[-1].endswith("keys ok") for row in rollup_rows.values())
+    assert "Tally / ClickHouse: " in text and "(target >= 1.5x: " in text
     printed = out.getvalue()
-    assert "[1/3]" in printed and "undo/write" in printed and "report written to" in printed
+    assert "[1/4]" in printed and "undo/write" in printed and "report written to" in printed
 
 
 def test_the_command_line_knows_every_benchmark():

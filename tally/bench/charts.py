@@ -43,29 +43,31 @@ def _rate_bars(ax, names: list[str], rates: list[float], colors: list[str], ylab
 
 
 def ingest(results: list[dict], directory: Path) -> list[Path]:
-    """Rows/s of every side per case: the floor, the engine, DuckDB and the naive loop."""
+    """Rows/s of every side per case: the floor, the engine, DuckDB, ClickHouse and the naive
+    loop; the engine's bar labelled with its ratios."""
     plt = _pyplot()
     cases = [r for r in results if r["kind"] == "throughput"]
     sides = [("floor", "floor (one group-by, one write batch)", "tab:gray"),
              ("engine", "KvTablet.put (engine)", "tab:blue"),
              ("duckdb", "DuckDB, a transaction per batch", "tab:orange"),
+             ("clickhouse", "ClickHouse (chdb), insert-only", "tab:green"),
              ("naive", "naive per-row loop", "tab:brown")]
-    fig, ax = plt.subplots(figsize=(7.2, 3.8))
+    fig, ax = plt.subplots(figsize=(8.0, 4.0))
     width = 0.8 / len(sides)
     for j, (side, label, color) in enumerate(sides):
         x = [i - 0.4 + width * (j + 0.5) for i in range(len(cases))]
         bars = ax.bar(x, [r[f"{side}_rows_per_s"] for r in cases], width, label=label,
                       color=color)
         if side == "engine":
-            texts = [f"{r['floor_share']:.0%} of floor\n{r['duckdb_ratio']:.1f}x DuckDB"
-                     for r in cases]
+            texts = [f"{r['floor_share']:.0%} of floor\n{r['duckdb_ratio']:.1f}x DuckDB\n"
+                     f"{r['clickhouse_ratio']:.1f}x ClickHouse" for r in cases]
         else:
             texts = [f"{r[f'{side}_rows_per_s'] / 1e3:,.0f}k" for r in cases]
         _label_bars(ax, bars, texts)
     ax.set_xticks(list(range(len(cases))), [f"({r['case']}) {r['label']}" for r in cases],
                   fontsize=8)
     ax.set_ylabel("rows/s")
-    ax.set_title("Ingest: the engine beside its floor, DuckDB and a naive loop")
+    ax.set_title("Ingest: the engine beside its floor, DuckDB, ClickHouse and a naive loop")
     ax.legend(fontsize=7)
     return [_save(fig, directory / "ingest.png")]
 
@@ -190,3 +192,25 @@ def tiering(result: dict, directory: Path) -> list[Path]:
                  f"p99 {t['lag_p99_s']:.1f} s")
     ax.legend(fontsize=8)
     return [_save(fig, directory / "tiering.png")]
+
+
+def rollups(result: dict, directory: Path) -> list[Path]:
+    """Events/s of each side until every rollup is readable, split into writes and reads."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(8.4, 3.6))
+    names = {"engine": "Tally", "clickhouse": "ClickHouse"}
+    sides = result["sides"]
+    _rate_bars(left, [names[s] for s in sides], [sides[s]["rows_per_s"] for s in sides],
+               ["tab:blue", "tab:green"], "events/s until every rollup is readable")
+    left.set_title(f"One write, three rollups: {result['ratio']:.2f}x "
+                   f"(target >= {result['target']:g}x)")
+    x = list(range(len(sides)))
+    writes = [sides[s]["write_seconds"] for s in sides]
+    reads = [sides[s]["read_seconds"] for s in sides]
+    right.bar(x, writes, label="writes (events + rollups)", color="tab:gray")
+    right.bar(x, reads, bottom=writes, label="read of every rollup", color="tab:orange")
+    right.set_xticks(x, [names[s] for s in sides])
+    right.set_ylabel("seconds (median run)")
+    right.set_title(f"Where the time goes ({result['rows']:,} events)")
+    right.legend(fontsize=8)
+    return [_save(fig, directory / "rollups.png")]

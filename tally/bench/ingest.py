@@ -9,10 +9,13 @@ Four sides write the same generated data, each measurement in a fresh process:
     the least any store must do; the engine is reported as a share of it (target >= 50%);
   - DuckDB: an embedded file, one transaction per batch (tally.bench.duckdb_peer; target: the
     engine >= 2.5x DuckDB on (a), >= 2x on (b));
+  - ClickHouse: chdb's AggregatingMergeTree, one pre-aggregating insert per batch
+    (tally.bench.clickhouse_peer; target: the engine >= 1.5x its insert-only rows/s on both
+    cases; its rows/s once fully merged by OPTIMIZE FINAL are reported beside);
   - the naive loop: per row get, unpickle, merge, pickle, put (tally.bench.naive; target: the
     engine >= 5x on (a), >= 1.2x on (b)).
 Sides alternate within each of `repeat` rounds and each side's median counts. After every round
-the three other sides' tables are compared with the naive loop's on sampled keys. A last engine
+the other sides' tables are compared with the naive loop's on sampled keys. A last engine
 run on tables `rss_scales` times larger than (b) shows whether peak RSS grows with table size:
 it rises while the row buffer and RocksDB's memtables fill, then stays flat.
 
@@ -35,8 +38,9 @@ MB = 1024 * 1024
 TARGETS = {"a": 5.0, "b": 1.2}  # engine / naive
 FLOOR_SHARE = 0.5  # engine / floor, both cases
 DUCKDB_TARGETS = {"a": 2.5, "b": 2.0}  # engine / DuckDB
-SIDES = ("engine", "floor", "duckdb", "naive")
-COMPARED = ("engine", "floor", "duckdb")  # each checked against the naive loop
+CLICKHOUSE_TARGETS = {"a": 1.5, "b": 1.5}  # engine / ClickHouse insert-only
+SIDES = ("engine", "floor", "duckdb", "clickhouse", "naive")
+COMPARED = ("engine", "floor", "duckdb", "clickhouse")  # each checked against the naive loop
 
 
 def cases(rows: int, keys: int, batch: int, seed: int) -> list[tuple[str, Workload]]:
@@ -58,6 +62,8 @@ def _measure(side: str, path: Path, workload: Workload, progress: Progress, labe
         on_progress=lambda done: progress.rows(done, workload.rows),
     )
     result["rows_per_s"] = result["rows"] / result["seconds"]
+    if "merged_seconds" in result:  # ClickHouse: until OPTIMIZE FINAL merged every part
+        result["merged_rows_per_s"] = result["rows"] / result["merged_seconds"]
     result["peak_rss_mb"] = result["peak_rss_bytes"] / MB
     progress.done(f"{result['rows_per_s']:,.0f} rows/s, peak RSS {result['peak_rss_mb']:.0f} MB")
     return result
@@ -104,6 +110,8 @@ def run_case(case: str, workload: Workload, workdir: Path, repeat: int, samples:
     ratio = rate["engine"] / rate["naive"]
     floor_share = rate["engine"] / rate["floor"]
     duckdb_ratio = rate["engine"] / rate["duckdb"]
+    clickhouse_ratio = rate["engine"] / rate["clickhouse"]
+    clickhouse_merged = statistics.median(r["merged_rows_per_s"] for r in runs["clickhouse"])
     problems = [f"{side}: {p}" for round_checks in checks for side, c in round_checks.items()
                 for p in c["problems"]]
     return {
@@ -127,6 +135,12 @@ def run_case(case: str, workload: Workload, workdir: Path, repeat: int, samples:
         "duckdb_ratio": duckdb_ratio,
         "duckdb_target": DUCKDB_TARGETS[case],
         "duckdb_met": duckdb_ratio >= DUCKDB_TARGETS[case],
+        "clickhouse_rows_per_s": rate["clickhouse"],
+        "clickhouse_merged_rows_per_s": clickhouse_merged,
+        "clickhouse_ratio": clickhouse_ratio,
+        "clickhouse_merged_ratio": rate["engine"] / clickhouse_merged,
+        "clickhouse_target": CLICKHOUSE_TARGETS[case],
+        "clickhouse_met": clickhouse_ratio >= CLICKHOUSE_TARGETS[case],
         "verified": all(c["ok"] for round_checks in checks for c in round_checks.values()),
         "sampled": checks[-1]["engine"]["sampled"],
         "problems": problems[:10],
@@ -167,15 +181,17 @@ def run(rows: int = 1_000_000, keys: int = 100_000, batch: int = 100_000, seed: 
     """Run the whole ingest benchmark; return one dict per case plus one for peak RSS."""
     steps = 2 * repeat * (len(SIDES) + 1) + (len(rss_scales) + 1 if rss_scales else 0)
     progress = progress or Progress(steps)
-    from tally.bench import duckdb_peer
+    from tally.bench import clickhouse_peer, duckdb_peer
 
     duckdb_version = duckdb_peer.ensure_installed()  # before any measurement, never during one
+    clickhouse_version = clickhouse_peer.ensure_installed()
     base = Path(tempfile.mkdtemp(prefix="tally-bench-", dir=workdir))
     try:
         results = []
         for case, workload in cases(rows, keys, batch, seed):
             result = run_case(case, workload, base, repeat, samples, progress)
             result["duckdb_version"] = duckdb_version
+            result["clickhouse_version"] = clickhouse_version
             results.append(result)
         if rss_scales:
             unique = next(r for r in results if r["case"] == "b")
@@ -189,7 +205,9 @@ def run(rows: int = 1_000_000, keys: int = 100_000, batch: int = 100_000, seed: 
 # --- text rendering ---------------------------------------------------------------------------
 
 HEADERS = ["case", "engine rows/s", "floor rows/s", "engine / floor", "DuckDB rows/s",
-           "engine / DuckDB", "naive rows/s", "engine / naive", "verified", "engine peak RSS"]
+           "engine / DuckDB", "ClickHouse insert rows/s", "engine / ClickHouse",
+           "ClickHouse merged rows/s", "naive rows/s", "engine / naive", "verified",
+           "engine peak RSS"]
 
 
 def _against(value: float, target: float, percent: bool = False) -> str:
@@ -212,6 +230,9 @@ def table_rows(results: list[dict]) -> list[list[str]]:
             _against(r["floor_share"], r["floor_target"], percent=True),
             f"{r['duckdb_rows_per_s']:,.0f}",
             _against(r["duckdb_ratio"], r["duckdb_target"]),
+            f"{r['clickhouse_rows_per_s']:,.0f}",
+            _against(r["clickhouse_ratio"], r["clickhouse_target"]),
+            f"{r['clickhouse_merged_rows_per_s']:,.0f} ({r['clickhouse_merged_ratio']:.2f}x)",
             f"{r['naive_rows_per_s']:,.0f}",
             _against(r["ratio"], r["target"]),
             verified,
@@ -225,13 +246,18 @@ def versions_line(results: list[dict]) -> str | None:
     if not cases:
         return None
     r = cases[0]
+    def cpu_ratio(c: dict, side: str) -> float:
+        return c["cpu_rows_per_s"]["engine"] / c["cpu_rows_per_s"][side]
+
     cpu = "; ".join(
-        f"({c['case']}) {c['cpu_rows_per_s']['engine'] / c['cpu_rows_per_s']['floor']:.0%} of "
-        f"the floor, {c['cpu_rows_per_s']['engine'] / c['cpu_rows_per_s']['duckdb']:.2f}x DuckDB"
+        f"({c['case']}) {cpu_ratio(c, 'floor'):.0%} of the floor, "
+        f"{cpu_ratio(c, 'duckdb'):.2f}x DuckDB, {cpu_ratio(c, 'clickhouse'):.2f}x ClickHouse"
         for c in cases)
-    return (f"DuckDB {r.get('duckdb_version')}; every side's median of {r['repeat']} "
-            f"alternating runs; naive peak RSS {r['naive_peak_rss_mb']:,.0f} MB; the engine "
-            f"by rows per second of process CPU time: {cpu}")
+    return (f"DuckDB {r.get('duckdb_version')}, {r.get('clickhouse_version')}; ClickHouse "
+            "merged: until OPTIMIZE FINAL returned, the engine's ratio to that in brackets; "
+            f"every side's median of {r['repeat']} alternating runs; naive peak RSS "
+            f"{r['naive_peak_rss_mb']:,.0f} MB; the engine by rows per second of process CPU "
+            f"time: {cpu}")
 
 
 def rss_line(results: list[dict]) -> str | None:

@@ -211,3 +211,17 @@ def tiering(result: dict) -> str:
         "With writes slower than the tiering throughput, the lag is about the freshness plus "
         "one round.",
     ])
+
+
+def rollups(result: dict) -> str:
+    from tally.bench.rollups import HEADERS, ratio_line, rollup_lines, table_rows
+
+    parts = [f"{result['workload']}, in batches of {result['batch']:,}, each written once into "
+             "the events table and its three rollups:",
+             "\n".join(f"- {line}" for line in rollup_lines(result)),
+             table(HEADERS, table_rows(result)),
+             ratio_line(result) + "."]
+    if result["problems"]:
+        parts.append("Verification problems:\n\n"
+                     + "\n".join(f"- {p}" for p in result["problems"]))
+    return "\n\n".join(parts)

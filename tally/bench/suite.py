@@ -80,6 +80,13 @@ def _ingest(s: Sizes):
                       samples=min(1000, s.keys))
 
 
+def _rollups(s: Sizes):
+    from tally.bench import rollups
+
+    return rollups.run(rows=s.rows, batch=s.batch, seed=s.seed, repeat=s.repeat,
+                       samples=min(1000, s.keys))
+
+
 def _cluster(s: Sizes):
     from tally.bench import cluster
 
@@ -149,20 +156,39 @@ def by_convention(name: str, title: str, about: str, run: Callable[[Sizes], Any]
 
 BENCHMARKS = [
     by_convention(
-        "ingest", "Ingest: the engine, its floor, DuckDB and a naive loop",
-        "`KvTablet.put` of Arrow batches beside three other ways to build the same table from "
+        "ingest", "Ingest: the engine, its floor, DuckDB, ClickHouse and a naive loop",
+        "`KvTablet.put` of Arrow batches beside four other ways to build the same table from "
         "the same data, each run in a fresh process: the floor (all the input in one pyarrow "
         "group-by, every row encoded in the engine's row format, one RocksDB write batch with "
         "one fsync: no read-modify-write, no changelog, the least any store must do), DuckDB "
         "(an embedded file, one transaction per batch aggregating it and folding it into the "
-        "table) and a naive per-row rocksdict read-modify-write loop (get, unpickle, merge, "
+        "table), ClickHouse (chdb in process: an AggregatingMergeTree, one insert per batch "
+        "pre-aggregating it into per-key aggregate states; its rows/s until the last insert "
+        "returned, when the table is readable, and until `OPTIMIZE TABLE ... FINAL` merged "
+        "it) and a naive per-row rocksdict read-modify-write loop (get, unpickle, merge, "
         "pickle, put). Rows/s count the writes (the engine's include its final flush of "
         "buffered rows to RocksDB); median of --repeat alternating runs. Targets: the engine "
         ">= 50% of the floor on both cases, >= 2.5x DuckDB on (a) repeated keys and >= 2x on "
-        "(b) unique keys, >= 5x and >= 1.2x the naive loop. Every side's table is compared "
+        "(b) unique keys, >= 1.5x ClickHouse's insert-only rows/s on both, >= 5x and >= 1.2x "
+        "the naive loop. Every side's table is compared "
         "with the naive loop's on sampled keys. The last line shows how the engine's peak "
         "memory grows with the table.",
         _ingest, lazy("tally.bench.ingest", "verified")),
+    by_convention(
+        "rollups", "Rollups: one write feeding three rollups, Tally against ClickHouse",
+        "Click events (event_id, ts, product, region, user, clicks, amount in cents), in time "
+        "order, written in batches into a source table that feeds three rollups: per minute x "
+        "product (count, sums), per hour x region (count, sums, max) and per day (count, sums, "
+        "min, max). Tally: a `KvTablet` for the events and one per rollup, each batch "
+        "projected by the rollup's `RollupSpec` and put into its tablet. ClickHouse (chdb in "
+        "process): a MergeTree for the events and three materialized views into "
+        "AggregatingMergeTree tables (ClickHouse runs them inside the insert). Both timed "
+        "until every rollup is readable: every write returned, then a read of each rollup's "
+        "rows (ClickHouse's merged by GROUP BY). Each side in a fresh process, median of "
+        "--repeat alternating runs. Target: Tally >= 1.5x ClickHouse. Both sides' rollups are "
+        "compared with one pyarrow group-by of the whole input on sampled keys of each "
+        "rollup, and their row counts with it.",
+        _rollups, lambda r: r["verified"]),
     by_convention(
         "cluster", "Client vs in-process, and lookup latency",
         "The ingest workload (case a) through one client upsert writer to a LocalCluster of "

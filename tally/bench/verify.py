@@ -1,5 +1,5 @@
-"""Check that a side of the ingest benchmark (the engine, the floor, DuckDB) computed the same
-table as the naive loop.
+"""Check that a side of the ingest benchmark (the engine, the floor, DuckDB, ClickHouse) computed
+the same table as the naive loop.
 
 Both stores are read back after the timed runs, on a fixed sample of keys, and compared exactly:
 integers and strings by equality, floats bit for bit. The side's row count is also checked
@@ -18,7 +18,7 @@ from tally.bench.workload import Workload
 
 # The sides compared with the naive loop, by job name: each module has read_rows and count_rows.
 SIDES = {"engine": "tally.bench.engine", "floor": "tally.bench.floor",
-         "duckdb": "tally.bench.duckdb_peer"}
+         "duckdb": "tally.bench.duckdb_peer", "clickhouse": "tally.bench.clickhouse_peer"}
 
 COLUMNS = ("id", "qty", "price", "tag", "status")
 

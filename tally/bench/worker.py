@@ -32,6 +32,10 @@ def report_progress(rows: int) -> None:
 
 
 def run(job: str, args: dict) -> dict:
+    if job.startswith("rollup_"):
+        from tally.bench import rollups
+
+        return rollups.run_job(job, args, report_progress)
     workload = Workload(**args["workload"])
     if job == "engine":
         from tally.bench import engine
@@ -49,6 +53,10 @@ def run(job: str, args: dict) -> dict:
         from tally.bench import duckdb_peer
 
         return duckdb_peer.ingest(args["path"], workload, report_progress)
+    if job == "clickhouse":
+        from tally.bench import clickhouse_peer
+
+        return clickhouse_peer.ingest(args["path"], workload, report_progress)
     if job == "baseline":
         # what any engine process holds before its first put: interpreter, pyarrow, the engine's
         # code and one input batch; the rest of an engine run's peak is the engine's working set

@@ -33,7 +33,7 @@ def positive_int(text: str) -> int:
 
 # The names `--only` takes, for its help: tally.bench.suite's list, which a test keeps these
 # equal to (the CLI must not import the bench package to print its help).
-BENCHMARK_NAMES = ("ingest", "cluster", "undo", "spark", "spark_read", "replication", "tiering",
+BENCHMARK_NAMES = ("ingest", "rollups", "cluster", "undo", "spark", "spark_read", "replication", "tiering",
                    "faults")
 
 
@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     version = commands.add_parser("version", help="print the version")
     version.set_defaults(func=cmd_version)
 
-    bench = commands.add_parser("bench", help="run every benchmark (ingest, cluster, undo, Spark streaming and reads, replication, tiering, faults); --report writes markdown + plots")
+    bench = commands.add_parser("bench", help="run every benchmark (ingest, rollups, cluster, undo, Spark streaming and reads, replication, tiering, faults); --report writes markdown + plots")
     bench.add_argument("--rows", type=positive_int, default=1_000_000, help="input rows per case (default 1,000,000)")
     bench.add_argument("--keys", type=positive_int, default=100_000, help="distinct keys of case (a) (default 100,000)")
     bench.add_argument("--batch", type=positive_int, default=100_000, help="rows per Arrow batch (default 100,000)")
