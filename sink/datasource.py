@@ -167,8 +167,7 @@ class _TaskSide:
     def _fold_part(self, batches, query_id):
         from pyspark import TaskContext
 
-        from sink.fold import fold_part
-        from sink.job import BucketAssigner
+        from sink.funnel import fold_task_rows
         from sink.plan import HIDDEN_SEQUENCE_COLUMN
 
         plan = self.plan
@@ -181,23 +180,15 @@ class _TaskSide:
                 yield b.select(list(names)).rename_columns(list(names.values()))
 
         label = "batch write" if query_id is None else f"micro-batch of query {query_id}"
-        source = list(renamed()) if self.feeds else None
-        out = list(BucketAssigner(plan, label)(source if source is not None else renamed()))
-        data = pa.Table.from_batches(out) if out else None
         context = TaskContext.get()
         partition = context.partitionId()
         app_id = context.getLocalProperty(APP_ID_PROPERTY) if query_id is None else None
-        if data is None or data.num_rows == 0:
+        part, rollup_parts = fold_task_rows(plan, self.feeds, renamed(), partition, label,
+                                            query_id)
+        if part is None:
             return TallyCommitMessage(part=None if query_id is None else
                                       _empty(partition, query_id), app_id=app_id)
-        rollup_parts = {}
-        for feed in self.feeds:
-            rows = list(BucketAssigner(feed.plan, f"{label} (rollup {feed.table})")(
-                b for batch in source for b in feed.project(batch).to_batches()))
-            rollup_parts[feed.table] = fold_part(pa.Table.from_batches(rows), feed.plan,
-                                                 partition, query_id)
-        return TallyCommitMessage(part=fold_part(data, plan, partition, query_id), app_id=app_id,
-                                  rollup_parts=rollup_parts)
+        return TallyCommitMessage(part=part, app_id=app_id, rollup_parts=rollup_parts)
 
 
 def _empty(partition: int, query_id: str):

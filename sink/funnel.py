@@ -20,13 +20,34 @@ import numpy as np
 import pyarrow as pa
 
 from sink import remote
-from sink.fold import FoldedPart, combine
+from sink.fold import FoldedPart, combine, fold_part
 from sink.plan import WritePlan
 from sink.protocol import WriterRun
 from sink.task import BucketReport, EpochContext, write_every_bucket
 from tally.errors import LeaseLostError
 
 log = logging.getLogger("tally.sink")
+
+
+def fold_task_rows(plan: WritePlan, feeds, batches, partition: int, label: str,
+                   query_id: str | None) -> tuple[FoldedPart | None, dict[str, FoldedPart]]:
+    """What a task returns of its input partition's table-named rows: its folded part (None
+    without rows), and {rollup table: the part of the rows projected into it} for each of
+    the write's rollup feeds. Keys are checked, and buckets computed, as the task delivery
+    does (sink.job.BucketAssigner)."""
+    from sink.job import BucketAssigner
+
+    source = list(batches)
+    out = [b for b in BucketAssigner(plan, label)(source) if b.num_rows]
+    if not out:
+        return None, {}
+    rollup_parts = {}
+    for feed in feeds:
+        projected = (b for batch in source for b in feed.project(batch).to_batches())
+        rows = [b for b in BucketAssigner(feed.plan, f"{label} (rollup {feed.table})")(projected)]
+        rollup_parts[feed.table] = fold_part(pa.Table.from_batches(rows), feed.plan, partition,
+                                             query_id)
+    return fold_part(pa.Table.from_batches(out), plan, partition, query_id), rollup_parts
 
 
 def split_by_bucket(rows: pa.Table, plan: WritePlan) -> dict[int, pa.Table]:

@@ -128,11 +128,13 @@ class WriterRun:
 
     def open(self) -> "WriterRun":
         show_by_default()
+        feeds = self.rollups.check()  # before the lock: a write they refuse takes nothing
         self.lease = remote.acquire(self.conn, self.plan.table, self.owner_id,
                                     self.plan.lock_columns, self.options.ttl)
         self.recovery = remote.recover(self.conn, self.plan.table, self.lease,
                                        self.plan.writer_target)
         log.info("%s", self.recovery.summary())
+        self.rollups.open(feeds)  # every rollup's lock taken and its tenure recovered too
         return self
 
     def last_committed(self) -> int | None:

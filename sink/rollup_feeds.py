@@ -5,9 +5,9 @@ A rollup's rows are the source rows projected (its key: source columns and time 
 aggregate columns: the inputs of source columns), one per source row, folded and written like
 any write. The write of rollup R by source owner O runs under its own owner id, derived from
 O, so a restarted O gets R's lock back with its own and recovers both, and two writers of the
-source that feed disjoint columns of R lock disjoint columns of R too. Only aggregating writes
-feed rollups: a MERGE_STATE or OVERWRITE write brings states or replacements, which a
-rollup's own functions cannot fold exactly, so a source with rollups refuses them.
+source that feed disjoint columns of R lock disjoint columns of R too. Aggregating writes feed
+every rollup; a MERGE_STATE write feeds only rollups whose columns merge the same states; an
+OVERWRITE write cannot be rolled up and is refused (the rollup definition decides).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pyarrow as pa
 from merge_engine import MergeMode
 from sink.owner import lock_columns
 from sink.plan import WritePlan, info_routing
-from tally.errors import InvalidInputError, InvalidOptionError
+from tally.errors import InvalidInputError
 from tally.meta import node_name
 
 
@@ -73,17 +73,13 @@ def rollup_feeds(conn, source: WritePlan) -> list[RollupFeed]:
         fed = tuple(spec.fed_columns(written))
         if not fed:
             continue
-        if source.mode != MergeMode.AGGREGATE:
-            raise InvalidOptionError(
-                f"Table {source.table} has the rollup {spec.name}: only aggregating writes "
-                f"feed rollups, and this write is in mode {source.mode.value}; write in "
-                "aggregate mode, or drop the rollup")
-        feeds.append(RollupFeed(spec.to_json(), rollup_plan(conn.admin.describe_table(spec.name),
-                                                             spec, fed), fed))
+        spec.check_mode(source.mode, source.descriptor.schema, written)
+        plan = rollup_plan(conn.admin.describe_table(spec.name), spec, fed, source.mode)
+        feeds.append(RollupFeed(spec.to_json(), plan, fed))
     return feeds
 
 
-def rollup_plan(info, spec, fed: tuple[str, ...]) -> WritePlan:
+def rollup_plan(info, spec, fed: tuple[str, ...], mode: MergeMode) -> WritePlan:
     """The plan of writing a rollup's key and its `fed` columns: its rows come projected, under
     the rollup's own names, so the write selects nothing."""
     schema = info.descriptor.schema
@@ -102,7 +98,7 @@ def rollup_plan(info, spec, fed: tuple[str, ...]) -> WritePlan:
         lock_columns=tuple(lock_columns(schema, None if len(targets) == len(schema.names)
                                         else targets)),
         key_columns=tuple(schema.primary_key), bucket_key=bucket_key, partitioned=partitioned,
-        mode=MergeMode.AGGREGATE, sequence_column=None, dataframe_columns=targets)
+        mode=mode, sequence_column=None, dataframe_columns=targets)
 
 
 def rollup_owner_id(source_owner: str, rollup: str) -> str:

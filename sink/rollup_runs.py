@@ -47,6 +47,18 @@ class RollupMembers:
         self.runs: dict[str, object] = {}
         self.table_ids: dict[str, int] = {}
 
+    def check(self) -> list[RollupFeed]:
+        """Refuse, before any epoch, a write that cannot feed the source's rollups (a mode
+        they cannot fold, a rollup key's source column it lacks): the run's first check.
+        The feeds, for `open`."""
+        return rollup_feeds(self.source.conn, self.source.plan)
+
+    def open(self, feeds: list[RollupFeed]) -> None:
+        """Once the source's tenure is recovered: take every rollup's lock and recover its
+        tenure too, so a restarted owner leaves nothing of a crashed epoch in any rollup,
+        even when its replay is skipped (the epoch was committed)."""
+        self._sync(feeds)
+
     def begin(self, epoch: int, deliver) -> list[Member]:
         """Read the source's rollups, open a run for each new one, and begin the epoch in each
         (after the source's own begin): the epoch's members."""
