@@ -3,7 +3,8 @@ into the rollup as states.
 
 While the rollup is "building" the coordinator refuses epochs on its source, so no Spark write
 moves the source under the scan; the backfill first waits (at most `wait` seconds) for the
-epochs that began before the rollup was created to commit. Each scanned row is one source key's
+epochs that began before the rollup was created to commit (and builds from an empty rollup
+again if one of them wrote it too). Each scanned row is one source key's
 merged cells; projected onto the rollup's key they are written in MERGE_STATE mode, which folds
 states exactly as the source folded the writes (the coordinator refuses a backfill of a rollup
 where that does not hold). Then the rollup is marked "ready" and epochs begin again.
@@ -45,6 +46,12 @@ def backfill(conn, spec, table_id: int, wait: float = BACKFILL_WAIT):
     from merge_engine.table.rollups import RollupSpec
 
     wait_for_epochs(conn, spec.source, wait)
+    if any(end > 0 for end in conn.admin.list_offsets(spec.name).values()):
+        # an epoch that began as the rollup was made wrote it too: build from empty
+        answer = conn.coordinator_action("rollup_reset", {"name": spec.name,
+                                                          "source": spec.source})
+        table_id = int(answer["table_id"])
+        conn.invalidate(spec.name)
     source = conn.table(spec.source)
     rollup = conn.table(spec.name)
     names = source.meta.routing.arrow_schema.names
