@@ -5,7 +5,8 @@ puts (whole rows and some columns only), deletes, flushes, reopens and moves of 
 clock, on buffers that hold everything or flush on every write; then prefixes of every length
 (the first column, the first two, the whole key), of values present and absent, are compared
 with the plain-Python model (merge_engine.testing) filtered by the prefix, hidden `_unwritten`
-column included. A prefix read pinned before more writes holds the rows as of then. Bad
+column included. A prefix read pinned before more writes holds the rows as of then, and prefix
+reads beside a writing thread hold the rows of the changelog below their offsets. Bad
 prefixes are refused with InvalidInputError naming the columns. Real RocksDB.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
 
 import pyarrow as pa
 import pytest
@@ -22,6 +24,7 @@ from aggfuncs import AggFunction
 from merge_engine import Schema, TableDescriptor
 from merge_engine.kv.tablet import KvTablet
 from merge_engine.table.hidden_columns import UNWRITTEN
+from merge_engine.testing import ReferenceTable, records_from_arrow
 from merge_engine.testing.ttl_model import ExpiringTable
 from tally.errors import InvalidInputError
 
@@ -236,3 +239,39 @@ def test_bad_prefixes_are_refused_naming_the_columns(tmp_path, prefix, says):
         with pytest.raises(InvalidInputError) as refused:
             tablet.lookup_prefix(prefix)
         assert says in str(refused.value)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kinds=kinds_of, buffer_size=st.sampled_from(["1", "64mb"]),
+       writes=st.lists(write.filter(lambda s: s[0] != "advance"), min_size=1, max_size=25),
+       asked=asked)
+def test_prefix_reads_beside_writes_hold_the_rows_of_their_offset(kinds, buffer_size, writes,
+                                                                   asked):
+    """Property: prefix reads pinned and read while another thread puts, deletes and flushes
+    each hold the rows under the prefix of the changelog below their offset (the model
+    replaying it), in key order."""
+    path = tempfile.mkdtemp()
+    try:
+        run = Run(path, kinds, buffer_size, ttl=False)
+        wanted = prefixes(run, asked)
+        writer = threading.Thread(target=lambda: [run.apply(step) for step in writes])
+        seen = []
+        writer.start()
+        try:
+            while len(seen) < len(wanted) or writer.is_alive() and len(seen) < 200:
+                prefix = wanted[len(seen) % len(wanted)]
+                rows = run.tablet.prefix_rows(prefix)
+                batches = list(rows.batches(batch_size=2, unwritten=True))
+                table = pa.Table.from_batches(batches) if batches else None
+                seen.append((rows.offset, prefix, [] if table is None else found(table)))
+        finally:
+            writer.join()
+        records = records_from_arrow(run.tablet.changelog(), run.model.table.names)
+        for offset, prefix, rows in seen:
+            replayed = ReferenceTable(run.model.table.spec)
+            replayed.replay([r for r in records if r.offset < offset])
+            assert rows == [{**s.values, UNWRITTEN: sorted(s.unwritten)} for s in replayed.states()
+                            if all(s.values[c] == v for c, v in prefix.items())], offset
+        run.tablet.close()
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -32,12 +32,14 @@ from merge_engine.table.hidden_columns import UNWRITTEN
 from merge_engine.write.key_prefixes import prefix_table
 from tally.errors import InvalidInputError
 from tally.wire.bucket_hash import bucket_ids
-from tally.wire.messages import MAX_SCAN_BATCH_ROWS, SCAN_OFFSET_KEY
+from tally.wire.messages import SCAN_OFFSET_KEY
 from tally.wire.routing import TableRouting, partition_names
 
 # The most requests a Spark read turns its `filter` into before it scans the buckets instead
 # (a request per prefix and bucket asked; whole buckets read faster than that many requests).
 MAX_PREFIX_REQUESTS = 4096
+# Rows per batch a bucket streams a prefix's rows in: what the server holds decoded at once.
+PREFIX_BATCH_ROWS = 65536
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +85,7 @@ def named_partitions(routing: TableRouting, prefixes: pa.Table) -> set[str]:
 
 
 def ask(table, request: PrefixRequest, columns: list[str] | None = None,
-        batch_size: int = MAX_SCAN_BATCH_ROWS, unwritten: bool = False
+        batch_size: int = PREFIX_BATCH_ROWS, unwritten: bool = False
         ) -> tuple[pa.Table, int]:
     """The rows of one request in key order (`columns`, default all, then `_unwritten` when
     asked for) and the offset its bucket was read at."""
@@ -118,7 +120,7 @@ def lookup(table, given, columns=None, unwritten: bool = False) -> pa.Table:
     schema = pa.schema(fields)
     batch = requests(meta, prefixes)
     with concurrent.futures.ThreadPoolExecutor(max(1, min(8, len(batch)))) as pool:
-        parts = list(pool.map(lambda r: ask(table, r, read, MAX_SCAN_BATCH_ROWS, unwritten)[0],
+        parts = list(pool.map(lambda r: ask(table, r, read, PREFIX_BATCH_ROWS, unwritten)[0],
                               batch))
     rows = pa.concat_tables([p.cast(schema) for p in parts]) if parts else schema.empty_table()
     if len(parts) > 1 and rows.num_rows > 1:
