@@ -21,7 +21,8 @@ class TableInfo:
     descriptor: object          # merge_engine.TableDescriptor
     partitions: list[str]
     created_at: float
-    rollups: tuple = ()         # RollupSpec of each rollup of this table (ready or building)
+    # the RollupSpec of each rollup of this table, by name (ready and building ones)
+    rollups: list = dataclasses.field(default_factory=list)
     rollup_of: object = None    # the RollupSpec that derives this table, or None
 
     @property
@@ -136,7 +137,7 @@ class Admin:
         meta = self._conn.table_meta(name, refresh=True)
         return TableInfo(meta.name, meta.table_id, meta.descriptor,
                          [p for p in meta.partition_names() if p is not None], meta.created_at,
-                         meta.rollups, meta.rollup_of)
+                         list(meta.rollups), meta.rollup_of)
 
     # --- rollups (docs/rollups.md) ------------------------------------------------------
 
