@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from merge_engine import MergeMode, TableDescriptor
 from merge_engine.table.connector_options import check_against_table
-from merge_engine.table.sequence_groups import missing_sequence
+from merge_engine.table.sequence_groups import check_groups_against_table, missing_sequence
 from sink.options import SinkOptions
 from sink.owner import lock_columns
 from sink.types import accepts, spark_to_arrow
@@ -154,6 +154,7 @@ def resolve_table(conn, options: SinkOptions, df_schema):
         _check_same(options.table, wanted, info.descriptor, options.bucket_num)
         return info
     check_against_table(info.descriptor.schema, dict(options.table_options), options.table)
+    check_groups_against_table(info.descriptor, dict(options.table_options), options.table)
     if options.create_table and (options.primary_key or options.table_options
                                  or options.bucket_num):
         _check_same(options.table, descriptor_for(options, df_schema), info.descriptor,

@@ -21,6 +21,7 @@ from hypothesis import given, settings, strategies as st
 from aggfuncs import AggFunction as F
 from merge_engine import MergeMode, Schema, TableDescriptor
 from merge_engine.kv.tablet import KvTablet
+from merge_engine.table.sequence_groups import check_groups_against_table, missing_sequence
 from merge_engine.testing import ReferenceTable
 from merge_engine.testing.harness import TabletHarness
 from merge_engine.testing.ops import Put, Reopen
@@ -305,3 +306,34 @@ def test_a_sequence_group_needs_the_aggregation_engine():
         TableDescriptor(Schema.builder().column("k", pa.int64()).column("sa", pa.int64())
                         .column("v", pa.string()).primary_key("k").build(),
                         properties={"fields.sa.sequence-group": "v"})
+
+
+def test_a_writer_asking_for_groups_the_table_lacks_is_refused():
+    d = descriptor()
+    # The table's own groups, in any case and column order, pass (Spark lower-cases keys).
+    check_groups_against_table(d, {"FIELDS.SA.SEQUENCE-GROUP": "a_sum,a_first,a_last",
+                                   "fields.a_last.agg": "last_value"}, "t")
+    for options in ({"fields.sa.sequence-group": "a_last"},
+                    {"fields.sb.sequence-group": "b_last,b_seen,free"}):
+        with pytest.raises(InvalidOptionError, match="does not have"):
+            check_groups_against_table(d, options, "t")
+    assert missing_sequence(d.sequence_groups, ["k", "free", "sa"]) is None
+    assert "'sb'" in missing_sequence(d.sequence_groups, ["k", "sa", "a_last", "b_seen"])
+
+
+def test_the_model_by_hand():
+    """The oracle on its own: two groups, one of them with a second sequence column."""
+    from merge_engine.testing import ColumnSpec, TableSpec
+
+    spec = TableSpec((ColumnSpec("k", pa.int64(), nullable=False), ColumnSpec("s", pa.int64()),
+                      ColumnSpec("t", pa.string()), ColumnSpec("v", pa.string(), F.FIRST_VALUE),
+                      ColumnSpec("n", pa.int64(), F.SUM), ColumnSpec("u", pa.int64()),
+                      ColumnSpec("w", pa.string())), ("k",),
+                     {**AGG, "fields.s,t.sequence-group": "v,n", "fields.u.sequence-group": "w"})
+    m = ReferenceTable(spec)
+    m.put([{"k": 1, "s": 2, "t": "b", "v": "2b", "n": 1}], target_columns=["k", "s", "t", "v", "n"])
+    m.put([{"k": 1, "s": 2, "t": "a", "v": "2a", "n": 1}], target_columns=["k", "s", "t", "v", "n"])
+    m.put([{"k": 1, "u": 1, "w": "w1"}, {"k": 1, "u": 0, "w": "w0"}], target_columns=["k", "u", "w"])
+    assert m.rows() == [{"k": 1, "s": 2, "t": "b", "v": "2a", "n": 2, "u": 1, "w": "w1"}]
+    with pytest.raises(InvalidInputError):
+        m.put([{"k": 1, "s": 3, "n": 1}], target_columns=["k", "s", "n"])  # lacks t

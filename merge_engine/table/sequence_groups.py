@@ -171,3 +171,20 @@ def missing_sequence(groups: tuple[SequenceGroup, ...], targets) -> str | None:
             return (f"column '{written[0]}' is in the sequence group '{group.option}': a write "
                     f"to it must also write the sequence column '{absent[0]}'")
     return None
+
+
+def check_groups_against_table(descriptor, options: dict, table: str) -> None:
+    """Refuse `fields.<seq>.sequence-group` options that an existing table does not have: such
+    options take effect only when a table is created, so a writer that asked for a group the
+    table lacks would silently be ordered otherwise. Keys may come lower-cased (Spark)."""
+    asked = {str(k).lower(): v for k, v in options.items() if is_group_option(str(k).lower())}
+    if not asked:
+        return
+    have = {(g.sequence, frozenset(g.columns)) for g in descriptor.sequence_groups}
+    for group in sequence_groups(asked, descriptor.schema, descriptor.is_aggregation, ()):
+        if (group.sequence, frozenset(group.columns)) not in have:
+            existing = {g.option: ",".join(g.columns) for g in descriptor.sequence_groups}
+            raise InvalidOptionError(
+                f"Option '{group.option}' = {','.join(group.columns)!r} asks for a sequence "
+                f"group the existing table '{table}' does not have (its groups: {existing or 'none'}"
+                "); a table's groups are fixed when it is created")
