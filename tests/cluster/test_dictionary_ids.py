@@ -155,14 +155,18 @@ def test_ids_are_dense_per_bucket_and_lookups_assign_nothing(conn):
     name = new_dictionary(conn, buckets=2)
     table = conn.table(name)
     assert table.lookup_ids(["a", "b"]).to_pylist() == [None, None]
-    ids = table.ids(pa.array([f"k{i}" for i in range(50)] * 2))
+    # more keys per bucket than one request carries: each bucket is asked in several requests
+    keys = [f"k{i}" for i in range(10_000)]
+    ids = table.ids(pa.array(keys * 2))
     assert ids.type == pa.uint32()
-    assert ids.slice(0, 50).to_pylist() == ids.slice(50).to_pylist()
-    assert sorted(ids.slice(0, 50).to_pylist()) == sorted(set(ids.to_pylist()))
-    assert max(ids.to_pylist()) < 2 * max(sum(1 for i in ids.slice(0, 50).to_pylist()
-                                                if i % 2 == b) for b in range(2))
-    assert table.lookup_ids(["k3", "zz"]).to_pylist() == [ids[3].as_py(), None]
-    assert table.to_arrow().num_rows == 50
+    first = ids.slice(0, len(keys)).to_pylist()
+    assert first == ids.slice(len(keys)).to_pylist()
+    per_bucket = [sorted(i for i in first if i % 2 == b) for b in range(2)]
+    for b, held in enumerate(per_bucket):
+        assert held == [b + 2 * k for k in range(len(held))]
+    assert max(first) < 2 * max(len(held) for held in per_bucket)
+    assert table.lookup_ids(["k3", "zz"]).to_pylist() == [first[3], None]
+    assert table.to_arrow().num_rows == len(keys)
 
 
 def test_an_int64_dictionary_and_binary_keys(conn):

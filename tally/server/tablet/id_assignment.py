@@ -6,8 +6,9 @@ the absent ones get the bucket's next ids (merge_engine.table.dictionary: bucket
 its k-th key k * n + b), and those rows are applied as one ordinary put, so the changelog
 carries them to the followers and a leader elected after a failover holds every id a client
 was answered. The answer waits until the high watermark reaches the bucket's log end: an id is
-never shown before it is on every in-sync copy, and a key whose answer was lost is answered
-the same id when asked again (it is found). Two requests for a new key are serialised by the
+never shown before it is on every in-sync copy, and a key whose answer was lost is answered the
+same id when asked again (it is found). A request whose keys all have ids writes nothing, so
+it is answered below min.insync.replicas too. Two requests for a new key are serialised by the
 lock, so both get the id the first one assigned. A request that cannot be served whole
 (exhausted ids, a bad key) is refused with nothing applied.
 
@@ -69,9 +70,7 @@ class IdAssignment:
         keys = checked_keys(payload, spec, hosted.label)
         server.check_rows(hosted, pa.table({KEY_COLUMN: keys}))
         lead = server.leadership(hosted)
-        lead.check_insync()
         with hosted.lock:
-            lead.check_insync()  # the role may have changed while this request waited
             tablet = hosted.tablet
             rows, present = tablet.lookup_many(pa.table({KEY_COLUMN: keys}))
             ids = rows.column(ID_COLUMN).combine_chunks() if len(keys) else \
@@ -79,6 +78,7 @@ class IdAssignment:
             absent = pc.invert(pa.array(present, pa.bool_()))
             wrote = False
             if len(keys) and pc.any(absent).as_py():
+                lead.check_insync()  # a write: refused below min.insync.replicas
                 new_keys = pc.unique(keys.filter(absent))  # in order of first appearance
                 cached, new_ids = self._new_ids(hosted, lead, spec, len(new_keys))
                 tablet.put(pa.table({KEY_COLUMN: new_keys, ID_COLUMN: new_ids}),
