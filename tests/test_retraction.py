@@ -25,6 +25,10 @@ INVERTIBLE = {
     "product-int": ("product", pa.int64(), {}, st.integers(-9, 9).filter(bool) | st.none()),
     "array_agg": ("array_agg", pa.list_(pa.int64()), {}, st.integers(0, 3) | st.lists(st.integers(0, 3), min_size=1, max_size=3) | st.none()),
     "string_agg": ("string_agg", pa.string(), {"delimiter": ";"}, st.sampled_from(["a", "b", "a;b", ""]) | st.none()),
+    "avg-decimal": ("avg", pa.decimal128(12, 2), {},
+                    st.decimals(-1000, 1000, places=2, allow_nan=False, allow_infinity=False) | st.none()),
+    "sum_map": ("sum_map", pa.map_(pa.string(), pa.int64()), {},
+                st.lists(st.tuples(st.sampled_from("ab"), st.integers(-5, 5)), max_size=3) | st.none()),
 }
 
 
@@ -91,6 +95,7 @@ def test_per_function_rules(tmp_path):
     ("product", pa.decimal128(10, 2), [(Decimal("1.00"), "+I"), (Decimal("3.00"), "-D")], "not exact"),
     ("array_agg", pa.list_(pa.int64()), [(1, "+I"), (2, "-D")], "no such contribution"),
     ("sum", pa.int64(), [(1, "-D")], "more contributions than the key holds"),
+    ("avg", pa.decimal128(10, 2), [(Decimal(1), "-D")], "more contributions than the key holds"),
 ])
 def test_impossible_retractions_are_rejected_and_leave_no_trace(tmp_path, fn, arrow_type, ops, message):
     with one_column_tablet(tmp_path, fn, arrow_type) as t:
@@ -138,6 +143,8 @@ def schema_all():
     return (Schema.builder().column("k", pa.int64()).agg_column("s", pa.int64(), "sum")
             .agg_column("n", pa.int64(), "count").agg_column("ids", pa.list_(pa.int64()), "array_agg")
             .agg_column("tags", pa.string(), "string_agg").agg_column("lv", pa.int64(), "last_value")
+            .agg_column("mean", pa.decimal128(12, 2), "avg")
+            .agg_column("per", pa.map_(pa.string(), pa.int64()), "sum_map")
             .primary_key("k").build())
 
 
@@ -151,7 +158,8 @@ def valid_sequence(ops):
             v = held[k].pop()
         else:
             held.setdefault(k, []).append(v)
-        out.append({"k": k, "s": v, "n": v, "ids": v, "tags": str(v), "lv": v, "_change_type": c})
+        out.append({"k": k, "s": v, "n": v, "ids": v, "tags": str(v), "lv": v, "mean": v,
+                    "per": [("a", v), (str(v), 1)], "_change_type": c})
     return out
 
 
