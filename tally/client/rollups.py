@@ -60,6 +60,7 @@ def backfill(conn, spec, table_id: int, wait: float = BACKFILL_WAIT):
     with rollup.upsert_writer(mode=MergeMode.MERGE_STATE) as writer:
         for batch in source.scan(columns=[n for n in names if n in needed]):
             writer.upsert(spec.project(batch, fed))
+            writer.flush()  # a refusal raises at the batch it is met in
     answer = conn.coordinator_action("rollup_ready", {"name": spec.name, "table_id": table_id})
     conn.invalidate(spec.source)
     conn.invalidate(spec.name)

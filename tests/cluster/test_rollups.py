@@ -102,6 +102,51 @@ def test_a_backfill_that_died_keeps_epochs_out_and_runs_again_exactly(conn, even
     conn.locks.release(lease)
 
 
+KILLED_BACKFILL = """
+import os, signal, sys
+import tally
+from merge_engine.table.rollups import RollupSpec
+
+project, calls = RollupSpec.project, []
+
+
+def project_then_die(self, rows, fed=None):
+    calls.append(1)
+    if len(calls) == 3:  # two of the three buckets' states are written
+        os.kill(os.getpid(), signal.SIGKILL)
+    return project(self, rows, fed)
+
+
+RollupSpec.project = project_then_die
+with tally.connect(sys.argv[1]) as conn:
+    conn.admin.create_rollup(sys.argv[2], sys.argv[3],
+                             ["product", "date_trunc('hour', ts) AS hour"],
+                             {"clicks": "sum(clicks)", "n": "count(n)", "top": "max(top)"})
+"""
+
+
+def test_a_killed_backfill_is_run_again_exactly(conn, cluster, events):
+    import signal
+    import subprocess
+    import sys
+
+    write(conn, events, EVENTS)
+    name = f"{events}_hourly"
+    done = subprocess.run([sys.executable, "-c", KILLED_BACKFILL, cluster.url, events, name],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    spec = conn.admin.describe_table(name).rollup_of
+    assert spec.state == "building"
+    assert 0 < conn.table(name).to_arrow().num_rows  # part of it was written
+    lease = conn.locks.acquire(events, "job-k", ["clicks"])
+    with pytest.raises(RollupBuildingError):
+        conn.locks.begin_epoch(lease, 1, [0, 1, 2])
+    rebuilt = conn.admin.backfill_rollup(name)
+    assert rows_of(conn, rebuilt) == reference(rebuilt, EVENTS)
+    conn.locks.begin_epoch(lease, 1, [0, 1, 2])
+    conn.locks.release(lease)
+
+
 def test_an_epoch_that_wrote_the_rollup_as_it_was_made_is_not_counted_twice(conn, events):
     from tally.client.rollups import backfill
 
