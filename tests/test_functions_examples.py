@@ -40,6 +40,14 @@ CASES = [
     ("bool_and", pa.bool_(), [None, True, False], {}, False),
     ("bool_or", pa.bool_(), [None, False], {}, False),
     ("bool_or", pa.bool_(), [None, None], {}, None),
+    ("avg", pa.float64(), [1, None, 2, 4], {}, 7 / 3),
+    ("avg", D, [Decimal("1.00"), 2, Decimal("2.00")], {}, Decimal("1.67")),
+    ("avg", pa.float64(), [None], {}, None),
+    ("sum_map", pa.map_(pa.string(), pa.int64()), [{"a": 1, "b": 2}, {"a": -1, "b": 3}], {},
+     [("b", 5)]),
+    ("sum_map", pa.map_(pa.string(), pa.int64()), [{"a": 1}, {"a": -1}], {}, None),
+    ("arg_max", pa.string(), ["x", None, "y"], {"by": "k"}, "x"),  # one key: ties, earliest
+    ("arg_min", pa.string(), [None, "y", "z"], {"by": "k"}, "y"),
 ]
 
 
@@ -65,6 +73,7 @@ def test_function_examples(tmp_path, fn, arrow_type, values, params, expected, p
         ("product", pa.int32(), [65536, 65536]),
         ("sum", D, [Decimal("99999999.99"), Decimal("0.01")]),
         ("product", D, [Decimal("99999999.99"), Decimal("10.00")]),
+        ("sum_map", pa.map_(pa.string(), pa.int8()), [{"a": 100}, {"a": 28}]),
     ],
 )
 @pytest.mark.parametrize("per_put", [False, True], ids=["one-put", "put-each"])
