@@ -22,15 +22,18 @@ from aggfuncs.last_value import LastValueAggregator, LastValueIgnoreNullsAggrega
 from aggfuncs.max import MaxAggregator
 from aggfuncs.merge_map import MergeMapAggregator
 from aggfuncs.min import MinAggregator
+from aggfuncs.nested_update import NestedUpdateAggregator
 from aggfuncs.product import ProductAggregator
 from aggfuncs.segments import Segments
 from aggfuncs.sketch_values import (SKETCH_FUNCTIONS, build_hll_sketch, build_kll_sketch,
                                     build_sketch, build_theta_sketch, hll_sketch_estimate,
                                     kll_sketch_quantile, kll_sketch_rank, theta_sketch_estimate)
+from aggfuncs.sketch_values import build_top_k_sketch, top_k_items
 from aggfuncs.sketches import HllSketchAggregator, KllSketchAggregator, ThetaSketchAggregator
 from aggfuncs.string_agg import StringAggAggregator
 from aggfuncs.sum import SumAggregator
 from aggfuncs.sum_map import SumMapAggregator
+from aggfuncs.top_k import TopKAggregator
 
 AGGREGATORS: dict[AggFunction, type[Aggregator]] = {
     cls.function: cls
@@ -58,6 +61,8 @@ AGGREGATORS: dict[AggFunction, type[Aggregator]] = {
         SumMapAggregator,
         ArgMaxAggregator,
         ArgMinAggregator,
+        TopKAggregator,
+        NestedUpdateAggregator,
     )
 }
 
@@ -96,4 +101,6 @@ __all__ = [
     "make_aggregator",
     "supported_names",
     "theta_sketch_estimate",
+    "build_top_k_sketch",
+    "top_k_items",
 ]

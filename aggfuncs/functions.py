@@ -37,6 +37,8 @@ class AggFunction(enum.Enum):
     SUM_MAP = "sum_map"
     ARG_MAX = "arg_max"
     ARG_MIN = "arg_min"
+    TOP_K = "top_k"
+    NESTED_UPDATE = "nested_update"
 
     @classmethod
     def parse(cls, name: "str | AggFunction", column: str | None = None) -> "AggFunction":

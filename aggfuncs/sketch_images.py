@@ -70,3 +70,26 @@ def canonical_kll(image: bytes, item_format: str) -> bytes:
     items = sorted(struct.unpack(f"<{n}{item_format}", bytes(data[start:])))
     data[start:] = struct.pack(f"<{n}{item_format}", *items)
     return bytes(data)
+
+
+# Frequent-items preamble: 1 long when empty, else 4 (lg sizes and flags, active items, total
+# weight, offset), then the active items' counts (int64 each), then the items (int32 length,
+# UTF-8 bytes each), both in the order of the sketch's hash map slots.
+_FREQUENT_PREAMBLE_BYTES = 32
+
+
+def canonical_frequent_items(image: bytes) -> bytes:
+    """A frequent-strings image with its active items (and their counts) sorted by item: the
+    slot order of the sketch's hash map follows the order items arrived in."""
+    if not image or image[0] & 0x3F == 1:
+        return image
+    count = struct.unpack_from("<I", image, 8)[0]
+    counts = struct.unpack_from(f"<{count}q", image, _FREQUENT_PREAMBLE_BYTES)
+    items, at = [], _FREQUENT_PREAMBLE_BYTES + 8 * count
+    for _ in range(count):
+        length = struct.unpack_from("<I", image, at)[0]
+        items.append(image[at:at + 4 + length])
+        at += 4 + length
+    pairs = sorted(zip(items, counts), key=lambda pair: pair[0][4:])
+    body = struct.pack(f"<{count}q", *(c for _, c in pairs)) + b"".join(i for i, _ in pairs)
+    return image[:_FREQUENT_PREAMBLE_BYTES] + body + image[at:]

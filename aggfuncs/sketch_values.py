@@ -11,11 +11,12 @@ import pyarrow as pa
 from aggfuncs.functions import AggFunction
 from aggfuncs.sketches import HllSketchAggregator, KllSketchAggregator, ThetaSketchAggregator
 from aggfuncs.sketches import kll_load
+from aggfuncs.top_k import LG_MAX_MAP_SIZE, TopKAggregator
 from tally.errors import InvalidAggFunctionError
 
 
 def build_sketch(function: AggFunction | str, values: Iterable, params: dict | None = None) -> bytes:
-    """The image a column of `function` (hll_sketch, theta_sketch or kll_sketch) with these
+    """The image a column of `function` (hll_sketch, theta_sketch, kll_sketch or top_k) with these
     parameters (as a schema gives them) makes of raw `values` (nulls skipped)."""
     function = AggFunction.parse(function)
     if function not in _AGGREGATORS:
@@ -62,6 +63,20 @@ def theta_sketch_estimate(data: bytes | None) -> int | None:
     return round(agg.load(data).get_estimate())
 
 
+def build_top_k_sketch(values: Iterable, lg_max_map_size: int = 10) -> bytes:
+    """The top_k image of `values` (strings, or integers as their decimal strings; nulls
+    skipped)."""
+    agg = TopKAggregator("value", pa.binary(), {LG_MAX_MAP_SIZE: lg_max_map_size})
+    return agg.sketch_of([v for v in values if v is not None])
+
+
+def top_k_items(data: bytes | None, k: int = 10) -> list[dict] | None:
+    """The `k` most frequent items of a top_k image, highest estimate first (ties by item),
+    each `{item, estimate, lower_bound, upper_bound}`: the true count lies within the bounds
+    (None for None)."""
+    return TopKAggregator("value", pa.binary(), {"k": k}).top_items(data)
+
+
 def _kll(data: bytes, items: str):
     agg = KllSketchAggregator("value", pa.binary(), {"items": items})
     return agg.load(data)
@@ -95,9 +110,9 @@ def kll_sketch_rank(data: bytes | None, value, items: str = "double") -> float |
 
 
 _AGGREGATORS = {cls.function: cls for cls in
-                (HllSketchAggregator, ThetaSketchAggregator, KllSketchAggregator)}
+                (HllSketchAggregator, ThetaSketchAggregator, KllSketchAggregator, TopKAggregator)}
 SKETCH_FUNCTIONS = tuple(_AGGREGATORS)
 
 __all__ = ["SKETCH_FUNCTIONS", "build_hll_sketch", "build_sketch", "build_kll_sketch", "build_theta_sketch",
            "hll_sketch_estimate", "kll_load", "kll_sketch_quantile", "kll_sketch_rank",
-           "theta_sketch_estimate"]
+           "theta_sketch_estimate", "build_top_k_sketch", "top_k_items"]

@@ -37,8 +37,9 @@ Read options:
   bytes: hll_sketch and theta_sketch as distinct counts (bigint, rounded as Spark's
   `hll_sketch_estimate` rounds), kll_sketch as the quantile at normalized rank `kll-quantile`
   (default 0.5, the median; inclusive ranks as Spark's `kll_sketch_get_quantile_*`; double,
-  or bigint for a sketch of bigint items). Without it sketch columns are their bytes, which
-  Spark's own sketch functions read.
+  or bigint for a sketch of bigint items), top_k as its `k` most frequent items
+  (array<struct<item, estimate, lower_bound, upper_bound>>). Without it sketch columns are
+  their bytes, which Spark's own sketch functions read.
 
 Spark's `df.filter(...)` is not pushed into the read: PySpark 4.3 turns filter pushdown off by
 default (and a reader that accepts pushed filters then fails every read), and with it on, the
@@ -56,7 +57,9 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StructField, StructType
 
-from aggfuncs import AggFunction, hll_sketch_estimate, kll_sketch_quantile, theta_sketch_estimate
+from aggfuncs import (AggFunction, hll_sketch_estimate, kll_sketch_quantile, theta_sketch_estimate,
+                      top_k_items)
+from aggfuncs.top_k import TOP_K_ESTIMATE_TYPE
 from merge_engine.table.hidden_columns import UNWRITTEN
 from sink.options import (CLIENT_TIMEOUTS, TABLE, TLS_CA, TLS_CERT, TLS_KEY, TOKEN, TOKEN_FILE, URL,
                           client_timeouts, connection_options, lowered)
@@ -85,9 +88,12 @@ class SketchEstimate:
     function: AggFunction
     items: str | None = None
     rank: float = 0.5
+    top: int = 10  # the items a top_k column reads as (its `k`)
 
     @property
     def arrow_type(self) -> pa.DataType:
+        if self.function is AggFunction.TOP_K:
+            return TOP_K_ESTIMATE_TYPE
         if self.function is AggFunction.KLL_SKETCH and self.items != "BIGINT":
             return pa.float64()
         return pa.int64()
@@ -97,6 +103,8 @@ class SketchEstimate:
             found = [hll_sketch_estimate(v) for v in values.to_pylist()]
         elif self.function is AggFunction.THETA_SKETCH:
             found = [theta_sketch_estimate(v) for v in values.to_pylist()]
+        elif self.function is AggFunction.TOP_K:
+            found = [top_k_items(v, self.top) for v in values.to_pylist()]
         else:
             found = [kll_sketch_quantile(v, self.rank, self.items) for v in values.to_pylist()]
         return pa.array(found, type=self.arrow_type)
@@ -266,7 +274,9 @@ def estimated_columns(plan: ReadPlan) -> dict[str, SketchEstimate]:
     if not options.estimates:
         return {}
     descriptor = plan.meta.descriptor
-    return {agg.column: SketchEstimate(agg.function, agg.params.get("items"), options.kll_rank)
+    return {agg.column: SketchEstimate(agg.function, agg.params.get("items"), options.kll_rank,
+                                       agg.params["k"] if agg.function is AggFunction.TOP_K
+                                       else 10)
             for agg in descriptor.schema.aggregators(descriptor.is_aggregation)
             if agg.estimated}
 

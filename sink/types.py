@@ -67,6 +67,9 @@ def widens(src: pa.DataType, dst: pa.DataType) -> bool:
         return widens(src.value_type, dst.value_type)
     if pa.types.is_map(src) and pa.types.is_map(dst):
         return widens(src.key_type, dst.key_type) and widens(src.item_type, dst.item_type)
+    if pa.types.is_struct(src) and pa.types.is_struct(dst):  # nested_update elements
+        return [f.name for f in src] == [f.name for f in dst] and \
+            all(widens(a.type, b.type) for a, b in zip(src, dst))
     return False
 
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from aggfuncs import (AGGREGATORS, AggFunction, aggregator_class, bitmap_ids, hll_sketch_estimate,
-                      kll_sketch_quantile, make_aggregator, theta_sketch_estimate)
+                      kll_sketch_quantile, make_aggregator, theta_sketch_estimate, top_k_items)
 from aggfuncs.segments import Segments
 from aggfuncs.arg_select import ArgSelectAggregator
 from aggfuncs.sketches import SketchAggregator
@@ -41,9 +41,12 @@ TYPES = {
     AggFunction.MERGE_MAP: pa.map_(pa.string(), pa.int64()),
     AggFunction.AVG: pa.float64(),
     AggFunction.SUM_MAP: pa.map_(pa.string(), pa.int64()),
+    AggFunction.TOP_K: pa.binary(),
+    AggFunction.NESTED_UPDATE: pa.list_(pa.struct([("id", pa.int64()), ("v", pa.string())])),
 }
 # Parameters a function needs: arg_max/arg_min are ordered by an int64 column 'o'.
-PARAMS = {AggFunction.ARG_MAX: {"by": "o"}, AggFunction.ARG_MIN: {"by": "o"}}
+PARAMS = {AggFunction.ARG_MAX: {"by": "o"}, AggFunction.ARG_MIN: {"by": "o"},
+          AggFunction.NESTED_UPDATE: {"nested-key": "id"}}
 FUNCTIONS = list(AggFunction)
 # Raw inputs of the functions that take no integers (the others take [1, None, 2]).
 SAMPLES = {
@@ -54,10 +57,15 @@ SAMPLES = {
                                     type=pa.map_(pa.string(), pa.int64())),
     AggFunction.SUM_MAP: pa.array([[("a", 1)], None, [("b", 2)]],
                                   type=pa.map_(pa.string(), pa.int64())),
+    AggFunction.NESTED_UPDATE: pa.array([[{"id": 1, "v": "a"}], None, [{"id": 1, "v": "b"}]],
+                                        type=pa.list_(pa.struct([("id", pa.int64()),
+                                                                 ("v", pa.string())]))),
 }
 ESTIMATES = {AggFunction.HLL_SKETCH: hll_sketch_estimate,
              AggFunction.THETA_SKETCH: theta_sketch_estimate,
-             AggFunction.KLL_SKETCH: lambda image: kll_sketch_quantile(image, 1.0)}
+             AggFunction.KLL_SKETCH: lambda image: kll_sketch_quantile(image, 1.0),
+             # The items a read of the top 1000 finds: each of range(100) once.
+             AggFunction.TOP_K: lambda image: len(top_k_items(image, 1000))}
 
 
 def column_type(function: AggFunction) -> pa.DataType:

@@ -32,6 +32,9 @@ def type_to_json(t: pa.DataType) -> dict:
         return {"type": "fixed_size_binary", "width": t.byte_width}
     if pa.types.is_map(t):
         return {"type": "map", "key": type_to_json(t.key_type), "item": type_to_json(t.item_type)}
+    if pa.types.is_struct(t):  # the elements of nested_update columns
+        return {"type": "struct", "fields": [
+            {"name": f.name, "item": type_to_json(f.type), "nullable": f.nullable} for f in t]}
     raise SchemaError(f"Column type {t} is not supported by Tally")
 
 
@@ -53,6 +56,9 @@ def type_from_json(d: dict) -> pa.DataType:
             return pa.large_list(type_from_json(d["item"]))
         if kind == "map":
             return pa.map_(type_from_json(d["key"]), type_from_json(d["item"]))
+        if kind == "struct":
+            return pa.struct([pa.field(f["name"], type_from_json(f["item"]), f.get("nullable", True))
+                              for f in d["fields"]])
         if kind == "fixed_size_binary":
             return pa.binary(d["width"])
     except (KeyError, TypeError, ValueError) as exc:

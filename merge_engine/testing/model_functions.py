@@ -327,6 +327,59 @@ def fold_merge_map(col: ColumnSpec, stored, written, inputs, merge_state):
     return sorted(held.items(), key=lambda entry: entry[0]) or None
 
 
+# --- top_k: an exact counter, shown as the frequent-items image of its counts ----------------
+
+
+def top_k_counts(col: ColumnSpec, data: bytes) -> dict:
+    """item -> count of a top_k image (exact: the strategies keep sketches below capacity)."""
+    import datasketches as ds
+
+    try:
+        sketch = ds.frequent_strings_sketch.deserialize(bytes(data))
+    except (ValueError, RuntimeError, TypeError, IndexError, OverflowError):
+        raise InvalidInputError(f"Column '{col.name}' got bytes that are not its sketch") from None
+    found = sketch.get_frequent_items(ds.frequent_items_error_type.NO_FALSE_NEGATIVES)
+    return {item: estimate for item, estimate, _, _ in found}
+
+
+def top_k_image(col: ColumnSpec, counts: dict) -> bytes:
+    """The canonical image of a sketch holding exactly `counts` (items sorted by UTF-8 bytes)."""
+    import datasketches as ds
+
+    from aggfuncs.sketch_images import canonical_frequent_items
+
+    sketch = ds.frequent_strings_sketch(int(_param(col, "lg-max-map-size", 10)))
+    for item in sorted(counts, key=lambda text: text.encode()):
+        sketch.update(item, counts[item])
+    return canonical_frequent_items(sketch.serialize())
+
+
+def fold_top_k(col: ColumnSpec, stored, written, inputs, merge_state):
+    present = [v for v in inputs if v is not None]
+    if not present:
+        return stored  # the null rule: untouched, byte for byte
+    counts: dict = {}
+    for data in [stored, *present]:
+        for item, count in (top_k_counts(col, data) if data is not None else {}).items():
+            counts[item] = counts.get(item, 0) + count
+    return top_k_image(col, counts)
+
+
+def fold_nested_update(col: ColumnSpec, stored, written, inputs, merge_state):
+    """Elements upserted by their nested key in order (a key keeps its first place), null
+    elements skipped; an input without elements brings nothing; at most count-limit kept."""
+    keys = [f.strip() for f in str(_param(col, "nested-key", "")).split(",")]
+    arrays = [[e for e in v if e is not None] for v in inputs if v]
+    if not any(arrays):
+        return stored  # untouched, as given
+    held: dict = {}
+    for element in [e for e in (stored or []) if e is not None] + [e for a in arrays for e in a]:
+        held[tuple(element[k] for k in keys)] = element
+    limit = int(_param(col, "count-limit", 0))
+    kept = list(held.values())
+    return (kept[:limit] if limit else kept) or None
+
+
 FOLDS: dict[AggFunction, Fold] = {
     AggFunction.SUM: fold_sum,
     AggFunction.PRODUCT: fold_product,
@@ -348,6 +401,8 @@ FOLDS: dict[AggFunction, Fold] = {
     AggFunction.KLL_SKETCH: fold_sketch,
     AggFunction.MERGE_MAP: fold_merge_map,
     AggFunction.SUM_MAP: fold_sum_map,
+    AggFunction.TOP_K: fold_top_k,
+    AggFunction.NESTED_UPDATE: fold_nested_update,
 }
 
 

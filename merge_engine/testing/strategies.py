@@ -15,7 +15,7 @@ from typing import Iterable
 import pyarrow as pa
 from hypothesis import strategies as st
 
-from aggfuncs import AggFunction as F, build_bitmap, build_sketch
+from aggfuncs import AggFunction as F, build_bitmap, build_sketch, build_top_k_sketch
 from merge_engine.table.descriptor import KV_BUFFER_SIZE
 from merge_engine.table.hidden_columns import UNWRITTEN
 from merge_engine.testing.model_functions import empty_value
@@ -41,6 +41,9 @@ SUM_MAP_TYPES = (pa.map_(pa.string(), pa.int64()), pa.map_(pa.int64(), pa.float6
 ORDERING_FUNCTIONS = (None, F.LAST_VALUE, F.LAST_VALUE_IGNORE_NULLS, F.FIRST_VALUE,
                       F.FIRST_VALUE_IGNORE_NULLS, F.MAX, F.MIN, F.SUM)
 ORDERING_TYPES = INT_TYPES + FLOAT_TYPES + DECIMAL_TYPES + ORDERED_TYPES
+# Both have the fields `id` and `sub`, so every drawn nested-key fits either type.
+NESTED_TYPES = (pa.list_(pa.struct([("id", pa.int64()), ("sub", pa.string()), ("v", pa.int64())])),
+                pa.list_(pa.struct([("id", pa.string()), ("sub", pa.int64()), ("v", pa.string())])))
 
 # Every supported (function, type) pair the strategies draw from. None: a column without a
 # function (last_value_ignore_nulls on aggregation tables).
@@ -68,6 +71,8 @@ FUNCTION_TYPES: dict[F | None, tuple[pa.DataType, ...]] = {
     F.SUM_MAP: SUM_MAP_TYPES,
     F.ARG_MAX: SELECTION_TYPES,
     F.ARG_MIN: SELECTION_TYPES,
+    F.TOP_K: (pa.binary(),),
+    F.NESTED_UPDATE: NESTED_TYPES,
     None: SELECTION_TYPES,
 }
 FUNCTIONS = tuple(FUNCTION_TYPES)
@@ -179,6 +184,31 @@ def sketch_values(column: ColumnSpec) -> st.SearchStrategy:
     return st.one_of(st.none(), images, raw)
 
 
+# Six items: at most what the smallest drawn top_k sketch (lg-max-map-size 3) counts exactly.
+TOP_K_ITEMS = ("a", "é", "", "\U0001F600", "7", "x")
+
+
+def top_k_values(column: ColumnSpec) -> st.SearchStrategy:
+    """Images of sketches of up to three items (built with the column's parameters). The
+    items fit every drawn sketch, which so stays exact, as the model's counter is. (Raw items
+    are tested on their own: the model takes images only.)"""
+    lg = column.params.get("lg-max-map-size", column.params.get("lg_max_map_size", 10))
+    images = st.lists(st.sampled_from(TOP_K_ITEMS), max_size=3).map(
+        lambda items: build_top_k_sketch(items, int(lg)))
+    return st.one_of(st.none(), images)
+
+
+def nested_arrays(arrow_type: pa.DataType) -> st.SearchStrategy:
+    """nested_update arrays: elements from a few keys (so that they replace each other), now
+    and then a null element; null and empty arrays too."""
+    struct = arrow_type.value_type
+    small = {pa.int64(): st.integers(0, 2), pa.string(): st.sampled_from(["", "a", "\U0001F600"])}
+    element = st.fixed_dictionaries({
+        "id": small[struct.field("id").type], "sub": small[struct.field("sub").type],
+        "v": st.one_of(st.none(), small[struct.field("v").type])})
+    return st.one_of(st.none(), st.lists(st.one_of(element, element, st.none()), max_size=3))
+
+
 def input_values(column: ColumnSpec, function: F | None, mode: str, scalar: bool = False) -> st.SearchStrategy:
     """What a write sends for a value column in a mode.
 
@@ -190,6 +220,10 @@ def input_values(column: ColumnSpec, function: F | None, mode: str, scalar: bool
         return st.one_of(st.none(), bitmaps(function), st.integers(0, 40))
     if function in SKETCHES:
         return sketch_values(column)
+    if function is F.TOP_K:
+        return top_k_values(column)
+    if function is F.NESTED_UPDATE:
+        return nested_arrays(column.type)
     if function is F.STRING_AGG and scalar:
         return st.one_of(st.none(), token_lists(column.delimiter))
     if function is F.COUNT:
@@ -230,6 +264,15 @@ def params_for(function: F | None) -> st.SearchStrategy[dict]:
     if function is F.KLL_SKETCH:
         return st.fixed_dictionaries({}, optional={
             "k": st.sampled_from([200, "400"]), "items": st.sampled_from(["double", "float", "BIGINT"])})
+    if function is F.TOP_K:
+        return st.fixed_dictionaries({}, optional={
+            "k": st.sampled_from([1, 3, "10"]),
+            "lg_max_map_size": st.sampled_from([3, 4, "6"])})
+    if function is F.NESTED_UPDATE:
+        # count-limit is tested on its own: a cell cut to it
+        # and read back is not the partial state an associativity check needs.
+        return st.builds(lambda name, key: {name: key}, st.sampled_from(["nested-key", "nested_key"]),
+                         st.sampled_from(["id", "id,sub", " sub , id"]))
     return st.just({})
 
 
