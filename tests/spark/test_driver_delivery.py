@@ -79,8 +79,8 @@ def test_a_driver_that_dies_mid_epoch_is_repaired_by_a_restart(
     for epoch, rows in enumerate(batches[:at]):
         write(spark, cluster, table, rows, "driver", owner, epoch)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(WriterRun, "_roll_back",
-                      lambda self, epoch, baseline, label, failure: SystemExit("died"))
+        patch.setattr(WriterRun, "_roll_back", lambda self, epoch, baseline, label, failure,
+                      members=(): SystemExit("died"))
         try:
             write(spark, cluster, table, batches[at], "driver", owner, at,
                   fail_hook="tests.spark.hooks:fail_from_bucket")

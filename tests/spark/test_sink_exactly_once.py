@@ -103,7 +103,8 @@ def test_failed_batch_job_applies_nothing_and_a_dead_drivers_rerun_repairs_it(
     assert conn.locks.describe(table_name) == []
     # a driver that dies before it can roll back leaves the epoch half-written and its lock
     monkeypatch.setattr(WriterRun, "_roll_back",
-                        lambda self, epoch, baseline, label, failure: SystemExit("died"))
+                        lambda self, epoch, baseline, label, failure, members=():
+                        SystemExit("died"))
     with pytest.raises(SystemExit):
         crashing.write(df)
     monkeypatch.undo()
