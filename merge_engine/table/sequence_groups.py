@@ -94,51 +94,49 @@ def sequence_groups(properties: dict, schema, aggregation: bool,
     owner: dict[str, str] = {}  # column -> the option whose group (or sequence) it is in
     for key in sorted(k for k in properties if is_group_option(k)):
         value = properties[key]
-
-        def refuse(problem: str, key=key, value=value):
-            raise InvalidOptionError(f"Invalid option '{key}' = {value!r}: {problem}")
-
-        if not aggregation:
-            refuse("a sequence group orders the writes of aggregation tables; set "
-                   "'table.merge-engine' = 'aggregation'")
         sequence = tuple(_resolve(schema, n)
                          for n in _names(key[len(FIELDS_PREFIX):-len(GROUP_SUFFIX)]))
         columns = tuple(_resolve(schema, n) for n in _names(value))
-        if not all(sequence) or len(set(sequence)) != len(sequence):
-            refuse("name the sequence column(s) between 'fields.' and '.sequence-group', "
-                   "distinct and separated by commas")
-        if not all(columns) or len(set(columns)) != len(columns):
-            refuse("give the group's columns as distinct names separated by commas")
-        for name in sequence:
-            problem = sequence_column_problem(schema, name)
-            if problem:
-                refuse(f"sequence column {problem}")
-            if name in table_fields:
-                refuse(f"'{name}' is a column of '{SEQUENCE_FIELD}'; a group needs sequence "
-                       "columns of its own")
-        for name in columns:
-            if not schema.has_column(name):
-                refuse(f"'{name}' is not a column; the columns are {schema.names}")
-            if name in schema.primary_key:
-                refuse(f"'{name}' is a primary key column; a group holds value columns")
-            if name in sequence:
-                refuse(f"'{name}' is the group's own sequence column")
-            if name in table_fields:
-                refuse(f"'{name}' is a column of '{SEQUENCE_FIELD}'")
-        for name in sequence + columns:
-            if name in owner:
-                refuse(f"column '{name}' is already in the group of '{owner[name]}'; a column "
+        problem = _group_problem(sequence, columns, schema, aggregation, table_fields)
+        taken = next((n for n in sequence + columns if n in owner), None)
+        if problem is None and taken is not None:
+            problem = (f"column '{taken}' is already in the group of '{owner[taken]}'; a column "
                        "(or sequence column) belongs to at most one group")
-            owner[name] = key
+        if problem:
+            raise InvalidOptionError(f"Invalid option '{key}' = {value!r}: {problem}")
+        owner.update(dict.fromkeys(sequence + columns, key))
         groups.append(SequenceGroup(key, sequence, columns))
-    for group in groups:  # a sequence column of one group may not be ordered by another
-        for name in group.sequence:
-            other = next((g for g in groups if g is not group and name in g.columns), None)
-            if other is not None:
-                raise InvalidOptionError(
-                    f"Invalid option '{other.option}': column '{name}' is a sequence column of "
-                    f"'{group.option}'; it cannot also be a column of another group")
     return tuple(groups)
+
+
+def _group_problem(sequence: tuple[str, ...], columns: tuple[str, ...], schema,
+                   aggregation: bool, table_fields: tuple[str, ...]) -> str | None:
+    """Why `sequence` cannot order `columns` (one group on its own), or None."""
+    if not aggregation:
+        return ("a sequence group orders the writes of aggregation tables; set "
+                "'table.merge-engine' = 'aggregation'")
+    if not all(sequence) or len(set(sequence)) != len(sequence):
+        return ("name the sequence column(s) between 'fields.' and '.sequence-group', "
+                "distinct and separated by commas")
+    if not all(columns) or len(set(columns)) != len(columns):
+        return "give the group's columns as distinct names separated by commas"
+    for name in sequence:
+        problem = sequence_column_problem(schema, name)
+        if problem:
+            return f"sequence column {problem}"
+        if name in table_fields:
+            return (f"'{name}' is a column of '{SEQUENCE_FIELD}'; a group needs sequence "
+                    "columns of its own")
+    for name in columns:
+        if not schema.has_column(name):
+            return f"'{name}' is not a column; the columns are {schema.names}"
+        if name in schema.primary_key:
+            return f"'{name}' is a primary key column; a group holds value columns"
+        if name in sequence:
+            return f"'{name}' is the group's own sequence column"
+        if name in table_fields:
+            return f"'{name}' is a column of '{SEQUENCE_FIELD}'"
+    return None
 
 
 def column_orders(schema, aggregators: list, groups: tuple[SequenceGroup, ...],

@@ -18,7 +18,7 @@ from merge_engine.testing.strategies import value_columns
 
 @st.composite
 def sequence_group_specs(draw, functions: Iterable[F | None] = SEQUENCED + (None, F.SUM),
-                         max_groups: int = 3) -> TableSpec:
+                         min_groups: int = 1, max_groups: int = 3) -> TableSpec:
     """An aggregation table with 1-3 sequence groups (`fields.<seq>.sequence-group`): an int64
     key `k`; group g has the sequence `s{g}` (int64; now and then a second one, `t{g}`, a
     string) and one to three columns `g{g}v{i}`; now and then a column in no group (`free`),
@@ -26,7 +26,7 @@ def sequence_group_specs(draw, functions: Iterable[F | None] = SEQUENCED + (None
     columns = [ColumnSpec("k", pa.int64(), nullable=False)]
     properties = {MERGE_ENGINE: "aggregation",
                   DELETE_BEHAVIOR: draw(st.sampled_from(["allow", "ignore"]))}
-    for g in range(draw(st.integers(1, max_groups))):
+    for g in range(draw(st.integers(min_groups, max_groups))):
         sequence = [ColumnSpec(f"s{g}", pa.int64())]
         if draw(st.integers(0, 4)) == 0:
             sequence.append(ColumnSpec(f"t{g}", pa.string()))
