@@ -31,6 +31,9 @@ class RollupFeed:
     spec_json: dict
     plan: WritePlan            # the write into the rollup table
     fed: tuple[str, ...]       # its aggregate columns this write feeds
+    # The source write's string columns mapped through dictionaries (sink.dictionary_ids):
+    # a rollup over such a column takes the same ids the source does.
+    dictionaries: tuple = ()
 
     @property
     def table(self) -> str:
@@ -48,6 +51,14 @@ class RollupFeed:
 
     def project(self, rows: pa.Table | pa.RecordBatch) -> pa.Table:
         """The rollup's rows of table-named source rows (the sink's own columns dropped)."""
+        if self.dictionaries:
+            from sink.dictionary_ids import map_ids
+
+            batches = rows.to_batches() if isinstance(rows, pa.Table) else [rows]
+            label = f"the rows of rollup {self.table}"
+            if batches:
+                rows = pa.Table.from_batches([map_ids(self.dictionaries, b, label)
+                                              for b in batches])
         if isinstance(rows, pa.RecordBatch):
             rows = pa.Table.from_batches([rows])
         extra = [n for n in rows.column_names if n.startswith("__tally_")]
@@ -75,7 +86,7 @@ def rollup_feeds(conn, source: WritePlan) -> list[RollupFeed]:
             continue
         spec.check_mode(source.mode, source.descriptor.schema, written)
         plan = rollup_plan(conn.admin.describe_table(spec.name), spec, fed, source.mode)
-        feeds.append(RollupFeed(spec.to_json(), plan, fed))
+        feeds.append(RollupFeed(spec.to_json(), plan, fed, tuple(source.dictionaries)))
     return feeds
 
 

@@ -88,17 +88,17 @@ def _start_data_source(spark, spec: dict, frame, hook: str | None):
 def _kill_around_commit(kill: dict, pids: list[int]) -> None:
     from sink import remote
 
-    real_commit = remote.commit
+    real_commit = remote.commit_together
 
-    def commit(conn, lease, epoch, offsets):
+    def commit(conn, commits, epoch):
         if epoch == kill["epoch"] and kill["point"] == "before_commit":
             _kill(pids)
-        done = real_commit(conn, lease, epoch, offsets)
+        done = real_commit(conn, commits, epoch)
         if epoch == kill["epoch"] and kill["point"] == "after_commit":
             _kill(pids)
         return done
 
-    remote.commit = commit
+    remote.commit_together = commit
 
 
 def _kill(pids: list[int]) -> None:
