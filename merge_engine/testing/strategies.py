@@ -382,13 +382,13 @@ def target_columns(draw, spec: TableSpec) -> tuple | None:
         chosen = draw(st.lists(st.sampled_from(members), min_size=1, unique=True)) + list(sequence)
     if spec.sequence_fields and draw(st.integers(0, 9)):
         chosen += [f for f in spec.sequence_fields if f not in chosen]  # rarely left out: refused
-    for sequence, members in groups:
-        if any(c in chosen for c in members) and draw(st.integers(0, 9)):
-            chosen += [f for f in sequence if f not in chosen]  # rarely left out: refused
     orderings = [c.params["by"] for c in spec.value_columns if c.name in chosen
                  and c.function in (F.ARG_MAX, F.ARG_MIN) and c.params["by"] not in spec.primary_key]
     if orderings and draw(st.integers(0, 9)):
         chosen += [f for f in orderings if f not in chosen]  # rarely left out: refused
+    for sequence, members in groups:
+        if any(c in chosen for c in members) and draw(st.integers(0, 9)):
+            chosen += [f for f in sequence if f not in chosen]  # rarely left out: refused
     return tuple(n for n in spec.names if n in spec.primary_key or n in chosen)
 
 
