@@ -13,7 +13,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from tally.bench import events, ingest, rollups
+from tally.bench import events, ingest
+from tally.bench import rollup_bench as rollups
 from tally.bench.markdown import ingest as ingest_markdown
 from tally.bench.progress import Progress
 from tally.bench.workload import Workload

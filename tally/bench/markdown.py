@@ -214,7 +214,7 @@ def tiering(result: dict) -> str:
 
 
 def rollups(result: dict) -> str:
-    from tally.bench.rollups import HEADERS, ratio_line, rollup_lines, table_rows
+    from tally.bench.rollup_bench import HEADERS, ratio_line, rollup_lines, table_rows
 
     parts = [f"{result['workload']}, in batches of {result['batch']:,}, each written once into "
              "the events table and its three rollups:",

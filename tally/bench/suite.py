@@ -81,7 +81,7 @@ def _ingest(s: Sizes):
 
 
 def _rollups(s: Sizes):
-    from tally.bench import rollups
+    from tally.bench import rollup_bench as rollups
 
     return rollups.run(rows=s.rows, batch=s.batch, seed=s.seed, repeat=s.repeat,
                        samples=min(1000, s.keys))
@@ -146,11 +146,12 @@ def lazy(module: str, attribute: str) -> Callable:
 
 
 def by_convention(name: str, title: str, about: str, run: Callable[[Sizes], Any],
-                  ok: Callable[[Any], bool]) -> Benchmark:
+                  ok: Callable[[Any], bool], module: str | None = None) -> Benchmark:
     """A benchmark wired by the suite's convention: its text is `format_text` of
-    tally.bench.<name>, its markdown and chart the functions named <name> in tally.bench.markdown
-    and tally.bench.charts."""
-    return Benchmark(name, title, about, run, lazy(f"tally.bench.{name}", "format_text"), ok,
+    tally.bench.<module> (default: <name>), its markdown and chart the functions named <name>
+    in tally.bench.markdown and tally.bench.charts."""
+    return Benchmark(name, title, about, run,
+                     lazy(f"tally.bench.{module or name}", "format_text"), ok,
                      lazy("tally.bench.markdown", name), lazy("tally.bench.charts", name))
 
 
@@ -188,7 +189,7 @@ BENCHMARKS = [
         "--repeat alternating runs. Target: Tally >= 1.5x ClickHouse. Both sides' rollups are "
         "compared with one pyarrow group-by of the whole input on sampled keys of each "
         "rollup, and their row counts with it.",
-        _rollups, lambda r: r["verified"]),
+        _rollups, lambda r: r["verified"], module="rollup_bench"),
     by_convention(
         "cluster", "Client vs in-process, and lookup latency",
         "The ingest workload (case a) through one client upsert writer to a LocalCluster of "

@@ -33,7 +33,7 @@ def report_progress(rows: int) -> None:
 
 def run(job: str, args: dict) -> dict:
     if job.startswith("rollup_"):
-        from tally.bench import rollups
+        from tally.bench import rollup_bench as rollups
 
         return rollups.run_job(job, args, report_progress)
     workload = Workload(**args["workload"])

@@ -6,7 +6,7 @@ import dataclasses
 
 from tally.client.consumer_position import ConsumerPosition
 from tally.client.lake_snapshot import LakeSnapshot, LakeStatus
-from tally.client.rollups import BACKFILL_WAIT, backfill
+from tally.client.rollup_backfill import BACKFILL_WAIT, backfill
 from tally.errors import InvalidInputError, NotFoundError
 from tally.timestamps import iso
 from tally.wire.messages import SETTLE_WAIT

@@ -115,13 +115,13 @@ class Table:
         or an Arrow array), in input order, assigning new ids to absent keys (insert-if-absent,
         docs/dictionaries.md); InvalidInputError for a null key, a key of another type or a
         table that is no dictionary, with nothing assigned."""
-        from tally.client.dictionary import assign_ids
+        from tally.client.assigned_ids import assign_ids
 
         return assign_ids(self, keys)
 
     def lookup_ids(self, keys) -> pa.Array:
         """A dictionary table's ids of `keys`, null where a key has none; assigns nothing."""
-        from tally.client.dictionary import lookup_ids
+        from tally.client.assigned_ids import lookup_ids
 
         return lookup_ids(self, keys)
 

@@ -148,7 +148,7 @@ def test_a_killed_backfill_is_run_again_exactly(conn, cluster, events):
 
 
 def test_an_epoch_that_wrote_the_rollup_as_it_was_made_is_not_counted_twice(conn, events):
-    from tally.client.rollups import backfill
+    from tally.client.rollup_backfill import backfill
 
     write(conn, events, EVENTS)
     name = f"{events}_hourly"

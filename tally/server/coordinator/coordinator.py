@@ -39,7 +39,7 @@ from tally.server.coordinator.lease_grants import LeaseGrants
 from tally.server.coordinator.metric_reports import MetricReports
 from tally.server.coordinator.option_changes import OptionChanges
 from tally.server.coordinator.replica_control import ReplicaControl
-from tally.server.coordinator.rollups import RollupCatalog
+from tally.server.coordinator.rollup_catalog import RollupCatalog
 from tally.server.coordinator.snapshot_registry import SnapshotRegistry
 from tally.server.membership import (COORDINATOR, EphemeralRegistration, HeartbeatLiveness,
                                      ZooKeeperLiveness)

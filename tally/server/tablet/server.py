@@ -35,7 +35,7 @@ from tally.server.tablet.identity import load_server_id
 from tally.server.tablet.leader_lease import LeaderLease
 from tally.server.tablet.lookups import KeyLookups
 from tally.server.tablet.periodic import PeriodicDuty
-from tally.server.tablet.prefix_lookups import PrefixLookups
+from tally.server.tablet.prefix_requests import PrefixLookups
 from tally.server.tablet.replica_digest import ReplicaDigest
 from tally.server.tablet.replica_roles import ReplicaRoles
 from tally.server.tablet.retention import RetentionKeeper
