@@ -223,6 +223,21 @@ SCAN_OFFSET_KEY = b"tally.offset"
 FOUND_COLUMN = "_found"
 
 
+def read_options(header: dict, default_batch_rows: int) -> tuple[list | None, int, bool]:
+    """A bucket read's (a scan's, a prefix lookup's) `columns` (names, None: all), rows per
+    batch and whether the hidden `_unwritten` column is asked for, each checked."""
+    columns = header.get("columns")
+    if columns is not None:
+        columns = field(header, "columns", list)
+        if not all(isinstance(c, str) for c in columns):
+            raise InvalidInputError(f"columns must be a list of column names, not {columns!r}")
+    batch_size = field(header, "batch_size", int, default_batch_rows)
+    if not 1 <= batch_size <= MAX_SCAN_BATCH_ROWS:
+        raise InvalidInputError(f"batch_size must be between 1 and {MAX_SCAN_BATCH_ROWS:,}, "
+                                f"not {batch_size}")
+    return columns, batch_size, field(header, "unwritten", bool, False)
+
+
 def unframe(data: bytes | pa.Buffer, what: str = "a request",
             max_rows: int = 1) -> tuple[dict, pa.Table | None]:
     """The header and the payload of a framed request, each bounded before it is parsed or

@@ -19,7 +19,7 @@ from merge_engine.write.key_prefixes import prefix_table
 from tally.errors import InvalidInputError
 from tally.server.settings import DEFAULT_SCAN_BATCH_ROWS
 from tally.wire.bucket_hash import bucket_ids
-from tally.wire.messages import MAX_SCAN_BATCH_ROWS, SCAN_OFFSET_KEY, field
+from tally.wire.messages import SCAN_OFFSET_KEY, read_options
 from tally.wire.routing import partition_names
 
 
@@ -33,16 +33,7 @@ class PrefixLookups:
         """The rows of the addressed bucket under the ticket's prefix: `columns` (a list of
         names, default all), `batch_size` rows at most per batch, and the hidden `_unwritten`
         column when `unwritten` is true."""
-        columns = header.get("columns")
-        if columns is not None:
-            columns = field(header, "columns", list)
-            if not all(isinstance(c, str) for c in columns):
-                raise InvalidInputError(f"columns must be a list of column names, not {columns!r}")
-        batch_size = field(header, "batch_size", int, DEFAULT_SCAN_BATCH_ROWS)
-        if not 1 <= batch_size <= MAX_SCAN_BATCH_ROWS:
-            raise InvalidInputError(f"batch_size must be between 1 and {MAX_SCAN_BATCH_ROWS:,}, "
-                                    f"not {batch_size}")
-        unwritten = field(header, "unwritten", bool, False)
+        columns, batch_size, unwritten = read_options(header, DEFAULT_SCAN_BATCH_ROWS)
         if payload is None or payload.num_rows != 1:
             raise InvalidInputError("a prefix_lookup carries exactly one key prefix, as a "
                                     "one-row Arrow table of the leading primary-key columns")

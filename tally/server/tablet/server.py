@@ -46,7 +46,7 @@ from tally.server.tablet.snapshot_uploads import SnapshotUploads
 from tally.server.tablet.storage_health import StorageHealth
 from tally.server.tablet.tablets import HostedTablet, TabletHost, TabletKey
 from tally.wire.bucket_hash import bucket_ids
-from tally.wire.messages import MAX_SCAN_BATCH_ROWS, SCAN_OFFSET_KEY, field, int_items, read_put
+from tally.wire.messages import SCAN_OFFSET_KEY, field, int_items, read_options, read_put
 from tally.wire.routing import TableRouting, partition_names
 
 log = logging.getLogger(__name__)
@@ -346,16 +346,7 @@ class TabletServer:
         of names, default all), `batch_size` rows at most per batch, and the hidden
         `_unwritten` column when `unwritten` is true. The offset is in the stream's schema
         metadata (SCAN_OFFSET_KEY). The bucket's lock is held only to take the snapshot."""
-        columns = header.get("columns")
-        if columns is not None:
-            columns = field(header, "columns", list)
-            if not all(isinstance(c, str) for c in columns):
-                raise InvalidInputError(f"columns must be a list of column names, not {columns!r}")
-        batch_size = field(header, "batch_size", int, DEFAULT_SCAN_BATCH_ROWS)
-        if not 1 <= batch_size <= MAX_SCAN_BATCH_ROWS:
-            raise InvalidInputError(f"batch_size must be between 1 and {MAX_SCAN_BATCH_ROWS:,}, "
-                                    f"not {batch_size}")
-        unwritten = field(header, "unwritten", bool, False)
+        columns, batch_size, unwritten = read_options(header, DEFAULT_SCAN_BATCH_ROWS)
         schema = scan_schema(hosted.routing.arrow_schema, columns, unwritten)
         lead = self.leadership(hosted)
         with hosted.lock:
