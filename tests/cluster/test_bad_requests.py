@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 
 from tally import client
-from tally.errors import (AuthenticationError, InvalidInputError, NotFoundError, SchemaError,
-                          StaleMetadataError)
+from tally.errors import (AuthenticationError, InvalidInputError, NotFoundError,
+                          OffsetOutOfRangeError, SchemaError, StaleMetadataError)
 from tally.server import LocalCluster
 from tally.wire.bucket_hash import bucket_ids
 from tally.wire.channel import FlightChannel
@@ -120,6 +120,14 @@ def test_wrong_bucket_and_wrong_partition(conn, table):
         channel.put({"op": "put", **here.header()}, rows_for_bucket(table, 0))
     channel.close()
     assert_unchanged_and_serving(conn, table, before)
+
+
+def test_a_changelog_end_past_the_log_is_refused_not_cut_short(conn, table):
+    offsets = conn.admin.list_log_offsets(table.name, settle=True)
+    (partition, bucket), (_, end) = max(offsets.items(), key=lambda item: item[1][1])
+    assert end > 0 and table.changelog(bucket, 0, end, partition=partition).num_rows == end
+    with pytest.raises(OffsetOutOfRangeError, match="past the log end offset"):
+        table.changelog(bucket, 0, end + 1_000_000_000, partition=partition)
 
 
 def test_garbage_descriptors(conn, table_name):

@@ -24,8 +24,8 @@ import pyarrow as pa
 
 from locks.tablet_check import TabletLocks
 from merge_engine.kv.row_snapshot import scan_schema
-from tally.errors import (InvalidInputError, InvalidOptionError, NotFoundError, StaleMetadataError,
-                          WriteUndoConflictError)
+from tally.errors import (InvalidInputError, InvalidOptionError, NotFoundError,
+                          OffsetOutOfRangeError, StaleMetadataError, WriteUndoConflictError)
 from tally.server.metrics import ServerMetrics
 from tally.server.settings import (DEFAULT_MAX_BATCH_BYTES, DEFAULT_SCAN_BATCH_ROWS,
                                    HEARTBEAT_INTERVAL, SEGMENT_INTERVAL, SETTLE_TIMEOUT,
@@ -334,7 +334,12 @@ class TabletServer:
             # for acknowledged records must get all of them, never a silently shorter range.
             lead = self.leadership(hosted)
             visible = lead.shown_high_watermark()
-            if end is not None and visible < end <= hosted.tablet.log_end_offset:
+            if end is not None and end > hosted.tablet.log_end_offset:
+                # records this copy never held: cutting the range short would hide that
+                raise OffsetOutOfRangeError(
+                    f"{hosted.label}: changelog end {end} is past the log end offset "
+                    f"{hosted.tablet.log_end_offset}")
+            if end is not None and visible < end:
                 visible = lead.wait_replicated(end, writing=False)
             end = visible if end is None else min(end, visible)
             with hosted.lock:
